@@ -1,0 +1,29 @@
+# Two entry points (README): `make test` and `make gate`. Both set up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# On the CPU machines the CPU build of torch 2.13.0 lies on disk and pip takes it; on a GPU
+# runner the same spec pulls the CUDA build. Override with TORCH_SPEC=... if needed.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup test gate lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup lint
+	$(PY) -m pytest -q
+
+gate: setup
+	$(VENV)/bin/csagate run --ratio 128
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

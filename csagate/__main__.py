@@ -1,0 +1,3 @@
+from csagate.cli import main
+
+main()

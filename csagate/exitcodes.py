@@ -1,0 +1,17 @@
+"""Process exit codes: what a CI job can branch on."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    PASS = 0                 # every gate passed
+    CONTRACT_FAILURE = 1     # something was evaluated and failed
+    USAGE = 2                # bad arguments (click's own usage errors exit 2 too)
+    COULD_NOT_EVALUATE = 3   # no GPU, no DSL, build failure: nothing was judged
+
+    @classmethod
+    def help_text(cls) -> str:
+        return ("Exit codes: 0 pass, 1 contract failure, 2 usage error, "
+                "3 could not evaluate (no GPU, missing DSL, build failure).")

@@ -1,0 +1,4 @@
+"""The ratio=128 numerics contract: the named cases, the gate checks, the gate run.
+
+Nothing in this package prints: it returns data (``gates.verdict``) that ``csagate`` renders.
+"""

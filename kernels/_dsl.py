@@ -1,0 +1,117 @@
+"""The one place that imports the CuTe DSL: environment, arch, compile, pointers.
+
+The DSL reads its ``CUTE_DSL_*`` variables once, when ``cutlass`` is first imported, so
+every kernel module imports cutlass through :func:`cute_modules` (or after calling it).
+PTX retention is always on: the register probe needs the PTX of every compiled kernel and
+the cost is a small text file per kernel in the dump directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+ARCHES = ("sm_90a", "sm_100a")
+
+
+def cache_root() -> Path:
+    """Where csagate keeps compiler by-products (PTX dumps); ``CSAGATE_CACHE_DIR`` overrides."""
+    root = os.environ.get("CSAGATE_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(tempfile.gettempdir()) / f"csagate-{os.getuid()}"
+
+
+def _prepare_env() -> None:
+    keep = os.environ.get("CUTE_DSL_KEEP", "")
+    if "ptx" not in keep.split(","):
+        os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "ptx") if p)
+    if "CUTE_DSL_DUMP_DIR" not in os.environ:
+        dump = cache_root() / "ptx"
+        dump.mkdir(parents=True, exist_ok=True)
+        os.environ["CUTE_DSL_DUMP_DIR"] = str(dump)
+    else:
+        Path(os.environ["CUTE_DSL_DUMP_DIR"]).mkdir(parents=True, exist_ok=True)
+
+
+def cute_modules():
+    """Import and return ``(cutlass, cute)`` with the environment prepared first."""
+    _prepare_env()
+    import cutlass
+    import cutlass.cute as cute
+
+    return cutlass, cute
+
+
+def dsl_available() -> tuple[bool, str]:
+    """Whether nvidia-cutlass-dsl imports here; the reason when it does not."""
+    try:
+        cute_modules()
+    except Exception as exc:  # ImportError, or a broken install raising anything else
+        return False, f"nvidia-cutlass-dsl is not importable ({type(exc).__name__}: {exc})"
+    return True, ""
+
+
+def dsl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("nvidia-cutlass-dsl")
+    except Exception:
+        return "unknown"
+
+
+def device_arch(device_index: int | None = None) -> str:
+    """The build target of a CUDA device: ``sm_90a`` for an H200, ``sm_100a`` for a B200."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def compile_for(arch: str, jit_fn, *args):
+    """``cute.compile`` one host function for ``arch`` (works with no GPU present)."""
+    if arch not in ARCHES:
+        raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
+    _, cute = cute_modules()
+    return cute.compile(jit_fn, *args, options=f"--gpu-arch {arch}")
+
+
+def ptx_of(fn) -> str | None:
+    """The PTX text of a compiled function, or None when none was retained.
+
+    ``JitCompiledFunction.__ptx__`` is the documented accessor. With nvidia-cutlass-dsl
+    4.8.1 it holds the path of the dumped ``.ptx`` file rather than the text; both forms
+    are accepted. Anything else (None, an empty string, a path that does not exist) means
+    no PTX was retained.
+    """
+    ptx = getattr(fn, "__ptx__", None)
+    if not ptx:
+        return None
+    if isinstance(ptx, bytes):
+        ptx = ptx.decode()
+    if "\n" in ptx:
+        return ptx
+    path = Path(ptx)
+    if path.is_file():
+        text = path.read_text()
+        return text if "\n" in text else None
+    return None
+
+
+def gmem_ptr(dtype, address: int = 0, align: int = 16):
+    """A global-memory pointer argument; ``address`` 0 is the compile-time placeholder."""
+    _, cute = cute_modules()
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+
+
+def stream_arg(torch_stream=None):
+    """The CUstream a compiled function takes: the given torch stream, else a placeholder."""
+    import cuda.bindings.driver as cuda
+
+    if torch_stream is None:
+        return cuda.CUstream(0)
+    return cuda.CUstream(torch_stream.cuda_stream)

@@ -1,0 +1,224 @@
+"""Dispatch tables of the ratio=128 kernels: schedules, buckets, the validity predicate.
+
+Pure Python (no cutlass, no torch): the gate's coverage check, ``csagate schedules`` and the
+CPU tests read these tables on any machine.
+
+Every schedule field is compile-time and part of the JIT key. A bucket is chosen from N,
+the row count of ``out``/``grad_out`` including capacity padding rows:
+
+* forward:  small if N <= SMALL_NB_MAX and the config has a small entry, else large if
+  N >= LARGE_NB_MIN and the config has a large entry, else the config's default;
+* backward: small if N <= BWD_SMALL_NB_MAX and the config has a bwd-small entry, else default.
+
+N == 0 launches nothing, so it selects no kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RATIO = 128
+HEAD_DIMS = (128, 512)
+COFFS = (1, 2)
+CONFIGS = tuple((coff, d) for d in HEAD_DIMS for coff in COFFS)  # c1d128, c2d128, c1d512, c2d512
+
+SMALL_NB_MAX = 128
+LARGE_NB_MIN = 1024
+BWD_SMALL_NB_MAX = 192
+
+MAX_THREADS = 1024
+SMEM_LIMIT = 227 * 1024
+
+
+def config_name(coff: int, d: int) -> str:
+    return f"c{coff}d{d}"
+
+
+@dataclass(frozen=True)
+class FwdSchedule:
+    """One r128 forward kernel: vec columns per thread, tchunks window chunks per row."""
+
+    vec: int
+    tchunks: int
+    threads_x: int
+    twophase: bool
+    fastexp: bool
+
+    @property
+    def tag(self) -> str:
+        return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
+                + ("_2ph" if self.twophase else "") + ("_fexp" if self.fastexp else ""))
+
+    def astuple(self) -> tuple:
+        return (self.vec, self.tchunks, self.threads_x, self.twophase, self.fastexp)
+
+
+@dataclass(frozen=True)
+class BwdSchedule:
+    """One r128 backward kernel; ``goreuse`` keeps grad_out in registers across barriers."""
+
+    vec: int
+    tchunks: int
+    threads_x: int
+    fastexp: bool
+    goreuse: bool
+
+    @property
+    def tag(self) -> str:
+        return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
+                + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else ""))
+
+    def astuple(self) -> tuple:
+        return (self.vec, self.tchunks, self.threads_x, self.fastexp, self.goreuse)
+
+
+def threads_x_for(d: int, vec: int) -> int:
+    return 32 if d // vec >= 32 else d // vec
+
+
+def window(coff: int, ratio: int = RATIO) -> int:
+    return coff * ratio
+
+
+def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
+    """Shared memory of the backward: sE fp32 + sKV bf16 tiles, chunk partials, 64 B slack."""
+    cols = sched.threads_x * sched.vec
+    win = window(coff, ratio)
+    return win * cols * 6 + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
+
+
+def fwd_smem_bytes(sched: FwdSchedule) -> int:
+    """The forward's merge buffers: (m, den, acc) per chunk and column."""
+    return 3 * sched.tchunks * sched.threads_x * sched.vec * 4
+
+
+def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
+                    ratio: int = RATIO) -> list[str]:
+    """THE statement of the constraint set: why a schedule cannot serve (coff, d); [] if it can."""
+    win = window(coff, ratio)
+    out = []
+    if sched.vec not in (1, 2, 4) or d % sched.vec:
+        out.append(f"vec={sched.vec} does not divide head_dim {d}")
+    if sched.tchunks < 1 or win % sched.tchunks:
+        out.append(f"tchunks={sched.tchunks} does not divide the window {win}")
+    elif coff == 2 and ratio % (win // sched.tchunks):
+        out.append(f"chunk {win // sched.tchunks} straddles the coff=2 half boundary")
+    if sched.threads_x < 1 or sched.threads_x * sched.tchunks > MAX_THREADS:
+        out.append(f"threads {sched.threads_x}x{sched.tchunks} exceed {MAX_THREADS}")
+    if sched.threads_x != threads_x_for(d, sched.vec):
+        out.append(f"threads_x={sched.threads_x} is not the derived {threads_x_for(d, sched.vec)}")
+    if isinstance(sched, BwdSchedule):
+        if sched.vec == 4:
+            out.append("the backward has no vec=4 form")
+        if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
+            out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
+    return out
+
+
+def config_ok(coff: int, d: int, sched: FwdSchedule | BwdSchedule, ratio: int = RATIO) -> bool:
+    return not config_problems(coff, d, sched, ratio)
+
+
+def _fwd(coff: int, d: int, vec: int, tchunks: int, twophase: bool, fastexp: bool) -> FwdSchedule:
+    return FwdSchedule(vec, tchunks, threads_x_for(d, vec), twophase, fastexp)
+
+
+def _bwd(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool) -> BwdSchedule:
+    return BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse)
+
+
+# --- forward tables --------------------------------------------------------------------
+# Provenance: upstream cudnn-frontend B200 measurements (nsys kernel time), see
+# ../shared/spec/KERNELS.md section 6; H200 re-measurements are recorded in kernels/NOTES.md.
+
+FWD_DEFAULT = {
+    # (coff, d): schedule.  Default rule: vec 4 if W >= 1024 and d % 4 == 0 else 2; tchunks 8
+    # for (coff=2, vec=2) else 4; online rescale; fastexp only where it measured faster.
+    (1, 128): _fwd(1, 128, 2, 4, False, False),   # B200: baseline of the c1d128 mid bucket
+    (2, 128): _fwd(2, 128, 2, 8, False, True),    # B200: fastexp 3x8k 12.19 -> 8.99 us, 65k 25.56 -> 16.39
+    (1, 512): _fwd(1, 512, 2, 4, False, False),   # B200: baseline of the c1d512 mid bucket
+    (2, 512): _fwd(2, 512, 4, 4, False, False),   # B200: W = 1024 -> vec 4 default
+}
+FWD_SMALL = {
+    (1, 128): _fwd(1, 128, 2, 8, False, False),   # B200: tchunks 8, 1x8192 7.75 -> ~5 us
+    (2, 128): _fwd(2, 128, 2, 16, False, True),   # B200: tchunks 16 10.5 -> ~7.3; fastexp 8.21 -> 6.42
+    (2, 512): _fwd(2, 512, 2, 8, False, True),    # B200: 18.9 -> ~13.3; fastexp 14.42 -> 10.91
+}
+FWD_LARGE = {
+    (1, 128): _fwd(1, 128, 4, 4, True, True),     # B200: vec4 gy=1 0.58 waves; two-phase 23.1 -> 18.5
+    (1, 512): _fwd(1, 512, 4, 4, False, True),    # B200: 131k 85.41 -> 77.55 us
+    (2, 512): _fwd(2, 512, 4, 4, False, True),    # B200: 131k 152.35 -> 117.71 us
+}
+
+# --- backward tables -------------------------------------------------------------------
+
+BWD_DEFAULT = {
+    (1, 128): _bwd(1, 128, 2, 8, True, False),    # B200: goreuse lost 63.87 -> 64.70 us at 131k
+    (2, 128): _bwd(2, 128, 2, 8, True, True),     # B200: goreuse 61.25 -> 60.32 us at 65k
+    (1, 512): _bwd(1, 512, 2, 4, True, True),     # B200: tchunks 4 ~25% faster; goreuse 17.65 -> 17.28
+    (2, 512): _bwd(2, 512, 2, 8, True, True),     # B200: goreuse 28.27 -> 27.84 us at 8k
+}
+BWD_SMALL = {
+    (1, 128): _bwd(1, 128, 1, 8, False, True),    # B200: vec1 13.5 -> 11.5; fastexp off 0.905x; goreuse 8.45 -> 6.27
+    (2, 128): _bwd(2, 128, 1, 8, False, True),    # B200: vec1 17.3 -> 13.8; fastexp 1.003x (off); goreuse 11.30 -> 10.66
+}
+
+
+def fwd_bucket(coff: int, d: int, n_rows: int) -> str:
+    if n_rows <= SMALL_NB_MAX and (coff, d) in FWD_SMALL:
+        return "small"
+    if n_rows >= LARGE_NB_MIN and (coff, d) in FWD_LARGE:
+        return "large"
+    return "default"
+
+
+def bwd_bucket(coff: int, d: int, n_rows: int) -> str:
+    if n_rows <= BWD_SMALL_NB_MAX and (coff, d) in BWD_SMALL:
+        return "small"
+    return "default"
+
+
+_FWD_TABLES = {"small": FWD_SMALL, "default": FWD_DEFAULT, "large": FWD_LARGE}
+_BWD_TABLES = {"small": BWD_SMALL, "default": BWD_DEFAULT}
+
+
+def _check_config(coff: int, d: int) -> None:
+    if (coff, d) not in CONFIGS:
+        raise ValueError(f"ratio=128 is validated for head_dim in {HEAD_DIMS} and coff in "
+                         f"{COFFS}; got coff={coff}, head_dim={d}")
+
+
+def select_fwd(coff: int, d: int, n_rows: int) -> FwdSchedule:
+    _check_config(coff, d)
+    return _FWD_TABLES[fwd_bucket(coff, d, n_rows)][(coff, d)]
+
+
+def select_bwd(coff: int, d: int, n_rows: int) -> BwdSchedule:
+    _check_config(coff, d)
+    return _BWD_TABLES[bwd_bucket(coff, d, n_rows)][(coff, d)]
+
+
+def bucket_probes(direction: str) -> tuple[int, ...]:
+    """One N per bucket, derived from the boundaries: the smallest N that selects it."""
+    if direction == "fwd":
+        return (1, SMALL_NB_MAX + 1, LARGE_NB_MIN)
+    if direction == "bwd":
+        return (1, BWD_SMALL_NB_MAX + 1)
+    raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+
+
+def selectable(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | BwdSchedule]]:
+    """Every ((coff, d), schedule) the tables can select, walked through the bucket logic."""
+    select = select_fwd if direction == "fwd" else select_bwd
+    return {((coff, d), select(coff, d, n)) for coff, d in CONFIGS for n in bucket_probes(direction)}
+
+
+def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: int) -> int:
+    """Backward rows per CTA, chosen at launch so the grid fits one resident wave."""
+    gy = -(-(d // sched.vec) // sched.threads_x)
+    if coff == 2:
+        per_sm = 2
+    else:
+        per_sm = 4 if sched.tchunks <= 4 else 3
+    want = -(-(n_rows * gy) // (per_sm * sm_count))
+    return max(1, min(16, want))

@@ -1,0 +1,27 @@
+"""The eager references of the CSA compressor: the numerics authority of csagate.
+
+``reference.compressor`` is the one piece of code the gate and the tests compare against;
+read it top to bottom. ``reference.inputs`` draws the documented input distribution.
+This package never imports cutlass.
+"""
+
+from reference.compressor import (
+    PRECISIONS,
+    Grads,
+    backward,
+    forward,
+    never_consumed_mask,
+)
+from reference.inputs import Pack, make_grad_out, make_pack, overflow_pack
+
+__all__ = [
+    "PRECISIONS",
+    "Grads",
+    "Pack",
+    "backward",
+    "forward",
+    "make_grad_out",
+    "make_pack",
+    "never_consumed_mask",
+    "overflow_pack",
+]

@@ -1,0 +1,46 @@
+"""The case table is the contract's: 21 named cases in order, kinds, seeds, coverage."""
+
+from collections import Counter
+
+from gates.cases import CASES, DRIFT, EDGEPACK, RAGGED3
+from kernels import schedule as S
+
+
+def test_twenty_one_named_cases_in_contract_order():
+    assert len(CASES) == 21
+    assert len({c.name for c in CASES}) == 21 and DRIFT.name not in {c.name for c in CASES}
+    kinds = [c.kind for c in CASES]
+    assert Counter(kinds) == {"union": 15, "scaled": 1, "padding": 4, "overflow": 1}
+    # union first, then scaled, then padding, then overflow
+    assert kinds == sorted(kinds, key=["union", "scaled", "padding", "overflow"].index)
+    union = [(c.config, c.lens) for c in CASES if c.kind == "union"]
+    assert union == [
+        ("c1d128", (8192,)), ("c1d128", (8192,) * 3), ("c1d128", RAGGED3), ("c1d128", EDGEPACK),
+        ("c1d128", (65536,)), ("c1d128", (131072,)),
+        ("c2d128", (8192,)), ("c2d128", EDGEPACK), ("c2d128", (65536,)),
+        ("c1d512", (8192,)), ("c1d512", (65536,)), ("c1d512", (131072,)),
+        ("c2d512", (8192,)), ("c2d512", (65536,)), ("c2d512", (131072,)),
+    ]
+    padding = [(c.config, c.pad_rows, c.pad_tokens, c.lens) for c in CASES if c.kind == "padding"]
+    assert padding == [("c1d512", 8, 37, RAGGED3), ("c2d512", 8, 21, RAGGED3),
+                       ("c1d128", 5, 37, RAGGED3), ("c2d128", 5, 21, RAGGED3)]
+
+
+def test_seeds_and_scale_as_documented():
+    for c in CASES:
+        assert c.input_seed == 1234 and c.ratio == 128
+        if c.kind == "padding":
+            assert (c.grad_seed, c.pad_seed) == (11, 13)
+        else:
+            assert c.grad_seed == 7
+    scaled = [c for c in CASES if c.kind == "scaled"]
+    assert [(c.config, c.lens, c.scale) for c in scaled] == [("c2d128", (8192,), 64.0)]
+    over = [c for c in CASES if c.kind == "overflow"][0]
+    assert (over.config, over.lens) == ("c1d128", (128,))
+    assert (DRIFT.ratio, DRIFT.coff, DRIFT.d, DRIFT.lens) == (4, 2, 128, (2048,))
+
+
+def test_cases_cover_every_selectable_kernel():
+    for direction, select in (("fwd", S.select_fwd), ("bwd", S.select_bwd)):
+        chosen = {((c.coff, c.d), select(c.coff, c.d, c.rows)) for c in CASES}
+        assert chosen == S.selectable(direction), direction

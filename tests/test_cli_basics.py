@@ -1,0 +1,60 @@
+"""CLI skeleton via click's CliRunner: help, version, cases, usage errors."""
+
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from csagate import __version__
+from csagate.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_help_lists_commands_and_exit_codes():
+    r = run("--help")
+    assert r.exit_code == 0, r.output
+    for word in ("run", "cases", "build", "probe", "schedules", "bench", "reference"):
+        assert word in r.output
+    assert "0 pass, 1 contract failure, 2 usage error, 3 could not evaluate" in r.output
+
+
+def test_version():
+    r = run("--version")
+    assert r.exit_code == 0 and __version__ in r.output
+
+
+def test_cases_table():
+    r = run("cases", "--ratio", "128")
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.output.splitlines() if "│" in line]
+    assert len(lines) == 22
+    assert "drift/r4-c2d128/1x2048" in lines[0] and "c1d128/overflow" in lines[-1]
+    assert "131072" in r.output and "padding" in r.output
+
+
+def test_bad_ratio_is_a_usage_error():
+    r = run("cases", "--ratio", "7")
+    assert r.exit_code == 2 and "Invalid value" in r.output
+
+
+def test_unknown_command_is_a_usage_error():
+    assert run("frobnicate").exit_code == 2
+
+
+def test_cases_imports_neither_torch_kernels_nor_cutlass():
+    code = ("import sys; from csagate.cli import main; sys.argv=['csagate','cases'];\n"
+            "try:\n  main()\nexcept SystemExit: pass\n"
+            "bad=[m for m in ('cutlass','kernels.r4','kernels.api') if m in sys.modules];"
+            "print('LOADED', bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "LOADED []" in out.stdout, out.stdout + out.stderr
+
+
+def test_schedules_table():
+    r = run("schedules")
+    assert r.exit_code == 0, r.output
+    assert "forward 10, backward 6, total 16" in r.output
+    assert "105024" in r.output and "invalid" not in r.output

@@ -1,0 +1,191 @@
+"""The reference against an independent brute-force loop, and hand-checked facts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import reference as R
+
+
+def brute_force(pack, grad_out):
+    """Plain fp64 loops over rows and window positions: out, dkv, dscore, dape (no autograd)."""
+    kv, score, ape = pack.kv.double(), pack.score.double(), pack.ape.double()
+    cu, cuc = pack.cu.tolist(), pack.cuc.tolist()
+    r, coff, d = pack.ratio, pack.coff, pack.d
+    n_rows = grad_out.shape[0]
+    out = torch.zeros(n_rows, d, dtype=torch.float64)
+    dkv = torch.zeros_like(kv)
+    dscore = torch.zeros_like(score)
+    dape = torch.zeros_like(ape)
+    for b in range(n_rows):
+        if b < cuc[-1]:
+            s = max(i for i in range(len(cu) - 1) if cuc[i] <= b < cuc[i + 1])
+            i = b - cuc[s]
+            tok0 = cu[s] + i * r
+        else:
+            i, tok0 = 0, 0                      # capacity padding row: first block at token 0
+        for j in range(d):
+            slots = []                          # (token, column, ape_row, ape_col) or None
+            if coff == 1:
+                slots = [(tok0 + k, j, k, j) for k in range(r)]
+            else:
+                slots = [None if i == 0 else (tok0 - r + k, j, k, j) for k in range(r)]
+                slots += [(tok0 + k, d + j, k, d + j) for k in range(r)]
+            logits = [-math.inf if sl is None else float(score[sl[0], sl[1]] + ape[sl[2], sl[3]])
+                      for sl in slots]
+            vals = [0.0 if sl is None else float(kv[sl[0], sl[1]]) for sl in slots]
+            m = max(logits)
+            e = [math.exp(x - m) for x in logits]
+            den = sum(e)
+            p = [x / den for x in e]
+            out[b, j] = sum(pk * u for pk, u in zip(p, vals))
+            if b >= cuc[-1]:
+                continue                        # padding rows' grad_out is ignored
+            go = float(grad_out[b, j])
+            dp = [go * u for u in vals]
+            big_s = sum(a * pk for a, pk in zip(dp, p))
+            for sl, pk, a in zip(slots, p, dp):
+                if sl is None:
+                    continue
+                ds = pk * (a - big_s)
+                dkv[sl[0], sl[1]] += go * pk
+                dscore[sl[0], sl[1]] += ds
+                dape[sl[2], sl[3]] += ds
+    return out, dkv, dscore, dape
+
+
+FAMILIES = [
+    # (lens, ratio, coff, d, pad_rows, pad_tokens)
+    ((16,), 4, 1, 3, 0, 0),
+    ((16,), 4, 2, 3, 0, 0),
+    ((9, 0, 13, 3, 8), 4, 1, 2, 0, 0),          # tails, empty and short segments
+    ((9, 0, 13, 3, 8), 4, 2, 2, 2, 5),          # + capacity rows and token padding
+    ((5, 4, 11), 4, 2, 5, 3, 0),                # odd d, first-block rule per segment
+    ((300, 129, 0, 127), 128, 1, 2, 1, 3),      # ratio 128: tails, empty, short
+    ((300, 129, 0, 127), 128, 2, 2, 2, 7),
+]
+
+
+@pytest.mark.parametrize("lens,ratio,coff,d,pad_rows,pad_tokens", FAMILIES)
+def test_reference_matches_brute_force(lens, ratio, coff, d, pad_rows, pad_tokens):
+    pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d, pad_rows=pad_rows,
+                       pad_tokens=pad_tokens)
+    go = R.make_grad_out(pack.n_rows, d)
+    want = brute_force(pack, go)
+    got = R.backward(*pack.inputs(), go, ratio=ratio, coff=coff, precision="fp64")
+    for name, g, w in zip(("out", "dkv", "dscore", "dape"), (got.out, got.dkv, got.dscore,
+                                                              got.dape), want):
+        assert g.dtype == torch.float64, name
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=name)
+    f32 = R.backward(*pack.inputs(), go, ratio=ratio, coff=coff, precision="fp32")
+    # fp32 vs fp64 agree to bf16 rounding: out within one bf16 step of the oracle.
+    step = torch.finfo(torch.bfloat16).eps * want[0].abs().clamp_min(2.0**-8)
+    assert ((f32.out.double() - want[0]).abs() <= step).all()
+    torch.testing.assert_close(f32.dkv.double(), want[1], rtol=2**-7, atol=1e-6)
+    torch.testing.assert_close(f32.dscore.double(), want[2], rtol=2**-7, atol=1e-5)
+    torch.testing.assert_close(f32.dape.double(), want[3], rtol=1e-4, atol=1e-5)
+
+
+def test_dtypes_and_shapes():
+    pack = R.make_pack((1023, 2048, 509), ratio=128, coff=2, d=8, pad_rows=5, pad_tokens=21)
+    go = R.make_grad_out(pack.n_rows, 8)
+    g = R.backward(*pack.inputs(), go, ratio=128, coff=2)
+    assert g.out.shape == (pack.n_rows, 8) and g.out.dtype == torch.bfloat16
+    assert g.dkv.shape == pack.kv.shape and g.dkv.dtype == torch.bfloat16
+    assert g.dscore.dtype == torch.bfloat16 and g.dape.dtype == torch.float32
+    up = R.backward(*pack.inputs(), go, ratio=128, coff=2, precision="upstream")
+    assert up.out.dtype == torch.bfloat16
+    assert (up.out.float() - g.out.float()).abs().max() < 0.1
+
+
+def test_first_block_rule_coff2():
+    """A segment's first block has no previous half; other blocks read the previous block."""
+    pack = R.make_pack((8, 8), ratio=4, coff=2, d=2)
+    base = R.forward(*pack.inputs(), ratio=4, coff=2)
+    kv = pack.kv.clone()
+    kv[4:8, :2] = 100   # segment 0's last block, columns [0, d): row 2 would read it without the rule
+    moved = R.forward(kv, pack.score, pack.ape, pack.cu, pack.cuc, ratio=4, coff=2)
+    assert torch.equal(moved, base)
+    kv = pack.kv.clone()
+    kv[0:4, :2] = 100   # block 0's first-half columns: the previous half of row 1 only
+    moved = R.forward(kv, pack.score, pack.ape, pack.cu, pack.cuc, ratio=4, coff=2)
+    assert torch.equal(moved[[0, 2, 3]], base[[0, 2, 3]])
+    assert not torch.equal(moved[1], base[1])
+
+
+def test_padding_rows_replicate_token0_window():
+    pack = R.make_pack((7, 9), ratio=4, coff=2, d=3, pad_rows=3)
+    out = R.forward(*pack.inputs(), ratio=4, coff=2, n_rows=pack.n_rows)
+    first = R.forward(*pack.inputs(), ratio=4, coff=2)[0]
+    for b in range(pack.n_valid_rows, pack.n_rows):
+        assert torch.equal(out[b], first)
+
+
+def test_padding_grad_out_is_ignored():
+    pack = R.make_pack((1023, 509), ratio=128, coff=2, d=4, pad_rows=4, pad_tokens=9)
+    go = R.make_grad_out(pack.n_rows, 4, seed=11)
+    zeroed = go.clone()
+    zeroed[pack.n_valid_rows:] = 0
+    a = R.backward(*pack.inputs(), go, ratio=128, coff=2)
+    b = R.backward(*pack.inputs(), zeroed, ratio=128, coff=2)
+    assert go[pack.n_valid_rows:].abs().sum() > 0
+    for x, y in zip((a.dkv, a.dscore, a.dape), (b.dkv, b.dscore, b.dape)):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("coff", [1, 2])
+def test_zero_classes_are_exact_zeros(coff):
+    lens = (300, 0, 129, 127, 3, 256)
+    pack = R.make_pack(lens, ratio=128, coff=coff, d=4, pad_rows=2, pad_tokens=11)
+    go = R.make_grad_out(pack.n_rows, 4)
+    g = R.backward(*pack.inputs(), go, ratio=128, coff=coff)
+    mask = R.never_consumed_mask(pack.cu, ratio=128, coff=coff, d=4, n_tokens=pack.n_tokens)
+    # Hand-counted slots per class: (a) tails 44+1+0, (c) 127+3+0, (d) 11 tokens (all columns);
+    # (b) coff=2 only: 3 segments with blocks x 128 tokens x d columns.
+    width = coff * 4
+    expect = (44 + 1 + 127 + 3 + 11) * width + (3 * 128 * 4 if coff == 2 else 0)
+    assert int(mask.sum()) == expect
+    assert (g.dkv[mask] == 0).all() and (g.dscore[mask] == 0).all()
+    assert (g.dkv[~mask] != 0).float().mean() > 0.99   # consumed slots carry gradient
+
+
+def test_dape_sums_over_rows():
+    pack = R.make_pack((512,), ratio=128, coff=1, d=4)
+    go = R.make_grad_out(pack.n_rows, 4)
+    g = R.backward(*pack.inputs(), go, ratio=128, coff=1, precision="fp64")
+    # coff=1: window position k of row b is token 128*b + k, so dAPE[k] = sum_b dScore[128b+k].
+    want = g.dscore.reshape(4, 128, 4).sum(0)
+    torch.testing.assert_close(g.dape, want, rtol=1e-12, atol=1e-14)
+
+
+def test_overflow_case():
+    pack, go = R.overflow_pack()
+    g = R.backward(*pack.inputs(), go, ratio=128, coff=1)
+    for t in (g.out, g.dkv, g.dscore, g.dape):
+        assert t.isnan().all()
+    o = R.backward(*pack.inputs(), go, ratio=128, coff=1, precision="fp64")
+    assert torch.equal(o.out, torch.ones_like(o.out))
+    for t in (o.dkv, o.dscore, o.dape):
+        assert torch.isfinite(t).all()
+
+
+def test_inputs_are_reproducible_and_distributed():
+    a = R.make_pack((8192,), ratio=128, coff=1, d=128)
+    b = R.make_pack((8192,), ratio=128, coff=1, d=128)
+    assert all(torch.equal(x, y) for x, y in zip(a.inputs(), b.inputs()))
+    assert a.kv.dtype == torch.bfloat16 and a.ape.dtype == torch.float32
+    assert abs(a.kv.float().std().item() - 1.0) < 0.01
+    assert abs(a.score.float().std().item() - 1.5) < 0.015
+    assert abs(a.ape.std().item() - 0.25) < 0.01
+    c = R.make_pack((8192,), ratio=128, coff=1, d=128, scale=64.0)
+    assert torch.equal(c.kv, a.kv * 64) and torch.equal(c.score, a.score)
+    assert a.cu.dtype == torch.int32 and a.cuc.tolist() == [0, 64]
+
+
+def test_bad_precision_rejected():
+    pack = R.make_pack((8,), ratio=4, coff=1, d=2)
+    with pytest.raises(ValueError, match="precision"):
+        R.forward(*pack.inputs(), ratio=4, coff=1, precision="fp16")

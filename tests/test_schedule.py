@@ -1,0 +1,77 @@
+"""The ratio=128 dispatch tables: boundaries, validity, enumeration, rows per CTA."""
+
+import pytest
+
+from kernels import schedule as S
+
+FWD_EXPECTED = {  # upstream's hardcoded selections (TESTS.md), (vec, tchunks, thr_x, 2ph, fexp)
+    (1, 128, 64): (2, 8, 32, False, False), (1, 128, 256): (2, 4, 32, False, False),
+    (1, 128, 1024): (4, 4, 32, True, True), (2, 128, 64): (2, 16, 32, False, True),
+    (2, 128, 256): (2, 8, 32, False, True), (1, 512, 256): (2, 4, 32, False, False),
+    (1, 512, 1024): (4, 4, 32, False, True), (2, 512, 64): (2, 8, 32, False, True),
+    (2, 512, 256): (4, 4, 32, False, False), (2, 512, 1024): (4, 4, 32, False, True),
+}
+BWD_EXPECTED = {  # (vec, tchunks, thr_x, fexp, goreuse)
+    (1, 128, 64): (1, 8, 32, False, True), (1, 128, 256): (2, 8, 32, True, False),
+    (2, 128, 64): (1, 8, 32, False, True), (2, 128, 256): (2, 8, 32, True, True),
+    (1, 512, 256): (2, 4, 32, True, True), (2, 512, 64): (2, 8, 32, True, True),
+    (2, 512, 256): (2, 8, 32, True, True),
+}
+
+
+@pytest.mark.parametrize("key", sorted(FWD_EXPECTED))
+def test_forward_selection(key):
+    assert S.select_fwd(*key).astuple() == FWD_EXPECTED[key]
+
+
+@pytest.mark.parametrize("key", sorted(BWD_EXPECTED))
+def test_backward_selection(key):
+    assert S.select_bwd(*key).astuple() == BWD_EXPECTED[key]
+
+
+@pytest.mark.parametrize("coff,d", S.CONFIGS)
+def test_bucket_boundaries(coff, d):
+    f = lambda n: S.select_fwd(coff, d, n)
+    assert (f(128) != f(129)) == ((coff, d) in S.FWD_SMALL)
+    assert f(129) == f(1023)
+    assert (f(1024) != f(1023)) == ((coff, d) in S.FWD_LARGE)
+    b = lambda n: S.select_bwd(coff, d, n)
+    assert (b(192) != b(193)) == ((coff, d) in S.BWD_SMALL)
+    assert b(193) == b(1 << 20)
+
+
+def test_every_entry_is_valid_and_enumeration_matches_tables():
+    for tables, kind in (((S.FWD_SMALL, S.FWD_DEFAULT, S.FWD_LARGE), "fwd"),
+                         ((S.BWD_SMALL, S.BWD_DEFAULT), "bwd")):
+        listed = {(cfg, sched) for t in tables for cfg, sched in t.items()}
+        for (coff, d), sched in listed:
+            assert S.config_problems(coff, d, sched) == [], (coff, d, sched)
+        assert S.selectable(kind) == listed
+    assert len(S.selectable("fwd")) == 10 and len(S.selectable("bwd")) == 6
+
+
+def test_validity_predicate_rejects():
+    bad = S.FwdSchedule(3, 4, 32, False, False)
+    assert "does not divide head_dim" in S.config_problems(1, 128, bad)[0]
+    straddle = S.FwdSchedule(2, 3, 32, False, False)          # 256 % 3 != 0
+    assert any("window" in p for p in S.config_problems(2, 128, straddle))
+    half = S.FwdSchedule(2, 64, 32, False, False)             # 2048 threads
+    assert any("exceed" in p for p in S.config_problems(2, 512, half))
+    wide = S.BwdSchedule(4, 8, 32, True, True)
+    assert any("vec=4" in p for p in S.config_problems(2, 512, wide))
+    with pytest.raises(ValueError, match="validated for head_dim"):
+        S.select_fwd(1, 96, 64)
+
+
+def test_smem_formula_matches_upstream_table():
+    got = {cfg: S.bwd_smem_bytes(cfg[0], s) for cfg, s in S.BWD_DEFAULT.items()}
+    assert got == {(1, 128): 55872, (2, 128): 105024, (1, 512): 52800, (2, 512): 105024}
+    assert S.bwd_smem_bytes(1, S.BWD_SMALL[(1, 128)]) == 27968
+
+
+def test_rows_per_cta_fills_one_wave():
+    sched = S.select_bwd(1, 128, 1024)
+    assert S.rows_per_cta(1024, 128, 1, sched, 148) == 5    # B200
+    assert S.rows_per_cta(1024, 128, 1, sched, 132) == 6    # H200
+    assert S.rows_per_cta(1, 128, 1, sched, 132) == 1
+    assert S.rows_per_cta(10**6, 512, 2, S.select_bwd(2, 512, 10**6), 132) == 16
