@@ -1,0 +1,272 @@
+"""Dedicated ratio=128 forward of the CSA compressor (CuTe DSL), streaming the window.
+
+One CTA per output row ``b``, grid ``(N, gy)``, block ``(threads_x, tchunks)``. Thread
+``(tx, ty)`` owns the column group ``col = by*threads_x + tx`` (head-dim columns
+``[col*vec, col*vec + vec)``, idle when ``col >= d/vec``) and the window chunk
+``[ty*C, (ty+1)*C)``, ``C = coff*128/tchunks``. It streams its chunk once (or twice, in the
+two-phase form) keeping ``(m, den, acc)`` per column in fp32 registers, so the register count
+does not grow with the window. The ``tchunks`` partials of a column are merged through shared
+memory by the ``ty == 0`` thread, serially in chunk order, then ``out = bf16_rn(acc / den)``.
+
+Window of row ``b`` (segment ``s``, block ``i = b - cuc[s]``, ``tok0 = cu[s] + 128*i``),
+found by a per-thread scan of ``cuc`` on the device (no host sync):
+
+* coff=1: slot ``k`` reads token ``tok0 + k``, columns ``[0, d)``, APE row ``k``;
+* coff=2: slot ``k`` reads token ``tok0 - 128 + k``, APE row ``k mod 128``; columns ``[0, d)``
+  for ``k < 128`` (the previous block, invalid when ``i == 0``: that chunk is skipped and its
+  partial stays ``(-inf, 0, 0)``), columns ``[d, 2d)`` for ``k >= 128`` (the own block).
+  The schedule guarantees ``128 % C == 0``, so no chunk straddles the half boundary.
+* capacity padding rows (``b >= cuc[B]``) are computed as a first block at token 0.
+
+Numerics (KERNELS.md section 1): ``s = f32(score) + ape``; online-rescale form (strict
+``s > m`` rescales den/acc by ``exp(m - s)`` with ``mul.rn``) or two-phase form (exact chunk
+max, then one ascending pass); ``den`` accumulates with ``add.rn`` and ``acc`` with
+``fma.rn(u, e, acc)``, all pinned so FMA contraction cannot change them. The merge always uses
+the exact ``exp``; ``fastexp`` replaces it in the main loop by ``ex2.approx.ftz`` of
+``fma.rn(x, L2E_LO, mul.rn(x, L2E_HI))``. Fixed chunk boundaries, a fixed merge order and no
+atomics make the output bitwise run-to-run deterministic.
+
+Known caveats (CONTRACT.md section 6):
+
+* Saturation: the chunk partials are un-normalized (``acc`` sums ``u * e`` with ``e <= 1``),
+  so near fp32 max this kernel overflows earlier than eager, which normalizes the weights
+  before the weighted sum. With uniform scores ``acc`` reaches ``C*|kv|`` in a chunk and
+  ``coff*128*|kv|`` after the merge: ``|kv|`` within a factor ~``coff*128`` of fp32 max gives
+  Inf (or NaN) where eager is finite.
+* Overflow of ``s = score + ape`` to ``+inf`` gives NaN, like eager (``inf - inf``): the first
+  such slot of a chunk makes ``e = exp(inf - inf) = NaN``, so that chunk's ``den``/``acc`` are
+  NaN. The merge skips a chunk only when its ``den == 0`` (a skipped previous-half chunk):
+  a NaN ``den`` is merged and poisons the column, and chunk 0 is always the starting triple,
+  so any overflowing slot yields NaN. (The design note says "skip unless den > 0"; for finite
+  data the two rules are identical because a valid chunk has ``den >= 1``; they differ only
+  when ``den`` is NaN, where dropping the chunk would hide eager's NaN.) Starting from a
+  skipped chunk 0 = ``(-inf, 0, 0)`` is safe: every merged chunk has a finite ``m_t`` or a
+  NaN ``den``, so ``exp(-inf - mn)`` is ``exp(-inf) = 0`` or the column is NaN anyway.
+* A chunk whose leading scores are ``-inf`` (bf16 ``-inf`` in ``score``) computes
+  ``exp(-inf - (-inf)) = NaN`` and turns the column NaN where eager gives those slots weight 0.
+  The contract's inputs are finite; the hot loop does not guard this case.
+"""
+
+from __future__ import annotations
+
+from kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
+from kernels.schedule import RATIO, FwdSchedule, config_problems
+
+cutlass, cute = cute_modules()
+import cuda.bindings.driver as cuda  # noqa: E402  (after the DSL environment is prepared)
+
+F32 = cutlass.Float32
+I32 = cutlass.Int32
+RN = cute.math.RoundingMode.NEAREST_EVEN
+
+L2E_HI = 1.4426950216293335  # 0x3FB8AA3B: the fp32 nearest to log2(e)
+L2E_LO = 1.925963033500011e-08  # 0x32A57060: the fp32 of log2(e) - L2E_HI
+
+# Base-pointer alignment promised to the compiler (bytes); the host API checks it.
+ALIGN = {"kv": 16, "score": 16, "ape": 16, "cu": 4, "cuc": 4, "out": 16}
+
+
+def exp_fast(x):
+    """exp(x) = 2^(x*log2 e): pinned mul.rn + fma.rn, then ex2.approx.ftz (+0 at -inf)."""
+    y = cute.math.fma(x, F32(L2E_LO), cute.math.mul(x, F32(L2E_HI), rounding=RN), rounding=RN)
+    return cute.math.exp2(y, approx=True, ftz=True)
+
+
+def exp_exact(x):
+    return cute.math.exp(x)
+
+
+class R128FwdKernel:
+    """The forward for one (d, coff, schedule); every field is compile-time."""
+
+    def __init__(self, d: int, coff: int, sched: FwdSchedule):
+        problems = config_problems(coff, d, sched)
+        if problems:
+            raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: " + "; ".join(problems))
+        self.d = d
+        self.coff = coff
+        self.vec = sched.vec
+        self.tchunks = sched.tchunks
+        self.threads_x = sched.threads_x
+        self.twophase = sched.twophase
+        self.fastexp = sched.fastexp
+        self.width = coff * d  # W: row width of kv, score, ape
+        self.chunk = coff * RATIO // sched.tchunks  # C: window slots per thread
+        self.ncols = d // sched.vec  # column groups of a row
+        self.gy = -(-self.ncols // sched.threads_x)
+
+    @cute.jit
+    def __call__(self, kv_ptr: cute.Pointer, score_ptr: cute.Pointer, ape_ptr: cute.Pointer,
+                 cu_ptr: cute.Pointer, cuc_ptr: cute.Pointer, out_ptr: cute.Pointer,
+                 n_tok: I32, n_rows: I32, n_seq: I32, stream: cuda.CUstream):
+        W = self.width
+        rows = cute.make_layout((n_tok, W), stride=(W, 1))
+        mKV = cute.make_tensor(kv_ptr, rows)
+        mScore = cute.make_tensor(score_ptr, rows)
+        mApe = cute.make_tensor(ape_ptr, cute.make_layout((RATIO, W), stride=(W, 1)))
+        mCu = cute.make_tensor(cu_ptr, cute.make_layout((n_seq + 1,)))
+        mCuc = cute.make_tensor(cuc_ptr, cute.make_layout((n_seq + 1,)))
+        mOut = cute.make_tensor(out_ptr, cute.make_layout((n_rows, self.d), stride=(self.d, 1)))
+        self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
+            grid=(n_rows, self.gy, 1), block=(self.threads_x, self.tchunks, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
+               mCu: cute.Tensor, mCuc: cute.Tensor, mOut: cute.Tensor, n_seq: I32):
+        VEC, TX, TCH, C = self.vec, self.threads_x, self.tchunks, self.chunk
+        tx, ty, _ = cute.arch.thread_idx()
+        b, by, _ = cute.arch.block_idx()
+        col = by * TX + tx
+
+        # Segment of row b: the last s with cuc[s] <= b (empty segments are passed over).
+        seg = I32(0)
+        for s in cutlass.range(1, n_seq, unroll=1):
+            if mCuc[s] <= b:
+                seg = s
+        blk = b - mCuc[seg]
+        tok0 = mCu[seg] + blk * RATIO
+        if b >= mCuc[n_seq]:  # capacity padding row: a first block at token 0
+            blk = I32(0)
+            tok0 = I32(0)
+
+        # My chunk: slots [k0, k0 + C); slot k reads token tok0 - (coff-1)*128 + k.
+        k0 = ty * C
+        tok_start = tok0 + k0
+        ape_row0 = k0
+        cblk = col  # column group in units of VEC within the W-wide row
+        live = col < self.ncols
+        if cutlass.const_expr(self.coff == 2):
+            tok_start = tok0 + k0 - RATIO
+            if k0 >= RATIO:  # own block: columns [d, 2d)
+                ape_row0 = k0 - RATIO
+                cblk = col + self.ncols
+            else:  # previous block: columns [0, d), absent for a segment's first block
+                live = live & (blk > 0)
+
+        st = cute.make_rmem_tensor((3, VEC), F32)  # (m, den, acc) per column
+        for j in cutlass.range_constexpr(VEC):
+            st[0, j] = F32(-F32.inf)
+            st[1, j] = F32(0.0)
+            st[2, j] = F32(0.0)
+
+        if live:
+            if cutlass.const_expr(self.twophase):
+                self.chunk_twophase(mKV, mScore, mApe, st, tok_start, ape_row0, cblk)
+            else:
+                self.chunk_online(mKV, mScore, mApe, st, tok_start, ape_row0, cblk)
+
+        # Merge the tchunks partials of each column (ty == 0, chunk order).
+        smem = cutlass.memory.SmemAllocator()
+        part = cute.make_layout((TCH, TX * VEC), stride=(TX * VEC, 1))
+        sM = smem.allocate_tensor(F32, part, byte_alignment=16)
+        sD = smem.allocate_tensor(F32, part, byte_alignment=16)
+        sA = smem.allocate_tensor(F32, part, byte_alignment=16)
+        for j in cutlass.range_constexpr(VEC):
+            sM[ty, tx * VEC + j] = st[0, j]
+            sD[ty, tx * VEC + j] = st[1, j]
+            sA[ty, tx * VEC + j] = st[2, j]
+        cute.arch.sync_threads()  # every thread of the CTA reaches this one barrier
+
+        if ty == 0:
+            if col < self.ncols:
+                self.merge_store(sM, sD, sA, st, mOut, b, tx, col)
+
+    @cute.jit
+    def chunk_online(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
+                     st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
+        VEC = self.vec
+        for kk in cutlass.range(self.chunk, unroll=4):
+            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
+            uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
+            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            for j in cutlass.range_constexpr(VEC):
+                s = sv[j] + av[j]
+                if s > st[0, j]:  # strict: rescale to the new max (exp(-inf) = 0 at first)
+                    scale = self.exp_loop(st[0, j] - s)
+                    st[1, j] = cute.math.mul(st[1, j], scale, rounding=RN)
+                    st[2, j] = cute.math.mul(st[2, j], scale, rounding=RN)
+                    st[0, j] = s
+                e = self.exp_loop(s - st[0, j])
+                st[1, j] = cute.math.add(st[1, j], e, rounding=RN)
+                st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
+
+    @cute.jit
+    def chunk_twophase(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
+                       st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
+        VEC = self.vec
+        for kk in cutlass.range(self.chunk, unroll=4):  # pass A: exact chunk max
+            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
+            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            for j in cutlass.range_constexpr(VEC):
+                s = sv[j] + av[j]
+                if s > st[0, j]:
+                    st[0, j] = s
+        for kk in cutlass.range(self.chunk, unroll=4):  # pass B: ascending sums
+            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
+            uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
+            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            for j in cutlass.range_constexpr(VEC):
+                e = self.exp_loop(sv[j] + av[j] - st[0, j])
+                st[1, j] = cute.math.add(st[1, j], e, rounding=RN)
+                st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
+
+    @cute.jit
+    def merge_store(self, sM: cute.Tensor, sD: cute.Tensor, sA: cute.Tensor, st: cute.Tensor,
+                    mOut: cute.Tensor, b: I32, tx: I32, col: I32):
+        VEC = self.vec
+        # Chunk 0 is this thread's own partial, still in st.
+        for t in cutlass.range(1, self.tchunks, unroll=1):
+            for j in cutlass.range_constexpr(VEC):
+                den_t = sD[t, tx * VEC + j]
+                # Skip only invalid chunks (den == 0); a NaN den is merged so NaN propagates.
+                if den_t != F32(0.0):
+                    m_t = sM[t, tx * VEC + j]
+                    acc_t = sA[t, tx * VEC + j]
+                    mn = cute.arch.fmax(st[0, j], m_t)
+                    s1 = exp_exact(st[0, j] - mn)
+                    s2 = exp_exact(m_t - mn)
+                    st[1, j] = cute.math.fma(st[1, j], s1, cute.math.mul(den_t, s2, rounding=RN),
+                                             rounding=RN)
+                    st[2, j] = cute.math.fma(st[2, j], s1, cute.math.mul(acc_t, s2, rounding=RN),
+                                             rounding=RN)
+                    st[0, j] = mn
+        res = cute.make_rmem_tensor((1, VEC), F32)
+        for j in cutlass.range_constexpr(VEC):
+            res[0, j] = st[2, j] / st[1, j]  # IEEE div.rn
+        cute.local_tile(mOut, (1, VEC), (b, col)).store(res.load().to(cutlass.BFloat16))
+
+    def exp_loop(self, x):
+        return exp_fast(x) if self.fastexp else exp_exact(x)
+
+
+def _placeholder_args():
+    BF16 = cutlass.BFloat16
+    return (gmem_ptr(BF16, align=ALIGN["kv"]), gmem_ptr(BF16, align=ALIGN["score"]),
+            gmem_ptr(F32, align=ALIGN["ape"]), gmem_ptr(I32, align=ALIGN["cu"]),
+            gmem_ptr(I32, align=ALIGN["cuc"]), gmem_ptr(BF16, align=ALIGN["out"]),
+            I32(0), I32(0), I32(0), stream_arg())
+
+
+def build_fwd(*, d: int, coff: int, sched: FwdSchedule, arch: str):
+    """Compile the r128 forward for (d, coff, sched) on ``arch`` (no GPU needed)."""
+    return compile_for(arch, R128FwdKernel(d, coff, sched), *_placeholder_args())
+
+
+def launch_fwd(fn, *, sched: FwdSchedule, kv, score, ape, cu, cuc, out, stream) -> None:
+    """Run a compiled forward on torch tensors; no validation (kernels/api.py does it).
+
+    Every schedule field is baked into ``fn``; ``sched`` is accepted for the uniform
+    ``launch_*`` signature. Launches nothing when ``out`` has no rows. Pointers are made with
+    the ``ALIGN`` promises of the build (``make_ptr`` asserts them).
+    """
+    n_rows = out.shape[0]
+    if n_rows == 0:
+        return
+    BF16 = cutlass.BFloat16
+    fn(gmem_ptr(BF16, kv.data_ptr(), ALIGN["kv"]),
+       gmem_ptr(BF16, score.data_ptr(), ALIGN["score"]),
+       gmem_ptr(F32, ape.data_ptr(), ALIGN["ape"]),
+       gmem_ptr(I32, cu.data_ptr(), ALIGN["cu"]),
+       gmem_ptr(I32, cuc.data_ptr(), ALIGN["cuc"]),
+       gmem_ptr(BF16, out.data_ptr(), ALIGN["out"]),
+       I32(kv.shape[0]), I32(n_rows), I32(cu.shape[0] - 1), stream_arg(stream))
