@@ -1,0 +1,325 @@
+"""The ratio=4 kernels on the GPU against the fp32 eager reference (CONTRACT.md section 4).
+
+The kernels are launched directly (``kernels.r4.launch_*``) into buffers allocated here:
+dKV/dScore start NaN-filled, so a slot the backward fails to write shows up as NaN. Contract:
+dKV and dScore ``torch.equal`` to the reference; the forward differs on at most
+max(1, int(1e-4 * numel)) elements, each by at most one bf16 step (or, where the sum cancels
+far below its terms, by less than the fp32 summation-order noise ``FWD_NOISE_ATOL``); dAPE
+within 1e-3; exact zeros on every never-consumed slot.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from kernels._dsl import dsl_available
+
+_DSL_OK, _DSL_WHY = dsl_available()
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)"),
+    pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable"),
+]
+
+RATIO = 4
+FWD_REL_COUNT = 1e-4  # fraction of forward elements allowed one bf16 step off
+# Reordering an 8-term fp32 sum with sum|u*p| <= max|kv| ~ 6 moves it by <= 7 * 2^-24 * 6
+# ~ 2.5e-6; the two bf16 roundings can add that again.
+FWD_NOISE_ATOL = 8e-6
+DAPE_ATOL = 1e-3
+RAGGED3 = (1023, 2048, 509)
+PACKS = [  # (lens, d)
+    ((2048,), 128),
+    (RAGGED3, 128),
+    ((3, 515, 1024, 129), 128),  # short first segment: the capacity rows read across it
+    ((64, 0, 253, 3), 128),  # empty and short segments
+    ((260,), 65),  # odd d: the vec=1 forward
+    ((2048,), 512),
+]
+CASES = [(lens, d, coff) for coff in (2, 1) for lens, d in PACKS]
+
+
+def _case_id(case) -> str:
+    lens, d, coff = case
+    return f"c{coff}d{d}-" + "_".join(map(str, lens))
+
+
+# ----------------------------------------------------------------------------------------
+# Running the kernels
+# ----------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _kernels(d: int, coff: int):
+    from kernels import r4
+    from kernels._dsl import device_arch
+
+    arch = device_arch()
+    return r4.build_fwd(d=d, coff=coff, arch=arch), r4.build_bwd(d=d, coff=coff, arch=arch)
+
+
+def _pack(lens, d, coff, **kw):
+    from reference import make_pack
+
+    return make_pack(lens, ratio=RATIO, coff=coff, d=d, device="cuda", **kw)
+
+
+def _run_fwd(pack, *, fill=float("nan"), stream=None) -> torch.Tensor:
+    from kernels import r4
+
+    kv, score, ape, cu, cuc = pack.inputs()
+    out = torch.full((pack.n_rows, pack.d), fill, dtype=torch.bfloat16, device="cuda")
+    if stream is not None:  # the fill above runs on the current stream
+        stream.wait_stream(torch.cuda.current_stream())
+    r4.launch_fwd(_kernels(pack.d, pack.coff)[0], kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
+                  out=out, stream=stream)
+    torch.cuda.synchronize()
+    return out
+
+
+def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None):
+    from kernels import r4
+
+    kv, score, ape, cu, cuc = pack.inputs()
+    dkv = torch.full_like(kv, fill)
+    dscore = torch.full_like(score, fill)
+    dape = torch.zeros_like(ape)
+    if stream is not None:  # the fills above run on the current stream
+        stream.wait_stream(torch.cuda.current_stream())
+    r4.launch_bwd(_kernels(pack.d, pack.coff)[1], kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
+                  grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape, stream=stream)
+    torch.cuda.synchronize()
+    return dkv, dscore, dape
+
+
+def _ref_out(pack) -> torch.Tensor:
+    """The fp32 eager reference out over all N rows (capacity padding rows included)."""
+    from reference import forward
+
+    kv, score, ape, cu, cuc = pack.inputs()
+    return forward(kv, score, ape, cu, cuc, ratio=RATIO, coff=pack.coff, n_rows=pack.n_rows,
+                   precision="fp32")
+
+
+def _ref_grads(pack, grad_out):
+    """The fp32 eager reference gradients, grad_out of capacity padding rows zeroed."""
+    from reference import backward
+
+    kv, score, ape, cu, cuc = pack.inputs()
+    go = grad_out.clone()
+    go[pack.n_valid_rows:] = 0
+    return backward(kv, score, ape, cu, cuc, go, ratio=RATIO, coff=pack.coff, precision="fp32")
+
+
+def _mask(pack) -> torch.Tensor:
+    from reference import never_consumed_mask
+
+    return never_consumed_mask(pack.cu, ratio=RATIO, coff=pack.coff, d=pack.d,
+                               n_tokens=pack.n_tokens).to("cuda")
+
+
+# ----------------------------------------------------------------------------------------
+# Diagnostics
+# ----------------------------------------------------------------------------------------
+
+
+def _slot(pack, index) -> str:
+    """Where a (token, column) slot of dKV/dScore sits in the pack, or a row of out."""
+    if len(index) != 2 or pack is None:
+        return str(tuple(index))
+    tok, col = index
+    bounds = pack.cu.tolist()
+    half = "own/only half" if pack.coff == 1 or col >= pack.d else "previous-block half"
+    for s in range(len(bounds) - 1):
+        if bounds[s] <= tok < bounds[s + 1]:
+            off = tok - bounds[s]
+            return (f"(token {tok}, column {col}): segment {s} (len {bounds[s + 1] - bounds[s]})"
+                    f" offset {off} = block {off // RATIO} position {off % RATIO}, {half}")
+    return f"(token {tok}, column {col}): token padding row (>= cu[B] = {bounds[-1]})"
+
+
+def _mismatch(name, got, ref, pack=None) -> str:
+    """Count, max |diff|, NaNs and the first differing element of two same-shape tensors."""
+    g, r = got.float(), ref.float()
+    same = (g == r) | (g.isnan() & r.isnan())
+    bad = ~same
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return f"{name}: equal"
+    first = bad.nonzero()[0].tolist()
+    diff = (g - r).abs()[bad].nan_to_num(float("inf"))
+    return (f"{name}: {n_bad}/{got.numel()} elements differ, max |diff| {diff.max().item():.3g},"
+            f" NaN in kernel {int(g.isnan().sum())} / in reference {int(r.isnan().sum())};"
+            f" first at {_slot(pack, first)}: kernel {g[tuple(first)].item()!r},"
+            f" reference {r[tuple(first)].item()!r}")
+
+
+def _bf16_ordinal(t: torch.Tensor) -> torch.Tensor:
+    """A monotone integer image of bf16 values: adjacent representable values differ by 1."""
+    bits = t.contiguous().view(torch.int16).to(torch.int32)
+    mag = bits & 0x7FFF
+    return torch.where(bits < 0, -mag, mag)
+
+
+def _check_forward(out, ref_out, label):
+    """Few elements differ, each by one bf16 step or by less than the fp32 summation noise.
+
+    The kernel sums the 4*coff products serially, torch's reduction in another order: the
+    two fp32 sums differ by a few fp32 ulps of the largest product, so where the sum cancels
+    to far below its terms the bf16 results can be several (tiny) bf16 steps apart.
+    """
+    assert not out.isnan().any(), (
+        f"{label}: {int(out.isnan().sum())} NaN in out (unwritten rows start NaN); "
+        + _mismatch("out", out, ref_out))
+    steps = (_bf16_ordinal(out) - _bf16_ordinal(ref_out)).abs()
+    diff = (out.float() - ref_out.float()).abs()
+    n_diff = int((steps > 0).sum())
+    allowed = max(1, int(FWD_REL_COUNT * out.numel()))
+    too_far = (steps > 1) & (diff > FWD_NOISE_ATOL)
+    worst = int(steps.max()) if steps.numel() else 0
+    assert n_diff <= allowed and not too_far.any(), (
+        f"{label}: forward differs from the fp32 reference on {n_diff} elements (allowed "
+        f"{allowed}); {int(too_far.sum())} of them by more than one bf16 step and more than "
+        f"{FWD_NOISE_ATOL:g} (worst {worst} steps); " + _mismatch("out", out, ref_out))
+
+
+def _check_grads(pack, dkv, dscore, dape, res, label):
+    for name, got, ref in (("dKV", dkv, res.dkv), ("dScore", dscore, res.dscore)):
+        assert torch.equal(got, ref), f"{label}: " + _mismatch(name, got, ref, pack)
+    err = (dape - res.dape).abs().max().item()
+    assert err <= DAPE_ATOL, (
+        f"{label}: dAPE max |diff| {err:.3g} > {DAPE_ATOL}; " + _mismatch("dAPE", dape, res.dape))
+
+
+def _check_zero_slots(pack, dkv, dscore, res, label):
+    mask = _mask(pack)
+    for name, ref in (("dKV", res.dkv), ("dScore", res.dscore)):
+        assert (ref[mask] == 0).all(), (
+            f"{label}: the REFERENCE {name} is nonzero on never-consumed slots (mask or "
+            "reference bug, not the kernel)")
+    for name, got in (("dKV", dkv), ("dScore", dscore)):
+        masked = got[mask].float()
+        bad = ~(masked == 0)
+        if bad.any():
+            where = mask.nonzero()[bad.nonzero()[0].item()].tolist()
+            raise AssertionError(
+                f"{label}: {name} has {int(bad.sum())}/{masked.numel()} never-consumed slots "
+                f"that are not exact zeros ({int(masked.isnan().sum())} NaN = never written); "
+                f"first {_slot(pack, where)}: {got[tuple(where)].item()!r}")
+
+
+# ----------------------------------------------------------------------------------------
+# Tests
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_forward_vs_fp32_reference(case):
+    lens, d, coff = case
+    pack = _pack(lens, d, coff)
+    _check_forward(_run_fwd(pack), _ref_out(pack), _case_id(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_backward_bitwise_vs_fp32_reference(case):
+    from reference import make_grad_out
+
+    lens, d, coff = case
+    label = _case_id(case)
+    pack = _pack(lens, d, coff)
+    go = make_grad_out(pack.n_rows, d, device="cuda")
+    dkv, dscore, dape = _run_bwd(pack, go)
+    res = _ref_grads(pack, go)
+    for name, got in (("dKV", dkv), ("dScore", dscore)):
+        assert not got.isnan().any(), (
+            f"{label}: {int(got.isnan().sum())} {name} slots never written (still NaN); "
+            + _mismatch(name, got, getattr(res, name.lower()), pack))
+    _check_zero_slots(pack, dkv, dscore, res, label)
+    _check_grads(pack, dkv, dscore, dape, res, label)
+
+
+PAD_PACKS = [(3, 515, 1024, 129), RAGGED3]
+
+
+@pytest.mark.parametrize("coff", (2, 1))
+@pytest.mark.parametrize("lens", PAD_PACKS, ids=lambda lens: "_".join(map(str, lens)))
+def test_capacity_padding(lens, coff):
+    """8 capacity rows + 37 token-padding rows; NONZERO grad_out on the capacity rows."""
+    from reference import make_grad_out
+
+    d = 128
+    label = f"c{coff}d{d}-" + "_".join(map(str, lens)) + "-pad8-tok37"
+    pack = _pack(lens, d, coff, pad_rows=8, pad_tokens=37)
+    n_valid = pack.n_valid_rows
+    assert pack.n_rows == n_valid + 8 and pack.n_tokens == sum(lens) + 37, (
+        f"make_pack geometry: n_rows {pack.n_rows} (valid {n_valid}), T {pack.n_tokens}")
+    go = make_grad_out(pack.n_rows, d, seed=11, device="cuda")
+    assert (go[n_valid:] != 0).any(), "padding grad_out must be nonzero for this test"
+    go_zeroed = go.clone()
+    go_zeroed[n_valid:] = 0
+
+    _check_forward(_run_fwd(pack), _ref_out(pack), label)
+    res = _ref_grads(pack, go_zeroed)
+
+    dkv, dscore, dape = _run_bwd(pack, go)
+    _check_grads(pack, dkv, dscore, dape, res, label)
+    _check_zero_slots(pack, dkv, dscore, res, label)
+    tail = slice(sum(lens), None)
+    for name, got in (("dKV", dkv), ("dScore", dscore)):
+        assert (got[tail] == 0).all(), (
+            f"{label}: {name} token-padding rows [cu[B], T) are not exact zeros: "
+            f"{int((got[tail] != 0).sum())} nonzero ({int(got[tail].isnan().sum())} NaN)")
+
+    dkv0, dscore0, _ = _run_bwd(pack, go_zeroed)
+    for name, a, b in (("dKV", dkv, dkv0), ("dScore", dscore, dscore0)):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (
+            f"{label}: {name} depends on the padding rows' grad_out; "
+            + _mismatch(name, a, b, pack))
+
+
+@pytest.mark.parametrize("coff", (2, 1))
+def test_three_run_determinism(coff):
+    """Run 1 into zeros, runs 2-3 into NaN (run 3 on a side stream): bitwise identical."""
+    from reference import make_grad_out
+
+    d = 128
+    pack = _pack(RAGGED3, d, coff)
+    go = make_grad_out(pack.n_rows, d, device="cuda")
+    runs = [(_run_fwd(pack, fill=0.0), *_run_bwd(pack, go, fill=0.0)),
+            (_run_fwd(pack), *_run_bwd(pack, go))]
+    side = torch.cuda.Stream()
+    runs.append((_run_fwd(pack, stream=side), *_run_bwd(pack, go, stream=side)))
+    names = ("out", "dKV", "dScore")
+    for i in (1, 2):
+        for name, a, b in zip(names, runs[0][:3], runs[i][:3], strict=True):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (
+                f"c{coff}d{d} ragged3: run {i + 1} {name} differs from run 1 (zero-filled): "
+                + _mismatch(name, b, a, pack if name != "out" else None))
+        err = (runs[i][3] - runs[0][3]).abs().max().item()
+        assert err <= DAPE_ATOL, f"run {i + 1} dAPE differs from run 1 by {err:.3g}"
+
+
+@pytest.mark.parametrize("coff", (2, 1))
+def test_no_rows_launches_nothing(coff):
+    """lens [3, 2, 1]: N == 0, so nothing launches and every buffer keeps its NaN fill."""
+    from kernels import r4
+
+    d = 128
+    pack = _pack((3, 2, 1), d, coff)
+    assert pack.n_rows == 0, f"expected no output rows, got {pack.n_rows}"
+    kv, score, ape, cu, cuc = pack.inputs()
+    fwd, bwd = _kernels(d, coff)
+    out = torch.empty(0, d, dtype=torch.bfloat16, device="cuda")
+    r4.launch_fwd(fwd, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out)
+    go = torch.empty(0, d, dtype=torch.bfloat16, device="cuda")
+    dkv = torch.full_like(kv, float("nan"))
+    dscore = torch.full_like(score, float("nan"))
+    dape = torch.full_like(ape, float("nan"))
+    r4.launch_bwd(bwd, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=go, dkv=dkv,
+                  dscore=dscore, dape=dape)
+    torch.cuda.synchronize()
+    for name, t in (("dKV", dkv), ("dScore", dscore), ("dAPE", dape)):
+        assert t.isnan().all(), f"N == 0 but {name} was written ({int((~t.isnan()).sum())})"

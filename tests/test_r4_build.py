@@ -1,0 +1,128 @@
+"""CPU build checks of the ratio=4 kernels (no GPU): both arches, ptxas-clean, pinned PTX.
+
+Each (kernel, arch, coff, d) is cross-compiled once, assembled with the external
+``ptxas -v`` (0 spill, 0 stack) and its PTX is checked for the facts the bitwise contract
+rests on: the accurate exp (one ``fma.rm`` range reduction per ``ex2.approx.ftz``), the exact
+count of pinned ``mul.rn``/``add.rn``/``fma.rn``/``div.rn`` (an extra ``fma.rn`` would be a
+contracted ``a*b+c``), vector accesses for even d, one dAPE atomic per window position.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kernels._dsl import ARCHES, dsl_available, ptx_of
+
+_DSL_OK, _DSL_WHY = dsl_available()
+pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable")
+
+COFFS = (1, 2)
+HEAD_DIMS = (128, 65, 512)  # even d (vec=2), odd d (vec=1), the large production d
+KERNELS = [(kind, arch, coff, d) for kind in ("fwd", "bwd") for arch in ARCHES
+           for coff in COFFS for d in HEAD_DIMS]
+EXP_CONSTANTS = ("0f3BBB989D", "0f3FB8AA3B", "0f32A57060")  # the accurate exp's fma.rn
+
+
+def _kid(k) -> str:
+    kind, arch, coff, d = k
+    return f"{kind}-{arch}-c{coff}d{d}"
+
+
+@functools.cache
+def _ptx(kind: str, arch: str, coff: int, d: int) -> str:
+    from kernels import r4
+
+    build = r4.build_fwd if kind == "fwd" else r4.build_bwd
+    ptx = ptx_of(build(d=d, coff=coff, arch=arch))
+    assert ptx, f"{kind} c{coff}d{d} {arch}: no PTX retained (CUTE_DSL_KEEP must include ptx)"
+    return ptx
+
+
+def _count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, text))
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
+def test_ptxas_clean(kernel, tmp_path):
+    if shutil.which("ptxas") is None:
+        pytest.skip("ptxas is not on PATH: cannot check spills")
+    kind, arch, coff, d = kernel
+    path = tmp_path / f"{_kid(kernel)}.ptx"
+    path.write_text(_ptx(*kernel))
+    res = subprocess.run(["ptxas", "-v", f"-arch={arch}", str(path), "-o", "/dev/null"],
+                         capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, f"ptxas failed on {_kid(kernel)}:\n{log}"
+    regs = re.findall(r"Used (\d+) registers", log)
+    usage = re.findall(
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(regs) == 1 and len(usage) == 1, f"unparsed ptxas -v output:\n{log}"
+    stack, spill_st, spill_ld = map(int, usage[0])
+    assert (stack, spill_st, spill_ld) == (0, 0, 0), (
+        f"{_kid(kernel)}: {regs[0]} registers, stack {stack} B, spill stores {spill_st} B, "
+        f"spill loads {spill_ld} B (must all be 0)")
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
+def test_ptx_pins_numerics(kernel):
+    from kernels import r4
+
+    kind, arch, coff, d = kernel
+    ptx = _ptx(*kernel)
+    win = coff * r4.RATIO
+    vec, threads = r4.fwd_schedule(d) if kind == "fwd" else (1, r4.BWD_THREADS)
+    n_exp = win * vec  # one exact exp per (window position, column)
+    fma_rn = [ln for ln in ptx.splitlines() if "fma.rn.f32" in ln]
+    pinned_fma = [ln for ln in fma_rn if not any(c in ln for c in EXP_CONSTANTS)]
+    found = {
+        "ex2.approx.ftz.f32": _count(r"ex2\.approx\.ftz\.f32", ptx),
+        "fma.rm.f32 (accurate exp)": _count(r"fma\.rm\.f32", ptx),
+        "div.rn.f32": _count(r"div\.rn\.f32", ptx),
+        "mul.rn.f32": _count(r"mul\.rn\.f32", ptx),
+        "add.rn.f32": _count(r"add\.rn\.f32", ptx),
+        "fma.rn.f32 outside exp": len(pinned_fma),
+    }
+    expected = {
+        "ex2.approx.ftz.f32": n_exp,
+        "fma.rm.f32 (accurate exp)": n_exp,
+        "div.rn.f32": n_exp,  # p = e / den, IEEE, per element
+        # fwd: u*p; bwd: go*u, dp*p, go*p
+        "mul.rn.f32": n_exp if kind == "fwd" else 3 * n_exp,
+        "add.rn.f32": 3 * n_exp,  # score+ape, den, (acc | S)
+        "fma.rn.f32 outside exp": 0 if kind == "fwd" else n_exp,  # bwd: fma(p, -S, t)
+    }
+    assert found == expected, f"{_kid(kernel)}: PTX op counts {found} != {expected}"
+    assert _count(r"\b(?:ld|st)\.local\b", ptx) == 0, f"{_kid(kernel)}: local memory used"
+    assert _count(r"div\.(?:approx|full)\.f32", ptx) == 0, f"{_kid(kernel)}: inexact div"
+    assert f".reqntid {threads}, 1, 1" in ptx, f"{_kid(kernel)}: block is not ({threads},1,1)"
+    if kind == "fwd":
+        # score + kv: one vec-wide load each per window position; one vec-wide out store
+        n_vec_ld = _count(r"ld\.global\.v2\.b16", ptx)
+        assert n_vec_ld == (2 * win if vec == 2 else 0), (
+            f"{_kid(kernel)}: {n_vec_ld} ld.global.v2.b16 (vec={vec}, window {win})")
+        store = r"st\.global\.b32" if vec == 2 else r"st\.global\.b16"
+        assert _count(store, ptx) == 1, f"{_kid(kernel)}: expected one {store} out store"
+    else:
+        n_atomic = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
+        assert n_atomic == win, (
+            f"{_kid(kernel)}: {n_atomic} fp32 atomic adds, expected one per window position"
+            f" ({win})")
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 65, 127, 128, 129, 512, 8_388_479, 8_388_480])
+def test_fwd_schedule(d):
+    from kernels import r4
+
+    vec, threads = r4.fwd_schedule(d)
+    assert vec == (2 if d % 2 == 0 else 1)
+    groups = d // vec
+    assert threads == (64 if groups >= 64 else groups) or threads == 128
+    grid_y = -(-groups // threads)
+    assert grid_y == r4.fwd_grid_y(d) and 1 <= grid_y <= 65535, (d, vec, threads, grid_y)
+    if threads == 128:  # only when 64 threads would exceed the gridDim.y limit
+        assert -(-groups // 64) > 65535
