@@ -1,0 +1,193 @@
+"""CPU checks of the ratio=128 backward kernel: it builds for sm_90a and sm_100a, assembles
+with 0 spill / 0 stack, and its PTX carries the facts the design relies on.
+
+No GPU needed. 28 compiles: the 6 selectable schedules on both arches, each with goreuse
+flipped, and fastexp flipped for the two c1d128 schedules (one of each fastexp value).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kernels._dsl import ARCHES, dsl_available, ptx_of
+from kernels.schedule import BwdSchedule, selectable, window
+
+_DSL_OK, _DSL_WHY = dsl_available()
+pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
+
+BASE = sorted(selectable("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].astuple()))
+
+
+def _flip(sched: BwdSchedule, *, goreuse: bool | None = None,
+          fastexp: bool | None = None) -> BwdSchedule:
+    return BwdSchedule(sched.vec, sched.tchunks, sched.threads_x,
+                       sched.fastexp if fastexp is None else fastexp,
+                       sched.goreuse if goreuse is None else goreuse)
+
+
+def _variants():
+    out = []
+    for arch in ARCHES:
+        for (coff, d), s in BASE:
+            out.append((coff, d, s, arch, "table"))
+            out.append((coff, d, _flip(s, goreuse=not s.goreuse), arch, "goreuse-flipped"))
+            if (coff, d) == (1, 128):  # both fastexp values have a table entry here
+                out.append((coff, d, _flip(s, fastexp=not s.fastexp), arch, "fastexp-flipped"))
+    return out
+
+
+VARIANTS = _variants()
+IDS = [f"c{c}d{d}-{s.tag}-{a}-{why}" for c, d, s, a, why in VARIANTS]
+
+
+@functools.cache
+def _built(coff: int, d: int, sched: BwdSchedule, arch: str) -> tuple[str, str, int, object]:
+    """(ptx, ptxas -v log, ptxas return code, compiled fn) of one kernel, compiled once."""
+    from kernels.r128_bwd import build_bwd
+
+    fn = build_bwd(d=d, coff=coff, sched=sched, arch=arch)
+    ptx = ptx_of(fn)
+    assert ptx, f"no PTX retained for c{coff}d{d} {sched.tag} {arch} (CUTE_DSL_KEEP=ptx?)"
+    if shutil.which("ptxas") is None:
+        return ptx, "", -1, fn
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        r = subprocess.run(["ptxas", "-v", f"-arch={arch}", str(path), "-o", "/dev/null"],
+                           capture_output=True, text=True)
+    return ptx, r.stdout + r.stderr, r.returncode, fn
+
+
+def _count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, text))
+
+
+@pytest.mark.parametrize("coff,d,sched,arch,why", VARIANTS, ids=IDS)
+def test_builds_without_spill_or_stack(coff, d, sched, arch, why):
+    if shutil.which("ptxas") is None:
+        pytest.skip("ptxas is not on PATH")
+    ptx, log, rc, _ = _built(coff, d, sched, arch)
+    assert rc == 0, f"ptxas -arch={arch} failed:\n{log}"
+    regs = re.findall(r"Used (\d+) registers", log)
+    usage = re.findall(
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(regs) == 1 and len(usage) == 1, f"could not parse ptxas -v output:\n{log}"
+    stack, spill_st, spill_ld = map(int, usage[0])
+    assert (stack, spill_st, spill_ld) == (0, 0, 0), (
+        f"regs={regs[0]} stack={stack} spill stores={spill_st} loads={spill_ld}\n{log}")
+    assert int(regs[0]) <= 255
+    local = re.findall(r"\b(?:ld|st)\.local\b[^\n]*", ptx)
+    assert not local, f"{len(local)} local-memory accesses, first: {local[0]}"
+
+
+@pytest.mark.parametrize("coff,d,sched,arch,why", VARIANTS, ids=IDS)
+def test_ptx_facts(coff, d, sched, arch, why):
+    ptx, _, _, _ = _built(coff, d, sched, arch)
+    chunk = window(coff) // sched.tchunks
+    assert re.search(rf"\.reqntid {sched.threads_x}, {sched.tchunks}, 1\b", ptx)
+    # 4 CTA barriers per row, none elsewhere.
+    assert _count(r"\bbar\.sync\s+0;", ptx) == 4
+    # Epilogue: one fp32 reduction per (window position, column) of the thread's chunk.
+    n_red = _count(r"\b(?:red|atom)(?:\.[a-z]+)*\.add\.f32\b", ptx)
+    assert n_red == chunk * sched.vec, f"{n_red} fp32 atomics, expected C*vec={chunk * sched.vec}"
+    # Pinned rounding and the IEEE divisions of the merge (1/den may print as rcp.rn).
+    for op in (r"mul\.rn\.f32", r"fma\.rn\.f32", r"add\.rn\.f32", r"div\.rn\.f32"):
+        assert _count(op, ptx) > 0, f"no {op} in the PTX"
+    assert _count(r"\b(?:rcp\.rn\.f32|div\.rn\.f32)", ptx) == 2
+    assert _count(r"\bdiv\.(?:approx|full)\.f32", ptx) == 0
+    assert _count(r"cvt\.rn\.bf16(?:x2)?\.f32", ptx) > 0
+
+
+@pytest.mark.parametrize("coff,d,sched,arch,why", VARIANTS, ids=IDS)
+def test_exp_form_follows_fastexp(coff, d, sched, arch, why):
+    """fastexp: exp = ex2.approx.ftz(fma.rn(x, LO, mul.rn(x, HI))); exact: the range-reduced
+    expf (fma.rm rounding trick, fma.rn by HI). Both contain the LO constant 0f32A57060: the
+    accurate expf uses the same split of log2(e)."""
+    ptx, _, _, _ = _built(coff, d, sched, arch)
+    n_ex2 = _count(r"\bex2\.approx\.ftz\.f32\b", ptx)
+    n_lo = _count(r"\bfma\.rn\.f32\s+%r\d+, %r\d+, 0f32A57060, %r\d+;", ptx)
+    n_rm = _count(r"\bfma\.rm\.f32\b", ptx)
+    n_fma_hi = _count(r"\bfma\.rn\.f32\s+%r\d+, %r\d+, 0f3FB8AA3B,", ptx)
+    assert n_ex2 == 8 * sched.vec, f"{n_ex2} ex2.approx.ftz.f32: e-pass unrolled 8 x vec"
+    assert n_lo == n_ex2, f"{n_lo} LO fmas for {n_ex2} ex2"
+    if sched.fastexp:
+        assert n_rm == 0 and n_fma_hi == 0, f"accurate expf traces: fma.rm={n_rm} HI-fma={n_fma_hi}"
+        fast = re.findall(
+            r"mul\.rn\.f32\s+(%r\d+), (%r\d+), (?:%r\d+|0f3FB8AA3B);\s*"
+            r"fma\.rn\.f32\s+(%r\d+), \2, 0f32A57060, \1;\s*"
+            r"ex2\.approx\.ftz\.f32\s+%r\d+, \3;", ptx)
+        assert len(fast) == n_ex2, f"{len(fast)} mul.rn/fma.rn/ex2 triples for {n_ex2} ex2"
+        assert "0f3FB8AA3B" in ptx
+    else:
+        assert n_rm == n_ex2 and n_fma_hi == n_ex2, (
+            f"accurate expf expected per exp: fma.rm={n_rm} HI-fma={n_fma_hi} ex2={n_ex2}")
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("cfg,sched", BASE, ids=[f"c{c}d{d}-{s.tag}" for (c, d), s in BASE])
+def test_goreuse_loads_grad_out_once(cfg, sched, arch):
+    """goreuse only drops the phase-4 reload of the grad_out vec: one bf16 global load less."""
+    coff, d = cfg
+    loads = {}
+    for g in (False, True):
+        ptx, _, _, _ = _built(coff, d, _flip(sched, goreuse=g), arch)
+        loads[g] = _count(r"\bld\.global(?:\.nc)?(?:\.v\d)?\.b16\b", ptx)
+    assert loads[False] == loads[True] + 1, f"bf16 global loads by goreuse: {loads}"
+
+
+def test_rows_per_cta_is_a_runtime_argument():
+    (coff, d), sched = BASE[0]
+    _, _, _, fn = _built(coff, d, sched, ARCHES[0])
+    sig = str(fn.execution_args.signature)  # Constexpr parameters are dropped from it
+    assert re.search(r"rows_per_cta: [\w.]*Int32", sig), sig
+
+
+def test_rejects_invalid_schedules():
+    from kernels.r128_bwd import R128Bwd
+
+    with pytest.raises(ValueError, match="vec=4"):
+        R128Bwd(128, 1, BwdSchedule(4, 4, 32, True, False))
+    with pytest.raises(ValueError, match="straddles"):
+        R128Bwd(128, 2, BwdSchedule(2, 1, 32, True, False))
+    with pytest.raises(ValueError, match="multiple of threads_x"):
+        R128Bwd(96, 1, BwdSchedule(2, 8, 32, True, False))
+    op = R128Bwd(512, 2, BwdSchedule(2, 8, 32, True, True))
+    assert (op.chunk, op.cols_pc, op.gy, op.smem_bytes) == (32, 64, 8, 105024)
+
+
+def test_launch_nothing_without_rows():
+    import torch
+
+    from kernels.r128_bwd import launch_bwd
+
+    def boom(*args):
+        raise AssertionError("launched with N == 0")
+
+    (coff, d), sched = BASE[0]
+    kv = torch.zeros(256, coff * d, dtype=torch.bfloat16)
+    dkv = torch.full_like(kv, 7.0)
+    launch_bwd(boom, sched=sched, kv=kv, score=kv, ape=torch.zeros(128, coff * d),
+               cu=torch.tensor([0, 256], dtype=torch.int32),
+               cuc=torch.tensor([0, 0], dtype=torch.int32),
+               grad_out=torch.empty(0, d, dtype=torch.bfloat16), dkv=dkv, dscore=dkv,
+               dape=torch.zeros(128, coff * d), rows_per_cta=1, stream=None)
+    assert bool((dkv == 7.0).all())
+
+
+def test_flipped_schedule_and_grid():
+    from kernels.r128_bwd import flipped, grid_of
+
+    s = BwdSchedule(2, 8, 32, True, True)
+    assert flipped(s, goreuse=False) == BwdSchedule(2, 8, 32, True, False)
+    assert flipped(s, fastexp=False) == BwdSchedule(2, 8, 32, False, True)
+    assert flipped(s) == s
+    assert grid_of(d=128, sched=s, n_rows=1024, rows_per_cta=6) == (171, 2, 1)
+    assert grid_of(d=128, sched=BwdSchedule(1, 8, 32, False, True), n_rows=5,
+                   rows_per_cta=16) == (1, 4, 1)
