@@ -1,0 +1,483 @@
+"""Host API of the CSA compressor kernels: validation, dispatch, allocation, launch.
+
+Used by the gate and by library users. Tensors follow CONTRACT.md section 1:
+
+    kv, score (T, coff*d) bf16;  ape (ratio, coff*d) fp32;  cu, cuc (B+1,) int32;
+    out / grad_out (N, d) bf16 with N >= cuc[B] (rows past cuc[B] are capacity padding);
+    dkv, dscore (T, coff*d) bf16;  dape (ratio, coff*d) fp32.
+
+* :func:`check_support` raises ValueError naming the offending argument for every rule of
+  the envelope (KERNELS.md section 5); meta tensors are accepted for shape-only checks.
+* :func:`forward` / :func:`backward` allocate their outputs; :func:`run_forward` /
+  :func:`run_backward` write into caller buffers and return the :class:`KernelKey` they
+  launched (None when N == 0: nothing is launched).
+* :func:`build` compiles every kernel a configuration can select (or one bucket), so a
+  CUDA-graph capture finds them compiled; :func:`kernel_for` is the dispatch decision alone.
+
+Launches go to the given torch stream, else the current stream of ``kv``'s device, and are
+anchored to that device. N is the static row count of ``out``/``grad_out``; the kernels read
+segment boundaries from ``cu``/``cuc`` on the device, so no call here synchronizes, except
+:func:`forward` without ``n_rows`` (it reads ``cuc[-1]``; pass ``n_rows`` under capture).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from kernels import schedule as sched_tables
+from kernels.cache import (
+    CACHE,
+    R4_COFFS,
+    R4_HEAD_DIMS,
+    BuildRecord,
+    KernelKey,
+    keys_for,
+    make_key,
+    r4_schedule,
+)
+
+RATIOS = (4, 128)
+COFFS = (1, 2)
+MAX_HEAD_DIM = 128 * 65535  # the forward's gridDim.y bound at 128 threads and vec=1
+INT32_LIMIT = 2**31
+# Base-pointer alignment the launchers promise the compiler (vector accesses need 16 B).
+ALIGN_BYTES = {torch.bfloat16: 16, torch.float32: 16, torch.int32: 4}
+
+_DTYPES = {"kv": torch.bfloat16, "score": torch.bfloat16, "ape": torch.float32,
+           "cu_seqlens": torch.int32, "cu_seqlens_comp": torch.int32}
+
+
+# --- validation -----------------------------------------------------------------------
+
+
+def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, coff: int,
+                  out_name: str = "out") -> None:
+    """Raise ValueError, naming the argument, unless the inputs are in the kernels' envelope.
+
+    ``cu`` is ``cu_seqlens`` and ``cuc`` is ``cu_seqlens_comp`` in the messages. Values of
+    cu/cuc are not read (that would synchronize): N >= cuc[B] is the caller's promise.
+    """
+    _check_ratio_coff(ratio, coff)
+    named = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu, "cu_seqlens_comp": cuc}
+    if out_or_grad_out is not None:
+        named[out_name] = out_or_grad_out
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, dtype in _DTYPES.items():
+        if named[name].dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {named[name].dtype}")
+    if out_or_grad_out is not None and out_or_grad_out.dtype != torch.bfloat16:
+        raise ValueError(f"{out_name} must be {torch.bfloat16}, got {out_or_grad_out.dtype}")
+
+    if kv.dim() != 2:
+        raise ValueError(f"kv must be 2-D (T, coff*head_dim), got shape {tuple(kv.shape)}")
+    n_tokens, width = kv.shape
+    if width < coff or width % coff:
+        raise ValueError(f"kv width {width} must be coff*head_dim = {coff}*head_dim with "
+                         "head_dim >= 1")
+    d = width // coff
+    if score.shape != kv.shape:
+        raise ValueError(f"score shape {tuple(score.shape)} must equal kv shape "
+                         f"{tuple(kv.shape)}")
+    if tuple(ape.shape) != (ratio, width):
+        raise ValueError(f"ape shape {tuple(ape.shape)} must be (ratio, coff*head_dim) = "
+                         f"{(ratio, width)}")
+    if cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with B + 1 >= 2 entries, got shape "
+                         f"{tuple(cu.shape)}")
+    if cuc.dim() != 1 or cuc.shape[0] != cu.shape[0]:
+        raise ValueError(f"cu_seqlens_comp must be 1-D with B + 1 = {cu.shape[0]} entries "
+                         f"(as cu_seqlens), got shape {tuple(cuc.shape)}")
+    n_rows = None
+    if out_or_grad_out is not None:
+        if out_or_grad_out.dim() != 2 or out_or_grad_out.shape[1] != d:
+            raise ValueError(f"{out_name} must be (N, head_dim) = (N, {d}), got shape "
+                             f"{tuple(out_or_grad_out.shape)}")
+        n_rows = out_or_grad_out.shape[0]
+
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {d} exceeds 128*65535 = {MAX_HEAD_DIM} (forward gridDim.y)")
+    for what, size in (("T*coff*head_dim (kv/score)", n_tokens * width),
+                       ("ratio*coff*head_dim (ape)", ratio * width),
+                       (f"N*head_dim ({out_name})", (n_rows or 0) * d)):
+        if size >= INT32_LIMIT:
+            raise ValueError(f"{what} = {size} does not fit int32 flat offsets (< 2^31)")
+    if ratio == 128 and d not in sched_tables.HEAD_DIMS:
+        raise ValueError(f"ratio=128 is validated for head_dim in {sched_tables.HEAD_DIMS}, "
+                         f"got head_dim={d}")
+    if n_rows and n_tokens < ratio:
+        raise ValueError(f"N={n_rows} > 0 requires at least ratio={ratio} tokens in kv, "
+                         f"got T={n_tokens}")
+
+    for name, t in named.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (row-major), got strides {t.stride()}")
+    _check_devices(named)
+
+
+def _check_ratio_coff(ratio: int, coff: int) -> None:
+    if ratio not in RATIOS:
+        raise ValueError(f"kernels are validated for ratio in {{4, 128}} only, got {ratio}")
+    if coff not in COFFS:
+        if ratio == 128:
+            raise ValueError(f"ratio=128 supports coff in {COFFS}, got coff={coff}")
+        raise ValueError(f"ratio={ratio} requires coff in {COFFS}, got coff={coff}")
+
+
+def _check_devices(named: dict) -> None:
+    """CUDA (or meta) tensors on one device, base pointers aligned for the vector accesses."""
+    device = None
+    for name, t in named.items():
+        if t.device.type == "meta":
+            continue
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be a CUDA tensor (or meta for checks), "
+                             f"got device {t.device}")
+        if device is None:
+            device = (name, t.device)
+        elif t.device != device[1]:
+            raise ValueError(f"all tensors must be on one CUDA device: {device[0]} is on "
+                             f"{device[1]}, {name} on {t.device}")
+        align = ALIGN_BYTES[t.dtype]
+        if t.data_ptr() % align:
+            raise ValueError(f"{name} base pointer 0x{t.data_ptr():x} is not {align}-byte "
+                             f"aligned (a view at a storage offset?); pass an aligned tensor")
+
+
+def _check_grad_buffers(kv, ape, dkv, dscore, dape) -> None:
+    named = {"dkv": dkv, "dscore": dscore, "dape": dape}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t, like, dtype in (("dkv", dkv, kv, torch.bfloat16),
+                                 ("dscore", dscore, kv, torch.bfloat16),
+                                 ("dape", dape, ape, torch.float32)):
+        if t.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+        if t.shape != like.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} must equal "
+                             f"{'kv' if like is kv else 'ape'} shape {tuple(like.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (row-major), got strides {t.stride()}")
+    _check_devices({"kv": kv, **named})
+
+
+def _require_cuda() -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError("CUDA is not available: the CSA compressor kernels need a CUDA GPU")
+
+
+def _check_launchable(tensors: dict, stream) -> torch.device:
+    """The device to launch on (the inputs passed check_support); no meta tensors."""
+    for name, t in tensors.items():
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor: it can be checked, not launched")
+    device = tensors["kv"].device
+    if stream is not None and stream.device != device:
+        raise ValueError(f"stream is on {stream.device} but the tensors are on {device}")
+    _device_arch(device.index)
+    return device
+
+
+@functools.cache
+def _device_arch(index: int) -> str:
+    from kernels._dsl import ARCHES, device_arch
+
+    arch = device_arch(index)
+    if arch not in ARCHES:
+        cc = torch.cuda.get_device_capability(index)
+        raise RuntimeError(f"cuda:{index} has compute capability {cc[0]}.{cc[1]} ({arch}); the "
+                           f"kernels build for {', '.join(ARCHES)} (H200, B200)")
+    return arch
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    """Streaming multiprocessors of a device (cached: device properties are static)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _check_deterministic() -> None:
+    """The backward accumulates dAPE with fp32 atomics: not run-to-run deterministic."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    message = ("the CSA compressor backward is not deterministic: dAPE is accumulated with "
+               "fp32 atomics (out, dKV and dScore are deterministic)")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    else:
+        raise RuntimeError(message + "; torch.use_deterministic_algorithms(True) is set")
+
+
+# --- dispatch -------------------------------------------------------------------------
+
+
+def kernel_for(direction: str, ratio: int, coff: int, d: int, n_rows: int, arch: str
+               ) -> KernelKey | None:
+    """The kernel a call would launch (no compile); None for N == 0 (nothing launches)."""
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    _check_ratio_coff(ratio, coff)
+    if n_rows < 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    if n_rows == 0:
+        return None
+    if ratio == 128:
+        select = sched_tables.select_fwd if direction == "fwd" else sched_tables.select_bwd
+        sched = select(coff, d, n_rows)
+    else:
+        sched = r4_schedule(direction, d)
+    return make_key(direction, ratio, coff, d, sched, arch)
+
+
+def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
+          d: int | None = None, n_rows: int | None = None, progress=None
+          ) -> list[BuildRecord]:
+    """Compile every kernel the configuration can select, or the bucket of ``n_rows`` only.
+
+    ``arch`` defaults to the current CUDA device's. When the kernels are for the current
+    device, they are also loaded onto it, so a later CUDA-graph capture does no loading.
+    ``progress(record, i, n)`` is called after each kernel.
+    """
+    from kernels._dsl import ARCHES
+
+    if coff is not None:
+        _check_ratio_coff(ratio, coff)
+    if arch is not None and arch not in ARCHES:
+        raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
+    load_on = None
+    if torch.cuda.is_available():
+        current = torch.cuda.current_device()
+        if arch is None:
+            arch = _device_arch(current)
+            load_on = current
+        else:
+            try:
+                load_on = current if _device_arch(current) == arch else None
+            except RuntimeError:  # a GPU we do not build for: cross-compiling is still fine
+                load_on = None
+    if arch is None:
+        raise RuntimeError("no CUDA device to take the arch from: pass arch='sm_90a' or "
+                           "arch='sm_100a'")
+    if n_rows is None:
+        keys = keys_for(ratio, arch, coff=coff, d=d)
+    else:
+        if ratio == 128:
+            configs = [(c, hd) for c, hd in sched_tables.CONFIGS
+                       if (coff is None or c == coff) and (d is None or hd == d)]
+            if d is not None and not configs:
+                raise ValueError(f"ratio=128 is validated for head_dim in "
+                                 f"{sched_tables.HEAD_DIMS}, got {d}")
+        else:
+            configs = [(c, hd) for c in (R4_COFFS if coff is None else (coff,))
+                       for hd in (R4_HEAD_DIMS if d is None else (d,))]
+        keys = []
+        for c, hd in configs:
+            for direction in ("fwd", "bwd"):
+                key = kernel_for(direction, ratio, c, hd, n_rows, arch)
+                if key is not None and key not in keys:
+                    keys.append(key)
+    records = CACHE.build(keys, progress=progress)
+    if load_on is not None:
+        for key in keys:
+            CACHE.executor(key, load_on)
+    return records
+
+
+# --- launch ---------------------------------------------------------------------------
+
+
+def _launch_stream(device: torch.device, stream):
+    return stream if stream is not None else torch.cuda.current_stream(device)
+
+
+def _keep_alive(stream, device: torch.device, tensors) -> None:
+    """On a stream other than the current one, tell the allocator the tensors are in use there
+    (so freeing them on the current stream cannot recycle memory the kernel still reads)."""
+    if stream != torch.cuda.current_stream(device):
+        for t in tensors:
+            t.record_stream(stream)
+
+
+def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=None
+                ) -> KernelKey | None:
+    """out = the compressor forward of the inputs, every row of ``out`` (padding included)."""
+    _require_cuda()
+    check_support(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+    tensors = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
+               "cu_seqlens_comp": cuc, "out": out}
+    device = _check_launchable(tensors, stream)
+    n_rows, d = out.shape
+    if n_rows == 0:
+        return None
+    with torch.cuda.device(device):
+        stream = _launch_stream(device, stream)
+        key = kernel_for("fwd", ratio, coff, d, n_rows, _device_arch(device.index))
+        with torch.cuda.stream(stream):  # the capture check looks at the launch stream
+            fn = CACHE.executor(key, device.index)
+        _keep_alive(stream, device, tensors.values())
+        if ratio == 4:
+            from kernels import r4
+
+            r4.launch_fwd(fn, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out,
+                          stream=stream)
+        else:
+            from kernels import r128_fwd
+
+            r128_fwd.launch_fwd(fn, sched=key.schedule, kv=kv, score=score, ape=ape, cu=cu,
+                                cuc=cuc, out=out, stream=stream)
+    return key
+
+
+def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
+                 coff: int, rows_per_cta: int | None = None, stream=None) -> KernelKey | None:
+    """Write dkv and dscore (every slot) and accumulate into dape (the caller zeroes it).
+
+    ``rows_per_cta`` (ratio=128 only) defaults to ``schedule.rows_per_cta`` for N and the
+    device's SM count. Raises RuntimeError under ``torch.use_deterministic_algorithms(True)``
+    (dAPE uses fp32 atomics); warns once in warn-only mode.
+    """
+    _check_deterministic()
+    return _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
+                         coff=coff, rows_per_cta=rows_per_cta, stream=stream)
+
+
+def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio, coff,
+                  rows_per_cta, stream) -> KernelKey | None:
+    _require_cuda()
+    check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
+                  out_name="grad_out")
+    _check_grad_buffers(kv, ape, dkv, dscore, dape)
+    if rows_per_cta is not None:
+        if ratio != 128:
+            raise ValueError(f"rows_per_cta is a ratio=128 launch parameter (ratio={ratio})")
+        if int(rows_per_cta) < 1:
+            raise ValueError(f"rows_per_cta must be >= 1, got {rows_per_cta}")
+    tensors = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu, "cu_seqlens_comp": cuc,
+               "grad_out": grad_out, "dkv": dkv, "dscore": dscore, "dape": dape}
+    device = _check_launchable(tensors, stream)
+    n_rows, d = grad_out.shape
+    if n_rows == 0:
+        return None
+    with torch.cuda.device(device):
+        stream = _launch_stream(device, stream)
+        key = kernel_for("bwd", ratio, coff, d, n_rows, _device_arch(device.index))
+        with torch.cuda.stream(stream):
+            fn = CACHE.executor(key, device.index)
+        _keep_alive(stream, device, tensors.values())
+        if ratio == 4:
+            from kernels import r4
+
+            r4.launch_bwd(fn, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=grad_out,
+                          dkv=dkv, dscore=dscore, dape=dape, stream=stream)
+        else:
+            from kernels import r128_bwd
+
+            if rows_per_cta is None:
+                rows_per_cta = sched_tables.rows_per_cta(n_rows, d, coff, key.schedule,
+                                                         sm_count(device.index))
+            r128_bwd.launch_bwd(fn, sched=key.schedule, kv=kv, score=score, ape=ape, cu=cu,
+                                cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape,
+                                rows_per_cta=int(rows_per_cta), stream=stream)
+    return key
+
+
+def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,
+            stream=None) -> torch.Tensor:
+    """The compressor output (N, d) bf16, N = ``n_rows`` (default ``cuc[-1]``).
+
+    The default reads ``cuc[-1]`` on the host, a device sync that a CUDA graph cannot
+    capture: pass ``n_rows`` (the static capacity) when capturing.
+    """
+    _require_cuda()
+    check_support(kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
+    device = _check_launchable({"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
+                                "cu_seqlens_comp": cuc}, stream)
+    if n_rows is None:
+        with torch.cuda.device(device):
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("forward(n_rows=None) reads cuc[-1] (a sync) under CUDA "
+                                   "graph capture: pass n_rows")
+        n_rows = int(cuc[-1].item())
+    d = kv.shape[1] // coff
+    with torch.cuda.device(device), torch.cuda.stream(_launch_stream(device, stream)):
+        out = torch.empty((n_rows, d), dtype=torch.bfloat16, device=device)
+    run_forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff, stream=stream)
+    return out
+
+
+def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream=None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dkv, dscore, dape) for ``grad_out`` (its capacity padding rows are ignored).
+
+    dkv/dscore are allocated uninitialized (the kernel writes every slot; zeros when N == 0,
+    where nothing launches) and dape zeroed, on the launch stream.
+    """
+    _check_deterministic()
+    _require_cuda()
+    check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
+                  out_name="grad_out")
+    device = _check_launchable({"kv": kv, "grad_out": grad_out}, stream)
+    alloc = torch.zeros_like if grad_out.shape[0] == 0 else torch.empty_like
+    with torch.cuda.device(device), torch.cuda.stream(_launch_stream(device, stream)):
+        dkv = alloc(kv)
+        dscore = alloc(score)
+        dape = torch.zeros_like(ape)
+    _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio, coff=coff,
+                  rows_per_cta=None, stream=stream)
+    return dkv, dscore, dape
+
+
+def schedule_launcher(direction: str, pack, grad_out, sched):
+    """A zero-argument launcher of one ratio=128 schedule on ``pack``, bypassing dispatch.
+
+    For A/B benchmarks of schedule fields: validates and compiles now (eagerly, so the
+    launcher can be captured), allocates the output buffers once, and launches on the
+    current stream at each call. The backward keeps accumulating into its dape buffer.
+    The buffers are on the launcher as ``.buffers``: ``(out,)`` or ``(dkv, dscore, dape)``.
+    """
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    if pack.ratio != 128:
+        raise ValueError(f"schedule_launcher runs ratio=128 schedules, got ratio={pack.ratio}")
+    problems = sched_tables.config_problems(pack.coff, pack.d, sched)
+    if problems:
+        raise ValueError(f"schedule {sched} cannot serve c{pack.coff}d{pack.d}: "
+                         + "; ".join(problems))
+    _require_cuda()
+    kv, score, ape, cu, cuc = pack.inputs()
+    check_support(kv, score, ape, cu, cuc, grad_out, ratio=128, coff=pack.coff,
+                  out_name="grad_out")
+    device = _check_launchable({"kv": kv, "grad_out": grad_out}, None)
+    key = make_key(direction, 128, pack.coff, pack.d, sched, _device_arch(device.index))
+    with torch.cuda.device(device):
+        fn = CACHE.executor(key, device.index)
+    n_rows = grad_out.shape[0]
+    if direction == "fwd":
+        from kernels import r128_fwd
+
+        out = torch.empty_like(grad_out)
+
+        def launch() -> None:
+            with torch.cuda.device(device):
+                r128_fwd.launch_fwd(fn, sched=sched, kv=kv, score=score, ape=ape, cu=cu,
+                                    cuc=cuc, out=out, stream=torch.cuda.current_stream(device))
+        launch.buffers = (out,)
+        return launch
+
+    from kernels import r128_bwd
+
+    dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
+    rows = sched_tables.rows_per_cta(n_rows, pack.d, pack.coff, sched, sm_count(device.index))
+
+    def launch() -> None:
+        with torch.cuda.device(device):
+            r128_bwd.launch_bwd(fn, sched=sched, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
+                                grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape,
+                                rows_per_cta=rows, stream=torch.cuda.current_stream(device))
+    launch.buffers = (dkv, dscore, dape)
+    return launch

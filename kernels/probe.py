@@ -1,0 +1,151 @@
+"""Register probe: ``ptxas -v`` on the PTX of every kernel, parsed into rows.
+
+For each :class:`KernelKey` the kernel is compiled through the cache (no GPU needed), its
+retained PTX is written to a directory and assembled with ``ptxas -v -arch=<arch> -o
+/dev/null``; the registers, spill stores/loads and stack frame are parsed from its report
+and ``ex2.approx`` is counted in the PTX (the fast-exp buckets use it, and so does the
+accurate exp's range-reduced ex2). A kernel is clean when ptxas succeeded and reported 0
+spill bytes and a 0-byte stack frame. A kernel whose PTX was not retained is a row that
+says so and is not clean: nothing was verified for it.
+
+Returns data; never prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernels.cache import CACHE, KernelCache, KernelKey
+
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK = re.compile(r"(\d+) bytes stack frame")
+_EX2 = re.compile(r"ex2\.approx")
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+
+
+class PtxasNotFound(RuntimeError):
+    """No ptxas on PATH, in $CUDA_HOME/bin or in /usr/local/cuda/bin."""
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    tag: str
+    kind: str
+    schedule: tuple
+    arch: str
+    regs: int | None
+    spill_st: int | None
+    spill_ld: int | None
+    stack: int | None
+    ex2: int | None
+    rc: int | None
+    clean: bool
+    note: str
+
+    @property
+    def skipped(self) -> bool:
+        return self.rc is None
+
+
+def find_ptxas() -> str:
+    """The ptxas to run: PATH first, then $CUDA_HOME/bin, then /usr/local/cuda/bin."""
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), DEFAULT_CUDA_HOME):
+        if root:
+            path = Path(root) / "bin" / "ptxas"
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+    raise PtxasNotFound("ptxas not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin: "
+                        "install the CUDA toolkit (ptxas) or put it on PATH")
+
+
+def _max_int(pattern: re.Pattern, text: str, group: int = 1) -> int | None:
+    values = [int(m.group(group)) for m in pattern.finditer(text)]
+    return max(values) if values else None
+
+
+def parse_ptxas(report: str) -> tuple[int | None, int | None, int | None, int | None]:
+    """(registers, spill store bytes, spill load bytes, stack frame bytes) from ``ptxas -v``.
+
+    With several entry points the maximum of each field is taken; None when absent.
+    """
+    return (_max_int(_REGS, report), _max_int(_SPILL, report, 1), _max_int(_SPILL, report, 2),
+            _max_int(_STACK, report))
+
+
+def _schedule_tuple(key: KernelKey) -> tuple:
+    astuple = getattr(key.schedule, "astuple", None)
+    return astuple() if astuple else tuple(key.schedule)
+
+
+def probe_one(key: KernelKey, out_dir: Path, ptxas: str, cache: KernelCache = CACHE
+              ) -> ProbeRow:
+    from kernels._dsl import ptx_of
+
+    sched = _schedule_tuple(key)
+    ptx = ptx_of(cache.get(key))
+    if ptx is None:
+        return ProbeRow(key.tag, key.kind, sched, key.arch, None, None, None, None, None, None,
+                        False, "skipped: no PTX retained (need CUTE_DSL_KEEP=ptx)")
+    path = out_dir / f"{key.tag}.{key.arch}.ptx"
+    path.write_text(ptx)
+    proc = subprocess.run([ptxas, "-v", f"-arch={key.arch}", str(path), "-o", os.devnull],
+                          capture_output=True, text=True)
+    report = proc.stdout + proc.stderr
+    regs, spill_st, spill_ld, stack = parse_ptxas(report)
+    ex2 = len(_EX2.findall(ptx))
+    problems = []
+    if proc.returncode:
+        last = report.strip().splitlines()[-1] if report.strip() else ""
+        problems.append(f"ptxas rc={proc.returncode}: {last}")
+    if None in (spill_st, spill_ld, stack):
+        problems.append("ptxas -v report not parsed")
+    else:
+        if spill_st or spill_ld:
+            problems.append(f"spills {spill_st}/{spill_ld} B")
+        if stack:
+            problems.append(f"stack {stack} B")
+    return ProbeRow(key.tag, key.kind, sched, key.arch, regs, spill_st, spill_ld, stack, ex2,
+                    proc.returncode, not problems, "; ".join(problems) or "clean")
+
+
+def probe(keys: Iterable[KernelKey], *, keep_dir: str | os.PathLike | None = None,
+          cache: KernelCache = CACHE,
+          progress: Callable[[ProbeRow, int, int], None] | None = None) -> list[ProbeRow]:
+    """Probe every key, in order; the PTX files stay in ``keep_dir`` if given.
+
+    Raises :class:`PtxasNotFound` before compiling anything when there is no ptxas.
+    """
+    ptxas = find_ptxas()
+    keys = list(keys)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="csagate-probe-") as tmp:
+        out_dir = Path(keep_dir) if keep_dir is not None else Path(tmp)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for i, key in enumerate(keys):
+            row = probe_one(key, out_dir, ptxas, cache)
+            rows.append(row)
+            if progress is not None:
+                progress(row, i + 1, len(keys))
+    return rows
+
+
+def summary(rows: list[ProbeRow], arch: str) -> tuple[bool, str]:
+    """(all clean and nothing skipped, the summary line)."""
+    skipped = sum(r.skipped for r in rows)
+    failed = [r for r in rows if not r.clean and not r.skipped]
+    line = (f"{len(rows)} kernels probed ({arch}); "
+            + ("SPILL/STACK OR PTXAS FAILURE DETECTED" if failed else "ALL 0 spill / 0 stack"))
+    if skipped:
+        line += f"; {skipped} kernel(s) skipped with no PTX -- nothing verified for them"
+    return not failed and not skipped and bool(rows), line

@@ -1,0 +1,311 @@
+"""kernels.api on CPU: every check_support rule (meta tensors for the shape-only rules), the
+dispatch decision, and the guards that fire before anything launches.
+
+The upstream message fragments are matched, so callers can rely on them (TESTS.md
+"check_support"). The alignment and same-device rules need CUDA tensors: tests/gpu/.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from kernels import api
+from kernels import schedule as S
+
+BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
+
+
+def tensors(*, ratio=4, coff=2, d=128, T=512, N=128, B=2, device="meta", **override):
+    width = coff * d
+    t = {
+        "kv": torch.empty(T, width, dtype=BF16, device=device),
+        "score": torch.empty(T, width, dtype=BF16, device=device),
+        "ape": torch.empty(ratio, width, dtype=F32, device=device),
+        "cu": torch.empty(B + 1, dtype=I32, device=device),
+        "cuc": torch.empty(B + 1, dtype=I32, device=device),
+        "out": torch.empty(N, d, dtype=BF16, device=device),
+    }
+    t.update(override)
+    return t
+
+
+def check(t, *, ratio=4, coff=2, out_name="out"):
+    api.check_support(t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], t["out"],
+                      ratio=ratio, coff=coff, out_name=out_name)
+
+
+@pytest.mark.parametrize("coff", [1, 2])
+def test_accepts_ratio4(coff):
+    check(tensors(ratio=4, coff=coff, d=128, T=512, N=128), ratio=4, coff=coff)
+
+
+@pytest.mark.parametrize("coff", [1, 2])
+@pytest.mark.parametrize("d", [128, 512])
+def test_accepts_ratio128(coff, d):
+    check(tensors(ratio=128, coff=coff, d=d, T=1024, N=8), ratio=128, coff=coff)
+
+
+def test_accepts_without_out_and_with_empty_out():
+    t = tensors(N=0, T=3)  # N == 0: fewer tokens than ratio is fine, nothing launches
+    api.check_support(t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], ratio=4, coff=2)
+    check(t)
+
+
+def test_ratio128_rejects_coff3():
+    with pytest.raises(ValueError, match="ratio=128 supports coff"):
+        check(tensors(ratio=128, coff=3, d=128, T=1024, N=8), ratio=128, coff=3)
+
+
+def test_rejects_other_ratio():
+    with pytest.raises(ValueError, match=r"ratio in \{4, 128\}"):
+        check(tensors(ratio=8), ratio=8)
+
+
+@pytest.mark.parametrize("coff", [3, 0])
+def test_rejects_coff(coff):
+    with pytest.raises(ValueError, match="coff in"):
+        check(tensors(coff=max(coff, 1)), ratio=4, coff=coff)
+
+
+def test_rejects_fp16_kv():
+    t = tensors()
+    t["kv"] = t["kv"].to(torch.float16)
+    with pytest.raises(ValueError, match="kv"):
+        check(t)
+
+
+def test_rejects_bf16_ape():
+    t = tensors()
+    t["ape"] = t["ape"].to(BF16)
+    with pytest.raises(ValueError, match="ape"):
+        check(t)
+
+
+@pytest.mark.parametrize("which", ["cu", "cuc"])
+def test_rejects_int64_offsets(which):
+    t = tensors()
+    t[which] = t[which].to(torch.int64)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        check(t)
+
+
+def test_rejects_fp32_out():
+    t = tensors()
+    t["out"] = t["out"].float()
+    with pytest.raises(ValueError, match="out"):
+        check(t)
+
+
+def test_grad_out_is_named():
+    t = tensors()
+    t["out"] = t["out"].float()
+    with pytest.raises(ValueError, match="grad_out must be"):
+        check(t, out_name="grad_out")
+
+
+def test_rejects_score_shape():
+    t = tensors(score=torch.empty(511, 256, dtype=BF16, device="meta"))
+    with pytest.raises(ValueError, match="score shape"):
+        check(t)
+
+
+def test_rejects_ape_shape():
+    t = tensors(ape=torch.empty(128, 256, dtype=F32, device="meta"))  # ratio 4 needs (4, 256)
+    with pytest.raises(ValueError, match="ape shape"):
+        check(t)
+
+
+def test_rejects_cuc_length():
+    t = tensors(cuc=torch.empty(4, dtype=I32, device="meta"))
+    with pytest.raises(ValueError, match=r"B \+ 1"):
+        check(t)
+
+
+def test_rejects_single_entry_cu():
+    t = tensors(cu=torch.empty(1, dtype=I32, device="meta"),
+                cuc=torch.empty(1, dtype=I32, device="meta"))
+    with pytest.raises(ValueError, match=r"cu_seqlens must be 1-D with B \+ 1 >= 2"):
+        check(t)
+
+
+@pytest.mark.parametrize("name", ["kv", "out"])
+def test_rejects_non_2d(name):
+    t = tensors()
+    t[name] = t[name].reshape(-1)
+    with pytest.raises(ValueError, match=name):
+        check(t)
+
+
+def test_rejects_width_not_multiple_of_coff():
+    t = tensors(coff=1, d=127)  # width 127 at coff=2
+    t["ape"] = torch.empty(4, 127, dtype=F32, device="meta")
+    with pytest.raises(ValueError, match="coff\\*head_dim"):
+        check(t, coff=2)
+
+
+def test_rejects_out_width():
+    t = tensors(out=torch.empty(128, 64, dtype=BF16, device="meta"))
+    with pytest.raises(ValueError, match=r"out must be \(N, head_dim\)"):
+        check(t)
+
+
+def test_rejects_int32_flat_offsets():
+    with pytest.raises(ValueError, match="int32 flat offsets"):
+        check(tensors(T=2**25))  # 2^25 tokens x 256 columns = 2^33
+
+
+def test_rejects_int32_flat_offsets_of_out():
+    with pytest.raises(ValueError, match="int32 flat offsets"):
+        check(tensors(coff=1, d=65536, T=8, N=2**15), coff=1)  # 2^15 rows x 65536 = 2^31
+
+
+def test_rejects_head_dim_limit():
+    assert api.MAX_HEAD_DIM == 8388480
+    check(tensors(coff=1, d=8388480, T=4, N=1, ape=torch.empty(4, 8388480, dtype=F32,
+                                                                 device="meta")), coff=1)
+    with pytest.raises(ValueError, match="head_dim"):
+        check(tensors(coff=1, d=8388482, T=512, N=128), coff=1)
+
+
+def test_rejects_fewer_tokens_than_ratio():
+    with pytest.raises(ValueError, match="requires at least ratio"):
+        check(tensors(T=3, N=1))
+
+
+def test_rejects_non_contiguous():
+    t = tensors()
+    t["kv"] = torch.empty(256, 512, dtype=BF16, device="meta").t()  # (512, 256), strided
+    with pytest.raises(ValueError, match="contiguous"):
+        check(t)
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_ratio128_head_dims(d):
+    with pytest.raises(ValueError, match="ratio=128 is validated for head_dim"):
+        check(tensors(ratio=128, coff=1, d=d, T=1024, N=8), ratio=128, coff=1)
+
+
+def test_rejects_cpu_tensor():
+    t = tensors()
+    t["kv"] = torch.zeros(512, 256, dtype=BF16)
+    with pytest.raises(ValueError, match="CUDA"):
+        check(t)
+
+
+def test_rejects_non_tensor():
+    t = tensors()
+    t["ape"] = [[0.0] * 256] * 4
+    with pytest.raises(ValueError, match="ape must be a torch.Tensor"):
+        check(t)
+
+
+def test_grad_buffers_checked():
+    t = tensors()
+    good = dict(dkv=torch.empty_like(t["kv"]), dscore=torch.empty_like(t["kv"]),
+                dape=torch.empty_like(t["ape"]))
+    api._check_grad_buffers(t["kv"], t["ape"], **good)
+    for name, bad, match in (
+        ("dkv", torch.empty(512, 256, dtype=F32, device="meta"), "dkv must be"),
+        ("dscore", torch.empty(511, 256, dtype=BF16, device="meta"), "dscore shape"),
+        ("dape", torch.empty(4, 256, dtype=BF16, device="meta"), "dape must be"),
+        ("dape", torch.empty(256, 4, dtype=F32, device="meta").t(), "dape must be contiguous"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            api._check_grad_buffers(t["kv"], t["ape"], **{**good, name: bad})
+
+
+# --- dispatch --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("coff,d", S.CONFIGS)
+def test_kernel_for_follows_the_tables(coff, d):
+    for n in (1, 128, 129, 192, 193, 1023, 1024, 5000):
+        fwd = api.kernel_for("fwd", 128, coff, d, n, "sm_90a")
+        bwd = api.kernel_for("bwd", 128, coff, d, n, "sm_90a")
+        assert fwd.schedule == S.select_fwd(coff, d, n) and fwd.kind == "r128fwd"
+        assert bwd.schedule == S.select_bwd(coff, d, n) and bwd.kind == "r128bwd"
+        assert (fwd.ratio, fwd.coff, fwd.d, fwd.arch) == (128, coff, d, "sm_90a")
+
+
+def test_kernel_for_nothing_when_empty():
+    assert api.kernel_for("fwd", 128, 1, 128, 0, "sm_90a") is None
+    assert api.kernel_for("bwd", 4, 2, 128, 0, "sm_90a") is None
+    with pytest.raises(ValueError, match="direction"):
+        api.kernel_for("up", 4, 2, 128, 1, "sm_90a")
+
+
+# --- guards before any launch ----------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
+def test_launch_without_cuda_is_a_runtime_error():
+    t = tensors()
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        api.forward(t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], ratio=4, coff=2,
+                    n_rows=128)
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        api.run_forward(t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], t["out"], ratio=4,
+                        coff=2)
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        api.build(4)
+
+
+@pytest.fixture
+def deterministic():
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+def _backward(t):
+    return api.backward(t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], t["out"], ratio=4,
+                        coff=2)
+
+
+def test_backward_rejects_deterministic_mode(deterministic):
+    torch.use_deterministic_algorithms(True)
+    t = tensors()
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        _backward(t)
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        api.run_backward(t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], t["out"],
+                         t["kv"], t["score"], t["ape"], ratio=4, coff=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the launch itself is a GPU test")
+def test_warn_only_warns_once_before_launching(deterministic):
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            _backward(tensors())
+    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(runtime) == 1 and "not deterministic" in str(runtime[0].message)
+
+
+def test_kernel_modules_take_the_keywords_the_api_passes():
+    """The api <-> kernel-module contract: a renamed keyword fails here, not on the GPU."""
+    import inspect
+
+    from kernels._dsl import dsl_available
+
+    ok, why = dsl_available()
+    if not ok:
+        pytest.skip(why)
+    from kernels import r4, r128_bwd, r128_fwd
+
+    x = object()
+    inputs = dict(kv=x, score=x, ape=x, cu=x, cuc=x)
+    grads = dict(grad_out=x, dkv=x, dscore=x, dape=x)
+    inspect.signature(r4.launch_fwd).bind(x, **inputs, out=x, stream=x)
+    inspect.signature(r4.launch_bwd).bind(x, **inputs, **grads, stream=x)
+    inspect.signature(r128_fwd.launch_fwd).bind(x, sched=x, **inputs, out=x, stream=x)
+    inspect.signature(r128_bwd.launch_bwd).bind(x, sched=x, **inputs, **grads,
+                                                rows_per_cta=1, stream=x)
+    for build, kw in ((r4.build_fwd, {}), (r4.build_bwd, {}), (r128_fwd.build_fwd, {"sched": x}),
+                      (r128_bwd.build_bwd, {"sched": x})):
+        inspect.signature(build).bind(d=128, coff=1, arch="sm_90a", **kw)

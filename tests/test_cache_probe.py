@@ -1,0 +1,204 @@
+"""The compile cache (keys, compile-once, capture guard) and the register probe, on CPU.
+
+The probe tests compile through the process-wide cache, and pick kernels the CLI tests
+compile too, so the suite pays for each kernel once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from kernels import cache as C
+from kernels import schedule as S
+from kernels.cache import KernelCache, keys_for
+
+
+def test_r128_keys_are_the_16_table_kernels():
+    keys = keys_for(128, "sm_100a")
+    assert Counter(k.kind for k in keys) == {"r128fwd": 10, "r128bwd": 6}
+    assert len(set(keys)) == 16 and len({k.tag for k in keys}) == 16
+    assert {((k.coff, k.d), k.schedule) for k in keys if k.direction == "fwd"} == \
+        S.selectable("fwd")
+    assert {((k.coff, k.d), k.schedule) for k in keys if k.direction == "bwd"} == \
+        S.selectable("bwd")
+    assert all(k.arch == "sm_100a" and k.ratio == 128 for k in keys)
+
+
+def test_r128_tags_read_like_the_upstream_probe():
+    tags = {k.tag for k in keys_for(128, "sm_90a")}
+    assert "fwd_c1d128_v4t4x32_2ph_fexp" in tags  # F3, the only two-phase kernel
+    assert "fwd_c1d128_v2t8x32" in tags           # F1, exact exp
+    assert "bwd_c2d128_v2t8x32_fexp_gor" in tags  # B4
+    assert "bwd_c1d128_v1t8x32_gor" in tags       # B1, vec=1 small bucket
+
+
+@pytest.mark.parametrize("coff,d,n_fwd,n_bwd", [(1, 128, 3, 2), (2, 128, 2, 2), (1, 512, 2, 1),
+                                                (2, 512, 3, 1)])
+def test_r128_keys_narrow_by_config(coff, d, n_fwd, n_bwd):
+    keys = keys_for(128, "sm_90a", coff=coff, d=d)
+    assert Counter(k.direction for k in keys) == {"fwd": n_fwd, "bwd": n_bwd}
+
+
+def test_r128_keys_reject_other_head_dims():
+    with pytest.raises(ValueError, match="ratio=128 is validated for head_dim"):
+        keys_for(128, "sm_90a", d=96)
+    with pytest.raises(ValueError, match="ratio in"):
+        keys_for(8, "sm_90a")
+
+
+def need_dsl():
+    """Skip without the DSL; import it through kernels._dsl (which sets CUTE_DSL_KEEP=ptx
+    first: a bare ``import cutlass`` here would turn PTX retention off for the session)."""
+    from kernels._dsl import dsl_available
+
+    ok, why = dsl_available()
+    if not ok:
+        pytest.skip(why)
+
+
+def test_r4_keys():
+    need_dsl()
+    keys = keys_for(4, "sm_90a")
+    assert len(keys) == len(set(keys)) == 12 and len({k.tag for k in keys}) == 12
+    assert {(k.coff, k.d) for k in keys} == {(c, d) for c in (1, 2) for d in (65, 128, 512)}
+    tags = {k.tag for k in keys}
+    assert {"r4fwd_c2d128_v2", "r4fwd_c1d65_v1", "r4bwd_c2d128_v1r8"} <= tags
+    assert [k.tag for k in keys_for(4, "sm_90a", coff=2, d=192)] == \
+        ["r4fwd_c2d192_v2", "r4bwd_c2d192_v1r8"]
+
+
+# --- cache behaviour (fake compiler: no DSL needed) -------------------------------------
+
+KEY = C.make_key("fwd", 4, 2, 128, C.R4Schedule(2, 64, 1), "sm_90a")
+OTHER = C.make_key("bwd", 4, 2, 128, C.R4Schedule(1, 128, 8), "sm_90a")
+
+
+class SlowCompiler:
+    def __init__(self):
+        self.calls = Counter()
+
+    def __call__(self, key):
+        self.calls[key] += 1
+        time.sleep(0.05)
+        return object()
+
+
+def test_concurrent_first_calls_compile_once():
+    compiler = SlowCompiler()
+    cache = KernelCache(compiler)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(cache.get(KEY))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert compiler.calls[KEY] == 1 and len({id(fn) for fn in got}) == 1
+    stats = cache.stats()
+    assert stats["misses"] == 1 and stats["hits"] == 7 and stats["entries"] == 1
+
+
+def test_build_records_hits_and_progress():
+    cache = KernelCache(SlowCompiler())
+    cache.get(KEY)
+    seen = []
+    records = cache.build([KEY, OTHER], progress=lambda rec, i, n: seen.append((rec.key, i, n)))
+    assert [(r.key, r.hit) for r in records] == [(KEY, True), (OTHER, False)]
+    assert all(r.seconds >= 0.05 for r in records)  # the entry's own compile time
+    assert seen == [(KEY, 1, 2), (OTHER, 2, 2)]
+    cache.clear()
+    assert cache.stats()["entries"] == 0 and not cache.contains(KEY)
+
+
+def test_first_compile_under_graph_capture_is_refused(monkeypatch):
+    cache = KernelCache(SlowCompiler())
+    cache.get(KEY)
+    monkeypatch.setattr(C, "_capturing", lambda: True)
+    assert cache.get(KEY) is not None  # compiled before the capture: fine
+    with pytest.raises(RuntimeError, match="under CUDA graph capture.*kernels.api.build"):
+        cache.get(OTHER)
+    assert not cache.contains(OTHER)
+
+
+# --- real compiles ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dsl():
+    need_dsl()
+
+
+def test_cache_hit_on_second_get(dsl):
+    cache = KernelCache()  # private: the stats below are exact
+    key = keys_for(4, "sm_90a", coff=1, d=65)[0]
+    fn = cache.get(key)
+    assert cache.get(key) is fn
+    assert cache.build([key])[0].hit
+    stats = cache.stats()
+    assert stats["misses"] == 1 and stats["hits"] == 2 and stats["compile_seconds"] > 0
+
+
+def test_parse_ptxas_report():
+    from kernels.probe import parse_ptxas
+
+    report = """ptxas info    : Compiling entry function 'kernel_x' for 'sm_90a'
+ptxas info    : Function properties for kernel_x
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 380 bytes cmem[0]"""
+    assert parse_ptxas(report) == (255, 4, 12, 8)
+    assert parse_ptxas("ptxas fatal   : Unresolved extern function") == (None,) * 4
+
+
+def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
+    from kernels import probe as P
+
+    monkeypatch.setattr(P.shutil, "which", lambda name: None)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(P, "DEFAULT_CUDA_HOME", str(tmp_path / "none"))
+    with pytest.raises(P.PtxasNotFound, match="ptxas not found"):
+        P.find_ptxas()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ptxas").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "ptxas").chmod(0o755)
+    assert P.find_ptxas() == str(tmp_path / "bin" / "ptxas")
+
+
+@pytest.fixture(scope="module")
+def ptxas(dsl):
+    from kernels.probe import PtxasNotFound, find_ptxas
+
+    try:
+        return find_ptxas()
+    except PtxasNotFound as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_probe_reports_clean_kernels(ptxas, arch, tmp_path):
+    from kernels.probe import probe, summary
+
+    r4 = keys_for(4, arch, coff=2, d=128)[0]              # the drift-check forward
+    r128 = keys_for(128, arch, coff=2, d=128)[-1]         # B4 backward, goreuse
+    rows = probe([r4, r128], keep_dir=tmp_path)
+    for row in rows:
+        assert row.clean and row.rc == 0, row
+        assert (row.spill_st, row.spill_ld, row.stack) == (0, 0, 0), row
+        assert 0 < row.regs <= 255 and row.ex2 > 0 and row.arch == arch, row
+        assert (tmp_path / f"{row.tag}.{arch}.ptx").is_file()
+    assert [r.tag for r in rows] == ["r4fwd_c2d128_v2", "bwd_c2d128_v2t8x32_fexp_gor"]
+    assert rows[1].schedule == (2, 8, 32, True, True)
+    assert summary(rows, arch) == (True, f"2 kernels probed ({arch}); ALL 0 spill / 0 stack")
+
+
+def test_probe_without_ptx_is_skipped_and_not_clean(ptxas, monkeypatch):
+    from kernels import _dsl
+    from kernels.probe import probe, summary
+
+    monkeypatch.setattr(_dsl, "ptx_of", lambda fn: None)
+    rows = probe(keys_for(4, "sm_90a", coff=2, d=128)[:1])
+    assert rows[0].skipped and not rows[0].clean and "no PTX retained" in rows[0].note
+    ok, line = summary(rows, "sm_90a")
+    assert not ok and "1 kernel(s) skipped with no PTX" in line

@@ -1,0 +1,129 @@
+"""`csagate build` and `csagate probe` through click's CliRunner (no GPU: cross-compiles).
+
+Kernels compile through the process-wide cache, so tests reuse what earlier tests built.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from csagate.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def table_rows(text: str, marker: str) -> list[str]:
+    return [line for line in text.splitlines() if "│" in line and marker in line]
+
+
+@pytest.fixture(scope="module")
+def dsl():
+    from kernels._dsl import dsl_available  # prepares CUTE_DSL_KEEP before cutlass loads
+
+    ok, why = dsl_available()
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def ptxas(dsl):
+    from kernels.probe import PtxasNotFound, find_ptxas
+
+    try:
+        return find_ptxas()
+    except PtxasNotFound as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("command", ["build", "probe"])
+def test_bad_ratio_is_a_usage_error(command):
+    r = run(command, "--ratio", "8")
+    assert r.exit_code == 2 and "Invalid value" in r.output
+
+
+def test_bad_arch_is_a_usage_error():
+    assert run("build", "--arch", "sm_80").exit_code == 2
+
+
+def test_build_ratio4_cross_compiles(dsl):
+    r = run("build", "--ratio", "4", "--arch", "sm_90a")
+    assert r.exit_code == 0, r.output
+    rows = table_rows(r.stdout, "sm_90a")
+    assert len(rows) == 12, r.stdout
+    assert any("r4fwd_c2d128_v2" in row and "2,64,1" in row for row in rows), r.stdout
+    assert "12 kernels:" in r.stdout
+
+
+def test_build_again_hits_the_cache_json(dsl):
+    assert run("build", "--ratio", "4", "--arch", "sm_90a").exit_code == 0
+    r = run("build", "--ratio", "4", "--arch", "sm_90a", "--json")
+    assert r.exit_code == 0, r.output
+    records = json.loads(r.stdout)
+    assert len(records) == 12 and all(rec["cache_hit"] for rec in records)
+    assert {rec["kernel"] for rec in records} >= {"r4fwd_c1d65_v1", "r4bwd_c2d512_v1r8"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_build_auto_arch_without_gpu_exits_3(dsl):
+    r = run("build", "--arch", "auto")
+    assert r.exit_code == 3, r.output
+    assert "--arch sm_90a" in r.stderr and "Traceback" not in r.output
+
+
+def test_build_failure_exits_3_with_one_line(dsl, monkeypatch):
+    from kernels import cache
+
+    def broken(key):
+        raise RuntimeError("nvvm says no\nsecond line")
+
+    monkeypatch.setattr(cache, "CACHE", cache.KernelCache(broken))
+    monkeypatch.setattr("kernels.api.CACHE", cache.CACHE)
+    r = run("build", "--ratio", "4", "--arch", "sm_100a")
+    assert r.exit_code == 3, r.output
+    assert "build failed: RuntimeError: nvvm says no" in r.stderr
+    assert "second line" not in r.output and "Traceback" not in r.output
+
+
+def test_probe_ratio128_sm100a_all_clean(ptxas):
+    r = run("probe", "--ratio", "128", "--arch", "sm_100a")
+    assert r.exit_code == 0, r.output
+    rows = table_rows(r.stdout, "sm_100a")
+    assert len(rows) == 16, r.stdout
+    assert all("clean" in row for row in rows), r.stdout
+    assert "16 kernels probed (sm_100a); ALL 0 spill / 0 stack" in r.stdout
+
+
+def test_probe_json_and_keep_ptx(ptxas, tmp_path):
+    r = run("probe", "--ratio", "4", "--arch", "sm_90a", "--keep-ptx", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["ok"] and len(report["kernels"]) == 12
+    assert all(k["spill_st"] == k["spill_ld"] == k["stack"] == 0 for k in report["kernels"])
+    assert len(list(tmp_path.glob("*.sm_90a.ptx"))) == 12
+
+
+def test_probe_without_ptx_exits_1(ptxas, monkeypatch):
+    from kernels import _dsl
+
+    monkeypatch.setattr(_dsl, "ptx_of", lambda fn: None)
+    r = run("probe", "--ratio", "4", "--arch", "sm_90a")
+    assert r.exit_code == 1, r.output
+    assert "12 kernel(s) skipped with no PTX" in r.stdout
+
+
+def test_probe_without_ptxas_exits_3(dsl, monkeypatch):
+    from kernels import probe
+
+    def missing():
+        raise probe.PtxasNotFound("ptxas not found on PATH (test)")
+
+    monkeypatch.setattr(probe, "find_ptxas", missing)
+    r = run("probe", "--ratio", "4", "--arch", "sm_90a")
+    assert r.exit_code == 3, r.output
+    assert "ptxas not found" in r.stderr and "Traceback" not in r.output
