@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+from rich.table import Table
+
+from csagate import console
+from csagate.exitcodes import ExitCode
+
+
+def _need_gpu() -> None:
+    try:
+        import torch
+    except Exception as exc:  # pragma: no cover - torch is a dependency
+        console.abort(f"torch is not importable ({exc})", ExitCode.COULD_NOT_EVALUATE)
+    if not torch.cuda.is_available():
+        console.abort("no CUDA GPU visible: the benchmark times the kernels on a GPU; run it "
+                      "on a GPU runner", ExitCode.COULD_NOT_EVALUATE)
+    from kernels._dsl import dsl_available
+
+    ok, why = dsl_available()
+    if not ok:
+        console.abort(f"{why}; install it with `make setup`", ExitCode.COULD_NOT_EVALUATE)
+
+
+def _shape_table(rows, copy_bw: float) -> Table:
+    t = Table(title=f"ratio=128 fused vs eager fp32 (copy roofline {copy_bw / 1e12:.2f} TB/s; "
+                    "kernel = graph replay per launch, call = events around one call)")
+    for col in ("config", "tokens", "fwd kernel", "fwd us", "fwd call us", "eager fwd us",
+                "fwd x", "fwd TB/s", "fwd %roof", "bwd kernel", "bwd us", "bwd call us",
+                "bwd TB/s", "bwd %roof", "eager f+b us", "f+b x"):
+        t.add_column(col, justify="left" if "kernel" in col or col == "config" else "right")
+    for r in rows:
+        t.add_row(r.config, str(r.tokens), r.fwd_kernel, f"{r.fused_fwd_graph_us:.1f}",
+                  f"{r.fused_fwd_us:.1f}", f"{r.eager_fwd_us:.1f}", f"{r.fwd_speedup:.1f}",
+                  f"{r.bw('fwd') / 1e12:.2f}", f"{100 * r.roofline('fwd'):.0f}%",
+                  r.bwd_kernel, f"{r.fused_bwd_graph_us:.1f}", f"{r.fused_bwd_us:.1f}",
+                  f"{r.bw('bwd') / 1e12:.2f}", f"{100 * r.roofline('bwd'):.0f}%",
+                  f"{r.eager_total_us:.1f}", f"{r.total_speedup:.1f}")
+    return t
+
+
+def _ab_table(rows) -> Table:
+    t = Table(title="A/B: base -> variant, graph replay per launch (us), interleaved, "
+                    "order 1 base first, order 2 variant first")
+    for col in ("dir", "config", "bucket", "tokens", "base", "variant", "order 1 us",
+                "order 2 us", "delta 1", "delta 2", "noise", "decision"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.direction, r.config, r.bucket, str(r.tokens), r.base, r.variant,
+                  f"{r.base_us[0]:.2f} -> {r.variant_us[0]:.2f}",
+                  f"{r.base_us[1]:.2f} -> {r.variant_us[1]:.2f}",
+                  f"{100 * r.delta(0):+.1f}%", f"{100 * r.delta(1):+.1f}%",
+                  f"{100 * r.noise:.1f}%", r.decision)
+    return t
+
+
+@click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
+                             "measured copy bandwidth; --ab FIELD for measured schedule choices.")
+@click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True)
+@click.option("--ab", "ab_fields", multiple=True,
+              type=click.Choice(["goreuse", "fastexp", "twophase"]),
+              help="A/B a schedule field per bucket (repeatable) instead of the shape table.")
+@click.option("--shape", "shapes", multiple=True, metavar="cCdD:TOKENS",
+              help="Only these shapes, e.g. c1d128:8192 (repeatable).")
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--warmup", default=30, show_default=True, type=click.IntRange(0))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write every number to this JSON file.")
+def command(ratio, ab_fields, shapes, iters, warmup, json_path) -> None:
+    from kernels import bench
+    from kernels import schedule as S
+
+    picked = []
+    for spec in shapes:
+        try:
+            cfg, tokens = spec.split(":")
+            coff, d = (int(x) for x in cfg[1:].split("d"))
+            picked.append((coff, d, int(tokens)))
+        except ValueError:
+            raise click.BadParameter(f"{spec!r} is not cCdD:TOKENS", param_hint="--shape")
+        if (coff, d) not in S.CONFIGS or int(tokens) < 128:
+            raise click.BadParameter(f"{spec!r}: config must be one of "
+                                     f"{[S.config_name(*c) for c in S.CONFIGS]}, tokens >= 128",
+                                     param_hint="--shape")
+    _need_gpu()
+    import torch
+
+    err = console.err()
+    report = {"gpu": torch.cuda.get_device_name(), "cc": list(torch.cuda.get_device_capability()),
+              "iters": iters, "warmup": warmup}
+    with err.status("measuring the copy bandwidth"):
+        copy_bw = bench.copy_bandwidth()
+    report["copy_bw_Bps"] = copy_bw
+    if ab_fields:
+        rows = []
+        for name in ab_fields:
+            with err.status(f"A/B {name}"):
+                rows += bench.ab_field(name, iters=iters, warmup=warmup)
+        console.out().print(_ab_table(rows))
+        report["ab"] = [dataclasses.asdict(r) | {"decision": r.decision} for r in rows]
+    else:
+        rows = []
+        for coff, d, tokens in picked or bench.SHAPES:
+            with err.status(f"c{coff}d{d} {tokens} tokens"):
+                rows.append(bench.bench_shape(coff, d, tokens, copy_bw=copy_bw, iters=iters,
+                                              warmup=warmup))
+            torch.cuda.empty_cache()
+        console.out().print(_shape_table(rows, copy_bw))
+        report["shapes"] = [dataclasses.asdict(r) | {
+            "fwd_roofline": r.roofline("fwd"), "bwd_roofline": r.roofline("bwd"),
+            "fwd_speedup": r.fwd_speedup, "total_speedup": r.total_speedup} for r in rows]
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(report, fh, indent=1)

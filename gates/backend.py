@@ -1,0 +1,179 @@
+"""The narrow interface through which the gate reaches kernels, and the real one.
+
+The gate (``gates.runner``) never imports a kernel: it drives a :class:`Backend`, which builds
+kernels, runs them into caller-allocated buffers and enumerates what the dispatch tables can
+select. :class:`KernelBackend` is the only implementation ``csagate`` ever constructs; it
+wraps ``kernels.api`` (imported lazily, so importing ``gates`` never imports cutlass). The CPU
+tests drive the same gate code through small reference-backed backends in ``tests/`` with one
+fault planted at a time, which is how we know the gate can fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gates.verdict import Selection
+
+if TYPE_CHECKING:
+    import torch
+
+Target = tuple[int, int, int]                     # (ratio, coff, d): one build unit
+ProgressFn = Callable[[int, int, str], None]      # (done, total, label)
+
+
+class BuildError(RuntimeError):
+    """A kernel failed to build: nothing can be judged (exit 3, not a contract failure)."""
+
+
+class Backend(Protocol):
+    """What the gate needs from kernels. Buffers are allocated and pre-filled by the gate."""
+
+    device: torch.device
+
+    def build(self, targets: Sequence[Target], progress: ProgressFn | None = None) -> list:
+        """Build (or load) every kernel the tables can select for each target; BuildError."""
+
+    def forward(self, kv, score, ape, cu, cuc, out, *, ratio: int,
+                coff: int) -> Selection | None:
+        """Write ``out``; return the kernel selected (None when nothing launched)."""
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
+                 coff: int) -> Selection | None:
+        """Write ``dkv``/``dscore``, accumulate into the zeroed ``dape``; return the kernel."""
+
+    def selectable(self, direction: str) -> set[Selection]:
+        """Every (config, schedule) the ratio=128 dispatch tables can select."""
+
+    def describe(self) -> dict[str, Any]:
+        """Where the kernels run: device, arch, versions (for the report)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (what a FAIL row or an exit-3 line shows)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _selection(direction: str, key) -> Selection | None:
+    if key is None:
+        return None
+    return Selection(direction, int(key.coff), int(key.d), key.schedule)
+
+
+class KernelBackend:
+    """The real kernels through ``kernels.api`` on one CUDA device."""
+
+    def __init__(self, device_index: int = 0):
+        import torch
+
+        from kernels._dsl import device_arch
+
+        self.device = torch.device("cuda", device_index)
+        self.arch = device_arch(device_index)
+
+    def build(self, targets: Sequence[Target], progress: ProgressFn | None = None) -> list:
+        """``kernels.api.build`` per target; progress counts kernels (cache hits included)."""
+        import torch
+
+        try:
+            from kernels import api
+            from kernels.cache import keys_for
+        except Exception as exc:
+            raise BuildError(f"cannot import kernels.api ({one_line(exc)})") from exc
+        counts = [len(keys_for(ratio, self.arch, coff=coff, d=d)) for ratio, coff, d in targets]
+        total, done = sum(counts), 0
+        records: list = []
+        for (ratio, coff, d), count in zip(targets, counts, strict=True):
+            label = f"ratio={ratio} c{coff}d{d} for {self.arch}"
+            if progress:
+                progress(done, total, label)
+
+            def tick(record, i, n, offset=done):
+                if progress:
+                    hit = " (cached)" if getattr(record, "hit", False) else ""
+                    progress(offset + i, total, f"{record.key.tag}{hit}")
+
+            try:
+                with torch.cuda.device(self.device):
+                    records.extend(api.build(ratio, arch=self.arch, coff=coff, d=d,
+                                             progress=tick) or [])
+            except Exception as exc:
+                raise BuildError(f"building {label} failed: {one_line(exc)}") from exc
+            done += count
+        if progress:
+            progress(total, total, "built")
+        return records
+
+    def forward(self, kv, score, ape, cu, cuc, out, *, ratio: int,
+                coff: int) -> Selection | None:
+        from kernels import api  # launches on kv's device
+
+        return _selection("fwd", api.run_forward(kv, score, ape, cu, cuc, out, ratio=ratio,
+                                                 coff=coff))
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
+                 coff: int) -> Selection | None:
+        from kernels import api  # launches on kv's device
+
+        return _selection("bwd", api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv,
+                                                  dscore, dape, ratio=ratio, coff=coff))
+
+    def selectable(self, direction: str) -> set[Selection]:
+        from kernels.schedule import selectable
+
+        return {Selection(direction, coff, d, sched)
+                for (coff, d), sched in selectable(direction)}
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+
+        from kernels._dsl import dsl_version
+
+        index = self.device.index or 0
+        props = torch.cuda.get_device_properties(index)
+        return {
+            "backend": "kernels",
+            "device": str(self.device),
+            "gpu": props.name,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "arch": self.arch,
+            "driver": _nvidia_driver(),
+            "cuda_driver_api": _driver_api_version(),
+            "cuda_runtime": torch.version.cuda,
+            "torch": torch.__version__,
+            "nvidia_cutlass_dsl": dsl_version(),
+        }
+
+
+def _nvidia_driver() -> str:
+    """The kernel module's version (e.g. ``570.86.15``) from /proc, else ``unknown``."""
+    import re
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return "unknown"
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", text)
+    return found.group(1) if found else "unknown"
+
+
+def _driver_api_version() -> str:
+    """The CUDA driver API version as ``major.minor`` (``unknown`` if no binding answers)."""
+    try:
+        import cuda.bindings.driver as drv
+
+        err, v = drv.cuDriverGetVersion()
+        if int(err) == 0:
+            return f"{v // 1000}.{v % 1000 // 10}"
+    except Exception:
+        pass
+    try:
+        import torch
+
+        v = torch._C._cuda_getDriverVersion()
+        return f"{v // 1000}.{v % 1000 // 10}"
+    except Exception:
+        return "unknown"

@@ -1,0 +1,212 @@
+"""What a gate run found, as frozen data: one record per check, per case, for coverage, overall.
+
+Nothing here prints; ``csagate.render`` turns a :class:`Verdict` into a table, JSON or JUnit.
+Every record keeps its numbers (``GateResult.numbers`` is the check's own record as a dict),
+so the JSON report holds everything the gate measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gates.cases import Case
+
+# Statuses. A GateResult is pass/fail/skip/recorded; a CaseResult pass/fail/error/untrusted;
+# coverage pass/fail/not asserted.
+PASS = "pass"
+FAIL = "fail"
+SKIP = "skip"              # not evaluated, with the reason recorded (overflow G3)
+RECORDED = "recorded"      # measured, not gated (dAPE G3 on the scaled case)
+ERROR = "error"            # the case raised; its one-line error is the reason
+UNTRUSTED = "untrusted"    # not run: the reference drift check failed
+NOT_ASSERTED = "not asserted"  # coverage of a subset run
+
+GATES = ("G1", "G2", "G3", "zeros")
+TENSORS = ("out", "dkv", "dscore", "dape")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """One check on one tensor: e.g. G2 on dkv, with the check's numbers."""
+
+    gate: str                  # "G1" | "G2" | "G3" | "zeros" | "drift"
+    tensor: str                # "out" | "dkv" | "dscore" | "dape" | "dkv[token pad]" ...
+    status: str
+    numbers: dict[str, Any]
+    reason: str = ""           # the check's one-line summary
+
+    @property
+    def ok(self) -> bool:
+        return self.status != FAIL
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A kernel a run selected (or the tables can select): direction, config, schedule."""
+
+    direction: str             # "fwd" | "bwd"
+    coff: int
+    d: int
+    schedule: Any              # kernels.schedule.FwdSchedule / BwdSchedule (hashable)
+
+    @property
+    def config(self) -> str:
+        return f"c{self.coff}d{self.d}"
+
+    @property
+    def tag(self) -> str:
+        return str(getattr(self.schedule, "tag", self.schedule))
+
+    @property
+    def name(self) -> str:
+        return f"{self.direction} {self.config} {self.tag}"
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """Every check of one case (or of the drift check), what it selected, how long it took."""
+
+    case: Case
+    status: str
+    gates: tuple[GateResult, ...] = ()
+    selections: tuple[Selection, ...] = ()
+    recorded: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str = ""            # one line, when the case raised
+
+    @property
+    def ok(self) -> bool:
+        return self.status == PASS
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+    def results(self, gate: str) -> tuple[GateResult, ...]:
+        return tuple(g for g in self.gates if g.gate == gate)
+
+    def result(self, gate: str, tensor: str) -> GateResult | None:
+        for g in self.gates:
+            if g.gate == gate and g.tensor == tensor:
+                return g
+        return None
+
+    def gate_status(self, gate: str) -> str:
+        """The column value of one gate: fail if any tensor failed, else pass/skip/recorded."""
+        found = self.results(gate)
+        if not found:
+            return ""
+        for status in (FAIL, PASS, RECORDED, SKIP):
+            if any(g.status == status for g in found):
+                return status
+        return found[0].status
+
+    @property
+    def failures(self) -> tuple[GateResult, ...]:
+        return tuple(g for g in self.gates if g.status == FAIL)
+
+    def schedules(self, direction: str) -> tuple[str, ...]:
+        tags = []
+        for sel in self.selections:
+            if sel.direction == direction and sel.tag not in tags:
+                tags.append(sel.tag)
+        return tuple(tags)
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        if self.status == ERROR:
+            return (f"{self.name}: raised {self.error}",)
+        if self.status == UNTRUSTED:
+            return ()
+        return tuple(f"{self.name}: {g.gate} {g.tensor}: {g.reason}" for g in self.failures)
+
+
+@dataclass(frozen=True)
+class CoverageResult:
+    """Selected (config, schedule) pairs per direction against every pair the tables can select."""
+
+    status: str
+    expected: dict[str, tuple[Selection, ...]]
+    selected: dict[str, tuple[Selection, ...]]
+
+    def missing(self, direction: str) -> tuple[Selection, ...]:
+        got = set(self.selected.get(direction, ()))
+        return tuple(s for s in self.expected.get(direction, ()) if s not in got)
+
+    def unexpected(self, direction: str) -> tuple[Selection, ...]:
+        want = set(self.expected.get(direction, ()))
+        return tuple(s for s in self.selected.get(direction, ()) if s not in want)
+
+    def covered(self, direction: str) -> int:
+        want = set(self.expected.get(direction, ()))
+        return sum(1 for s in self.selected.get(direction, ()) if s in want)
+
+    @property
+    def ok(self) -> bool:
+        return self.status != FAIL
+
+    @property
+    def summary(self) -> str:
+        return ", ".join(f"{d} {self.covered(d)}/{len(self.expected.get(d, ()))}"
+                         for d in ("fwd", "bwd"))
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        if self.status != FAIL:
+            return ()
+        out = []
+        for d in ("fwd", "bwd"):
+            missing = self.missing(d)
+            if missing:
+                out.append("coverage: no case selects " + ", ".join(s.name for s in missing))
+            extra = self.unexpected(d)
+            if extra:
+                out.append("coverage: selected but not in the tables: "
+                           + ", ".join(s.name for s in extra))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The drift check, the cases in order, coverage; PASS only if all of them pass."""
+
+    drift: CaseResult
+    cases: tuple[CaseResult, ...]
+    coverage: CoverageResult
+    full: bool                 # False for a --case / --quick subset: coverage is not asserted
+    env: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> int:
+        return sum(1 for c in self.cases if c.ok)
+
+    @property
+    def total(self) -> int:
+        return len(self.cases)
+
+    @property
+    def ok(self) -> bool:
+        return (self.drift.ok and self.passed == self.total and self.coverage.ok
+                and (self.coverage.status == PASS or not self.full))
+
+    @property
+    def headline(self) -> str:
+        word = "PASS" if self.ok else "FAIL"
+        line = f"GATE {word} {self.passed}/{self.total}"
+        if not self.full:
+            line += " (subset run: schedule coverage not asserted, not the full contract)"
+        return line
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        out = []
+        if not self.drift.ok:
+            out.extend(self.drift.reasons)
+            out.append(f"the reference drift check failed: the {self.total} cases are not "
+                       "trusted and were not run")
+        for case in self.cases:
+            out.extend(case.reasons)
+        out.extend(self.coverage.reasons)
+        return tuple(out)

@@ -1,0 +1,266 @@
+"""Timing the fused kernels against the eager reference and the copy roofline (GPU only).
+
+Method (the device's METHOD.md): CUDA events around each launch, warm-ups first, medians; a
+CUDA-graph figure that replays many launches to take host launch overhead out; A/B variants
+interleaved in one process on the same inputs and repeated in swapped order. The roofline is
+this device's own device-to-device copy bandwidth, measured in the same process.
+Nothing here prints: functions return records that ``csagate bench`` renders.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from kernels import schedule as S
+
+# The gate's long shapes plus the short ones the targets name (KERNELS.md section 6 table).
+SHAPES: tuple[tuple[int, int, int], ...] = (
+    # (coff, d, tokens in one segment)
+    (1, 128, 8192), (1, 128, 131072),
+    (2, 128, 8192), (2, 128, 65536),
+    (1, 512, 65536),
+    (2, 512, 65536), (2, 512, 131072),
+)
+
+# One shape per backward / forward bucket for A/B decisions: N = tokens / 128.
+AB_SHAPES: dict[tuple[str, int, int, str], int] = {
+    ("bwd", 1, 128, "small"): 8192, ("bwd", 1, 128, "default"): 131072,
+    ("bwd", 2, 128, "small"): 8192, ("bwd", 2, 128, "default"): 65536,
+    ("bwd", 1, 512, "default"): 65536, ("bwd", 2, 512, "default"): 65536,
+    ("fwd", 1, 128, "small"): 8192, ("fwd", 1, 128, "default"): 65536,
+    ("fwd", 1, 128, "large"): 131072, ("fwd", 2, 128, "small"): 8192,
+    ("fwd", 2, 128, "default"): 65536, ("fwd", 1, 512, "default"): 65536,
+    ("fwd", 1, 512, "large"): 131072, ("fwd", 2, 512, "small"): 8192,
+    ("fwd", 2, 512, "default"): 65536, ("fwd", 2, 512, "large"): 131072,
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    samples: int
+
+
+def _events_median(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return Timing(statistics.median(times), iters)
+
+
+def _graph(fn: Callable[[], None], launches: int) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def _graph_replay_us(graph: torch.cuda.CUDAGraph, launches: int) -> float:
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / launches
+
+
+def graph_median(fn: Callable[[], None], *, launches: int = 20, iters: int = 100,
+                 warmup: int = 30) -> Timing:
+    """Per-launch time from replays of a graph of ``launches`` back-to-back launches."""
+    graph = _graph(fn, launches)
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = [_graph_replay_us(graph, launches) for _ in range(iters)]
+    return Timing(statistics.median(times), iters)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 50, warmup: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    t = _events_median(lambda: dst.copy_(src), iters, warmup)
+    return 2 * nbytes / (t.median_us * 1e-6)
+
+
+def op_bytes(direction: str, *, coff: int, d: int, n_tokens: int, n_rows: int,
+             ratio: int = 128) -> int:
+    """Bytes the op must move at least: every consumed input read once, every output written."""
+    width = coff * d
+    tokens = n_tokens * width * 2                 # one bf16 (T, coff*d) tensor
+    ape = ratio * width * 4
+    rows = n_rows * d * 2
+    if direction == "fwd":
+        return 2 * tokens + ape + rows            # kv, score in; out written
+    return 4 * tokens + 2 * ape + rows            # kv, score, grad_out in; dkv, dscore out; dape
+
+
+@dataclass
+class ShapeRow:
+    config: str
+    tokens: int
+    rows: int
+    fwd_kernel: str
+    bwd_kernel: str
+    fused_fwd_us: float = 0.0        # events around one launch (includes host launch cost)
+    fused_fwd_graph_us: float = 0.0  # per launch, graph of back-to-back launches (kernel time)
+    fused_bwd_us: float = 0.0
+    fused_bwd_graph_us: float = 0.0
+    eager_fwd_us: float = 0.0
+    eager_total_us: float = 0.0      # eager forward + autograd backward
+    fwd_bytes: int = 0
+    bwd_bytes: int = 0
+    copy_bw: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def fwd_speedup(self) -> float:
+        return self.eager_fwd_us / self.fused_fwd_graph_us if self.fused_fwd_graph_us else 0.0
+
+    @property
+    def total_speedup(self) -> float:
+        fused = self.fused_fwd_graph_us + self.fused_bwd_graph_us
+        return self.eager_total_us / fused if fused else 0.0
+
+    def bw(self, direction: str) -> float:
+        us = self.fused_fwd_graph_us if direction == "fwd" else self.fused_bwd_graph_us
+        nbytes = self.fwd_bytes if direction == "fwd" else self.bwd_bytes
+        return nbytes / (us * 1e-6) if us else 0.0
+
+    def roofline(self, direction: str) -> float:
+        return self.bw(direction) / self.copy_bw if self.copy_bw else 0.0
+
+
+def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 100,
+                warmup: int = 30, eager_iters: int = 20, seed: int = 1234) -> ShapeRow:
+    from kernels import api
+    from reference import backward as ref_backward
+    from reference import forward as ref_forward
+    from reference import make_grad_out, make_pack
+
+    pack = make_pack((tokens,), ratio=128, coff=coff, d=d, seed=seed, device="cuda")
+    n = pack.n_rows
+    go = make_grad_out(n, d, device="cuda")
+    out = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
+    dkv = torch.empty_like(pack.kv)
+    dscore = torch.empty_like(pack.score)
+    dape = torch.zeros_like(pack.ape)
+    args = pack.inputs()
+    fwd = lambda: api.run_forward(*args, out, ratio=128, coff=coff)
+
+    def bwd():
+        dape.zero_()   # the contract: the caller zeroes dAPE before every call
+        api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff)
+
+    fkey = fwd()
+    bkey = api.run_backward(*args, go, dkv, dscore, dape.zero_(), ratio=128, coff=coff)
+    row = ShapeRow(S.config_name(coff, d), tokens, n, fkey.tag, bkey.tag,
+                   fwd_bytes=op_bytes("fwd", coff=coff, d=d, n_tokens=tokens, n_rows=n),
+                   bwd_bytes=op_bytes("bwd", coff=coff, d=d, n_tokens=tokens, n_rows=n),
+                   copy_bw=copy_bw)
+    row.fused_fwd_us = _events_median(fwd, iters, warmup).median_us
+    row.fused_fwd_graph_us = graph_median(fwd, iters=iters, warmup=warmup).median_us
+    row.fused_bwd_us = _events_median(bwd, iters, warmup).median_us
+    row.fused_bwd_graph_us = graph_median(bwd, iters=iters, warmup=warmup).median_us
+    row.eager_fwd_us = _events_median(
+        lambda: ref_forward(*args, ratio=128, coff=coff), eager_iters, 3).median_us
+    row.eager_total_us = _events_median(
+        lambda: ref_backward(*args, go, ratio=128, coff=coff), eager_iters, 3).median_us
+    return row
+
+
+@dataclass(frozen=True)
+class ABRow:
+    direction: str
+    config: str
+    bucket: str
+    tokens: int
+    field: str
+    base: str
+    variant: str
+    base_us: tuple[float, float]       # order 1 (base first), order 2 (variant first)
+    variant_us: tuple[float, float]
+    noise: float                       # relative spread of the base across the two orders
+
+    def delta(self, order: int) -> float:
+        """Relative gain of the variant in one order (positive: the variant is faster)."""
+        return (self.base_us[order] - self.variant_us[order]) / self.base_us[order]
+
+    @property
+    def decision(self) -> str:
+        threshold = max(self.noise, 0.005)
+        if self.delta(0) > threshold and self.delta(1) > threshold:
+            return "adopt variant"
+        if self.delta(0) < -threshold and self.delta(1) < -threshold:
+            return "keep base"
+        return "tie: keep base"
+
+
+def _flip(sched, name: str):
+    return replace(sched, **{name: not getattr(sched, name)})
+
+
+def ab_field(name: str, *, iters: int = 100, warmup: int = 30, launches: int = 20) -> list[ABRow]:
+    """For every bucket whose schedule has field ``name``: the kernel with it on and off."""
+    from kernels import api
+    from reference import make_grad_out, make_pack
+
+    rows = []
+    for (direction, coff, d, bucket), tokens in AB_SHAPES.items():
+        n_rows = tokens // 128
+        select = S.select_fwd if direction == "fwd" else S.select_bwd
+        if (S.fwd_bucket if direction == "fwd" else S.bwd_bucket)(coff, d, n_rows) != bucket:
+            raise AssertionError(f"A/B shape {tokens} does not land in {direction} {bucket}")
+        base = select(coff, d, n_rows)
+        if not hasattr(base, name):
+            continue
+        variant = _flip(base, name)
+        if S.config_problems(coff, d, variant):
+            continue
+        pack = make_pack((tokens,), ratio=128, coff=coff, d=d, device="cuda")
+        go = make_grad_out(n_rows, d, device="cuda")
+        launchers = [api.schedule_launcher(direction, pack, go, sched)
+                     for sched in (base, variant)]
+        graphs = [_graph(fn, launches) for fn in launchers]
+        medians = []
+        for order in ((0, 1), (1, 0)):
+            for g in graphs:
+                for _ in range(warmup):
+                    g.replay()
+            torch.cuda.synchronize()
+            samples: list[list[float]] = [[], []]
+            for _ in range(iters):
+                for which in order:   # interleaved: A B A B ... (or B A B A ...)
+                    samples[which].append(_graph_replay_us(graphs[which], launches))
+            medians.append([statistics.median(s) for s in samples])
+        base_us = (medians[0][0], medians[1][0])
+        var_us = (medians[0][1], medians[1][1])
+        noise = abs(base_us[0] - base_us[1]) / min(base_us)
+        rows.append(ABRow(direction, S.config_name(coff, d), bucket, tokens, name, base.tag,
+                          variant.tag, base_us, var_us, noise))
+        del pack, go, launchers, graphs
+        torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,329 @@
+"""``csagate run`` and ``csagate reference`` on a CPU machine.
+
+The exit-3 paths are real (this machine has no GPU). For the paths that need a verdict, the
+command's module-level seams (``contract``, ``preflight``, ``kernel_backend``) are replaced
+with the small cases and the reference-backed test backend: that is a test double, not an
+option of the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from gate_backends import (
+    SMALL_CASES,
+    SMALL_DRIFT,
+    FailingBuildBackend,
+    FaultyBackend,
+    RefBackend,
+)
+
+from csagate.cli import cli
+from csagate.commands import run as run_cmd
+
+REPO = Path(__file__).resolve().parents[1]
+N = len(SMALL_CASES)
+
+
+def invoke(*args, env=None):
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.fixture
+def cpu_gate(monkeypatch):
+    """Route the run command to the small cases and a reference backend (test double)."""
+    state = {"backend": RefBackend()}
+    monkeypatch.setattr(run_cmd, "contract", lambda: (SMALL_DRIFT, SMALL_CASES))
+    monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
+    monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: state["backend"])
+    return state
+
+
+# --- could not evaluate: exit 3 with one line ---------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_no_gpu_exits_3_with_one_line_before_importing_cutlass():
+    code = ("import sys\n"
+            "from csagate.cli import cli\n"
+            "try:\n"
+            "    cli(['run', '--ratio', '128'], prog_name='csagate')\n"
+            "except SystemExit as e:\n"
+            "    print('cutlass' in sys.modules, e.code, file=sys.stdout)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False 3", proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("csagate: no CUDA GPU visible")
+    assert "run on a machine with an NVIDIA H200" in lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+@pytest.mark.parametrize("args", [["run", "--quick"], ["reference", "--check"]])
+def test_no_gpu_exit_3_paths(args):
+    result = invoke(*args)
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_dsl_exits_3_with_one_line(monkeypatch):
+    import kernels._dsl as dsl
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(dsl, "device_arch", lambda index=None: "sm_90a")
+    monkeypatch.setattr(dsl, "dsl_available",
+                        lambda: (False, "nvidia-cutlass-dsl is not importable (ImportError: x)"))
+    result = invoke("run", "--ratio", "128")
+    assert result.exit_code == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "nvidia-cutlass-dsl is not importable" in lines[0]
+    assert "pip install nvidia-cutlass-dsl==4.8.1" in lines[0]
+
+
+def test_unsupported_arch_exits_3(monkeypatch):
+    import kernels._dsl as dsl
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA A100")
+    monkeypatch.setattr(dsl, "device_arch", lambda index=None: "sm_80")
+    result = invoke("run")
+    assert result.exit_code == 3
+    assert "sm_80" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_device_out_of_range_is_a_usage_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    result = invoke("run", "--device", "3")
+    assert result.exit_code == 2
+    assert "device 3 does not exist" in result.stderr
+
+
+def test_build_failure_exits_3(cpu_gate):
+    cpu_gate["backend"] = FailingBuildBackend()
+    result = invoke("run", "--ratio", "128")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("csagate: building ratio=128 c1d128 for sm_90a failed")
+    assert "nothing was judged" in last
+
+
+# --- usage errors: exit 2 -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--ratio", "7"], "'7' is not '128'"),
+    (["run", "--ratio", "4"], "'4' is not '128'"),
+    (["run", "--device", "-1"], "--device"),
+    (["run", "--bogus"], "No such option"),
+    (["run", "--quick", "--case", "c1d128/1x8192"], "exclusive"),
+])
+def test_bad_options_exit_2(args, needle):
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert needle in result.stderr
+
+
+def test_report_path_in_a_missing_directory_is_a_usage_error(tmp_path):
+    result = invoke("run", "--json", str(tmp_path / "nope" / "v.json"))
+    assert result.exit_code == 2
+    assert "--json" in result.stderr and "does not exist" in result.stderr
+
+
+def test_a_broken_gate_exits_3(cpu_gate):
+    class Broken(RefBackend):
+        def selectable(self, direction):
+            raise KeyError("tables")
+
+    cpu_gate["backend"] = Broken()
+    result = invoke("run")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == \
+        "csagate: the gate could not finish: KeyError: 'tables'"
+
+
+def test_unknown_case_exits_2_with_the_valid_names_hinted():
+    result = invoke("run", "--case", "c1d128/1x819")
+    assert result.exit_code == 2
+    assert "unknown case 'c1d128/1x819'" in result.stderr
+    assert "Did you mean 'c1d128/1x8192'" in result.stderr
+    from gates.cases import CASES
+
+    for case in CASES:
+        assert case.name in result.stderr
+
+
+def test_help_names_the_exit_codes():
+    result = invoke("run", "--help")
+    assert result.exit_code == 0
+    assert "3 could not evaluate" in result.stdout
+    for option in ("--json", "--junit-xml", "--case", "--quick", "--device", "--ratio"):
+        assert option in result.stdout
+
+
+# --- a verdict: table on stdout, status on stderr, exit 0/1 --------------------------------------
+
+
+def test_passing_run_prints_the_table_and_exits_0(cpu_gate):
+    result = invoke("run", "--ratio", "128", env={"NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "\x1b[" not in out
+    lines = out.splitlines()
+    assert lines[-1] == f"GATE PASS {N}/{N}"
+    rows = [ln for ln in lines if ln.startswith("│")]
+    names = [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES), "coverage"]
+    # one row per named gate, in order: drift first, coverage last
+    order = [next(i for i, r in enumerate(rows) if f" {name} " in r) for name in names]
+    assert order == sorted(order) and len(set(order)) == len(order)
+    assert "fwd 9/9, bwd 6/6" in rows[order[-1]]
+    # status and progress on stderr, not stdout
+    assert "built 3 kernel(s)" not in out and "built" in result.stderr
+    assert "gate [" in result.stderr and "gate [" not in out
+
+
+def test_failing_run_exits_1_and_names_the_gate(cpu_gate):
+    cpu_gate["backend"] = FaultyBackend("dape", "c1d16/edge")
+    result = invoke("run")
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("GATE "))
+    assert lines[head] == f"GATE FAIL {N - 1}/{N}"
+    assert lines[head + 1].startswith("  - c1d16/edge: G2 dape: max_abs 2.")
+
+
+def test_case_subset_and_quick(cpu_gate):
+    pick = [SMALL_CASES[3].name, SMALL_CASES[1].name]
+    result = invoke("run", "--case", pick[0], "--case", pick[1])
+    assert result.exit_code == 0, result.output
+    assert "GATE PASS 2/2 (subset run: schedule coverage not asserted" in result.stdout
+    assert "NOT ASSERTED" in result.stdout
+    # contract order, whatever the order given
+    assert result.stdout.index(f" {pick[1]} ") < result.stdout.index(f" {pick[0]} ")
+    quick = invoke("run", "--quick")
+    assert quick.exit_code == 0
+    assert "GATE PASS 2/2 (subset run" in quick.stdout
+    assert SMALL_CASES[0].name in quick.stdout and SMALL_CASES[2].name not in quick.stdout
+
+
+# --- reports ------------------------------------------------------------------------------------
+
+
+def test_json_report_schema(cpu_gate, tmp_path):
+    path = tmp_path / "verdict.json"
+    result = invoke("run", "--json", str(path))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "csagate.verdict/1"
+    assert doc["verdict"] == "PASS" and doc["passed"] == N and doc["total"] == N
+    assert doc["full_contract"] is True and doc["reasons"] == []
+    from csagate import __version__
+
+    assert doc["csagate_version"] == __version__
+    for key in ("backend", "device", "gpu", "arch", "torch", "python"):
+        assert key in doc["env"]
+    assert doc["seeds"] == {"input": 1234, "grad": 7, "pad_grad": 11, "pad_token": 13}
+    assert set(doc["wall_seconds"]) == {"build", "gate", "total"}
+    assert doc["build"]["targets"][0] == [4, 2, 16]
+    assert doc["drift"]["name"] == SMALL_DRIFT.name and doc["drift"]["status"] == "pass"
+    assert [c["name"] for c in doc["cases"]] == [c.name for c in SMALL_CASES]
+    case = doc["cases"][0]
+    for key in ("kind", "config", "lens", "tokens", "rows", "scale", "seeds", "status",
+                "seconds", "schedules", "selections", "gates", "recorded", "gate_status"):
+        assert key in case
+    assert case["gate_status"] == {"G1": "pass", "G2": "pass", "G3": "pass", "zeros": "pass"}
+    g2 = next(g for g in case["gates"] if g["gate"] == "G2" and g["tensor"] == "dkv")
+    for key in ("numel", "n_diff", "allowed", "max_abs", "bound", "first_index"):
+        assert key in g2["numbers"]
+    for key in ("bitwise_equal_to_eager", "err_fused", "err_eager", "dape_replay_delta"):
+        assert key in case["recorded"]
+    overflow = doc["cases"][-1]
+    assert overflow["recorded"]["err_eager"]["out"] == "inf"   # non-finite -> string
+    assert overflow["gate_status"]["G3"] == "skip"
+    cov = doc["coverage"]
+    assert cov["status"] == "pass" and cov["fwd"]["covered"] == 9 and cov["bwd"]["missing"] == []
+
+
+def test_json_report_of_a_failure(cpu_gate, tmp_path):
+    cpu_gate["backend"] = FaultyBackend("coverage")
+    path = tmp_path / "v.json"
+    result = invoke("run", "--json", str(path))
+    assert result.exit_code == 1
+    doc = json.loads(path.read_text())
+    assert doc["verdict"] == "FAIL"
+    assert doc["coverage"]["fwd"]["missing"] == ["fwd c2d32 large"]
+    assert doc["reasons"] == ["coverage: no case selects fwd c2d32 large"]
+
+
+def test_junit_xml_one_testcase_per_named_gate(cpu_gate, tmp_path):
+    cpu_gate["backend"] = FaultyBackend("raises", "c1d16/edge")
+    path = tmp_path / "junit.xml"
+    result = invoke("run", "--junit-xml", str(path), "--json", str(tmp_path / "v.json"))
+    assert result.exit_code == 1
+    assert "FAIL: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in result.stdout
+    assert f"GATE FAIL {N - 1}/{N}" in result.stdout
+    root = ET.parse(path).getroot()
+    assert root.tag == "testsuites"
+    suite = root.find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES),
+                                              "coverage"]
+    assert suite.get("tests") == str(N + 2)
+    assert suite.get("errors") == "1" and suite.get("failures") == "0"
+    errored = next(c for c in cases if c.get("name") == "c1d16/edge")
+    assert errored.find("error").get("message").startswith("RuntimeError: CUDA out of memory")
+    passing = next(c for c in cases if c.get("name") == "c1d16/ragged")
+    assert passing.find("failure") is None and passing.find("error") is None
+    assert "G2 dkv: pass" in passing.find("system-out").text
+
+
+def test_junit_xml_failure_and_subset_coverage_skip(cpu_gate, tmp_path):
+    cpu_gate["backend"] = FaultyBackend("unwritten", "c1d16/ragged")
+    path = tmp_path / "junit.xml"
+    result = invoke("run", "--case", "c1d16/ragged", "--junit-xml", str(path))
+    assert result.exit_code == 1
+    suite = ET.parse(path).getroot().find("testsuite")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    failure = cases["c1d16/ragged"].find("failure")
+    assert failure.get("type") == "G1,zeros"
+    assert "c1d16/ragged: G1 dkv" in failure.text
+    assert cases["coverage"].find("skipped") is not None
+
+
+# --- csagate reference -------------------------------------------------------------------------
+
+
+def test_reference_prints_its_source_and_where_it_lives():
+    result = invoke("reference")
+    assert result.exit_code == 0
+    first = result.stdout.splitlines()[0]
+    assert first == f"# reference: {REPO / 'reference' / 'compressor.py'}"
+    assert "def backward(" in result.stdout and "def never_consumed_mask(" in result.stdout
+
+
+def test_reference_check_pass_and_fail(cpu_gate):
+    result = invoke("reference", "--check")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == "DRIFT PASS"
+    assert SMALL_DRIFT.name in result.stdout
+    cpu_gate["backend"] = FaultyBackend("drift")
+    bad = invoke("reference", "--check")
+    assert bad.exit_code == 1
+    assert "DRIFT FAIL" in bad.stdout
+    assert f"{SMALL_DRIFT.name}: drift dscore: 1 differing > 0 allowed" in bad.stdout

@@ -1,0 +1,414 @@
+"""The gate can fail: one planted fault at a time, the real gate code must catch it.
+
+Each test runs ``gates.runner.run_gate`` over the small CPU cases with a reference-backed
+backend into which exactly one fault is planted in exactly one case, and asserts the verdict
+is FAIL, that case's row failed at the right gate (G1/G2/G3/zeros/coverage/drift), and every
+other case still ran and passed (a failing case never hides the others).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gate_backends import SMALL_CASES, SMALL_DRIFT, FaultyBackend, RefBackend, case_named
+
+from gates import checks
+from gates.runner import run_gate
+from gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
+
+
+def gate(backend, cases=SMALL_CASES, full=True):
+    return run_gate(backend, cases, drift=SMALL_DRIFT, full=full)
+
+
+def faulted(fault: str, case: str | None = None, **opts):
+    return gate(FaultyBackend(fault, case, **opts))
+
+
+def row(verdict, name):
+    return next(r for r in verdict.cases if r.name == name)
+
+
+def failed_gates(result) -> set[tuple[str, str]]:
+    return {(g.gate, g.tensor) for g in result.failures}
+
+
+def assert_only_case_failed(verdict, name):
+    """FAIL, the named row failed, and every other case ran to a PASS."""
+    assert not verdict.ok
+    assert verdict.headline == f"GATE FAIL {len(SMALL_CASES) - 1}/{len(SMALL_CASES)}"
+    assert verdict.drift.status == PASS
+    assert [r.name for r in verdict.cases] == [c.name for c in SMALL_CASES]
+    for r in verdict.cases:
+        if r.name == name:
+            assert r.status in (FAIL, ERROR), r
+        else:
+            assert r.status == PASS, (r.name, r.reasons)
+            assert r.gates, f"{r.name} did not run"
+    assert verdict.coverage.status == PASS
+    assert any(reason.startswith(f"{name}: ") for reason in verdict.reasons)
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return gate(RefBackend())
+
+
+# --- the unfaulted backend passes ------------------------------------------------------------
+
+
+def test_unfaulted_backend_passes(clean):
+    assert clean.ok, clean.reasons
+    assert clean.headline == f"GATE PASS {len(SMALL_CASES)}/{len(SMALL_CASES)}"
+    assert clean.reasons == ()
+    assert clean.drift.status == PASS
+    assert [g.tensor for g in clean.drift.gates] == ["dkv", "dscore", "dape"]
+    assert all(r.status == PASS for r in clean.cases)
+    assert clean.coverage.status == PASS
+    assert clean.coverage.summary == "fwd 9/9, bwd 6/6"
+
+
+def test_every_case_runs_every_gate(clean):
+    for r in clean.cases:
+        assert {g.tensor for g in r.results("G1")} == {"out", "dkv", "dscore"}
+        assert {g.tensor for g in r.results("G2")} == {"out", "dkv", "dscore", "dape"}
+        assert {g.tensor for g in r.results("G3")} == {"out", "dkv", "dscore", "dape"}
+        assert {"dkv", "dscore"} <= {g.tensor for g in r.results("zeros")}
+        assert r.schedules("fwd") and r.schedules("bwd")
+        for key in ("bitwise_equal_to_eager", "err_fused", "err_eager", "dape_replay_delta"):
+            assert key in r.recorded
+
+
+def test_scaled_case_bounds_and_recorded_dape_parity(clean):
+    r = row(clean, "c2d16/1x64/x64")
+    assert r.result("G2", "out").numbers["bound"] == pytest.approx(checks.MAX_ABS * 64)
+    assert r.result("G2", "dkv").numbers["bound"] == pytest.approx(checks.MAX_ABS * 64)
+    assert r.result("G2", "dscore").numbers["bound"] == pytest.approx(checks.MAX_ABS * 4096)
+    assert r.result("G2", "dape").numbers["bound"] == pytest.approx(checks.DAPE_MAX_ABS * 4096)
+    numel = r.result("G2", "dkv").numbers["numel"]
+    assert r.result("G2", "dkv").numbers["allowed"] == checks.count_allowance(numel)
+    assert r.result("G3", "dape").status == RECORDED
+    assert r.result("G3", "dkv").status == PASS
+    # unit-scale cases gate dAPE parity
+    assert row(clean, "c2d16/1x64").result("G3", "dape").status == PASS
+    # recorded: the counts of the scaled case next to its unit-scale twin's
+    assert r.recorded["unit_scale_twin"] == "c2d16/1x64"
+    assert r.recorded["n_diff_same_as_twin"] is True
+
+
+def test_overflow_case_rules(clean):
+    r = row(clean, "c1d16/overflow")
+    assert r.status == PASS
+    for name in ("out", "dkv", "dscore"):
+        g1 = r.result("G1", name)
+        assert g1.status == PASS and g1.numbers["allow_nan"] and g1.numbers["nan_count"] > 0
+    for name in ("out", "dkv", "dscore", "dape"):
+        g2 = r.result("G2", name)
+        assert g2.status == PASS and g2.numbers["eager_full"] and g2.numbers["n_mismatch"] == 0
+        g3 = r.result("G3", name)
+        assert g3.status == SKIP and g3.numbers["oracle_finite"]
+        assert "parity is undefined" in g3.reason
+    assert r.result("G3", "out").numbers["oracle_out_is_one"]
+
+
+def test_padding_cases_feed_nonzero_pad_grad_out_and_check_token_rows(clean):
+    for name in ("c1d32/ragged+pad3r5t", "c2d32/ragged+pad2r3t"):
+        r = row(clean, name)
+        assert r.recorded["pad_rows_grad_out_nonzero"] is True
+        pad = r.result("zeros", "dkv[token pad]")
+        assert pad.status == PASS and pad.numbers["n_masked"] > 0
+        case = case_named(name)
+        assert r.recorded["n_rows"] == case.rows and r.recorded["n_tokens"] == case.tokens
+
+
+def test_the_backend_gets_nonzero_grad_out_on_padding_rows():
+    backend = RefBackend()
+    case = case_named("c1d32/ragged+pad3r5t")
+    gate(backend, (case,), full=False)
+    n_valid = case.rows - case.pad_rows
+    fused_go = backend.grad_outs[-1]
+    assert fused_go.shape[0] == case.rows
+    assert bool((fused_go[n_valid:] != 0).all(dim=1).any())
+
+
+def test_subset_run_does_not_assert_coverage():
+    v = gate(RefBackend(), SMALL_CASES[:2], full=False)
+    assert v.ok
+    assert v.coverage.status == NOT_ASSERTED
+    assert "subset run" in v.headline and "coverage not asserted" in v.headline
+    assert v.headline.startswith("GATE PASS 2/2")
+
+
+# --- planted faults ----------------------------------------------------------------------------
+
+
+def test_off_by_one_step_beyond_the_count_fails_g2():
+    name = "c1d16/1x256"
+    case = case_named(name)
+    allowed = checks.count_allowance(case.tokens * case.coff * case.d)
+    v = faulted("count", name, n=allowed + 1)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) - {("G3", "dkv")} == {("G2", "dkv")}
+    g2 = r.result("G2", "dkv").numbers
+    assert g2["n_diff"] == allowed + 1 and g2["allowed"] == allowed
+    assert g2["max_abs"] <= g2["bound"]          # the count is what failed
+    assert g2["first_index"] == (0, 0)
+    assert r.result("G1", "dkv").status == PASS
+
+
+def test_off_by_one_step_at_the_count_passes():
+    name = "c1d16/1x256"
+    case = case_named(name)
+    allowed = checks.count_allowance(case.tokens * case.coff * case.d)
+    v = faulted("count", name, n=allowed)
+    g2 = row(v, name).result("G2", "dkv")
+    assert g2.status == PASS and g2.numbers["n_diff"] == allowed
+
+
+def test_large_error_on_one_element_fails_g2():
+    name = "c2d16/edge"
+    v = faulted("large_error", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    g2 = r.result("G2", "out")
+    assert g2.status == FAIL
+    assert g2.numbers["n_diff"] == 1 and g2.numbers["max_abs"] > 0.4
+    assert g2.numbers["first_index"] == (3, 5)
+    assert "max_abs" in g2.reason and "[3, 5]" in g2.reason
+    assert r.result("G3", "out").status == FAIL
+    assert r.result("G1", "out").status == PASS
+
+
+def test_unwritten_never_consumed_slot_fails_g1_and_zeros():
+    name = "c1d16/ragged"
+    v = faulted("unwritten", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("G1", "dkv"), ("zeros", "dkv")}
+    g1 = r.result("G1", "dkv").numbers
+    assert g1["first_run"] == 2 and g1["n_diff"] == (1, 1)
+    zeros = r.result("zeros", "dkv").numbers
+    assert zeros["run"] == 2 and zeros["n_nonzero"] == 1
+    assert r.result("G2", "dkv").status == PASS   # the zero-filled run 1 looks right
+
+
+def test_nondeterministic_output_fails_g1():
+    name = "c2d32/1x48"
+    v = faulted("nondeterministic", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("G1", "out")}
+    g1 = r.result("G1", "out").numbers
+    assert g1["first_run"] == 3 and g1["n_diff"] == (0, 1)
+    assert len(set(g1["bits"])) == 2
+
+
+def test_wrong_nan_mask_on_overflow_fails_g2():
+    name = "c1d16/overflow"
+    v = faulted("nan_mask", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("G2", "out")}
+    g2 = r.result("G2", "out").numbers
+    assert g2["n_mismatch"] == 1 and g2["first_index"] == (0, 0) and g2["eager_full"]
+
+
+def test_padding_row_grad_out_not_ignored_fails_g2():
+    name = "c1d32/ragged+pad3r5t"
+    v = faulted("pad_grad_out", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert r.result("G2", "dkv").status == FAIL
+    assert r.result("G2", "dscore").status == FAIL
+    assert r.result("G1", "dkv").status == PASS
+
+
+def test_token_padding_row_left_nonzero_fails_zeros():
+    name = "c2d32/ragged+pad2r3t"
+    v = faulted("token_pad_row", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    # only the exact-zero check sees a 2^-100 left in a token-padding row
+    assert failed_gates(r) == {("zeros", "dkv"), ("zeros", "dkv[token pad]")}
+    pad = r.result("zeros", "dkv[token pad]").numbers
+    case = case_named(name)
+    assert pad["n_nonzero"] == 1 and pad["first_index"] == (case.tokens - 1, 0)
+    assert r.result("G2", "dkv").status == PASS
+
+
+def test_dape_off_by_2e_3_fails_g2():
+    name = "c1d16/edge"
+    v = faulted("dape", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    g2 = r.result("G2", "dape")
+    assert g2.status == FAIL and g2.numbers["max_abs"] == pytest.approx(2e-3, rel=1e-2)
+    assert ("G2", "dape") in failed_gates(r)
+    assert {g for g, _ in failed_gates(r)} <= {"G2", "G3"}
+
+
+def test_schedule_missing_from_coverage_fails_coverage():
+    v = faulted("coverage")
+    assert not v.ok
+    assert all(r.status == PASS for r in v.cases)
+    assert v.headline == f"GATE FAIL {len(SMALL_CASES)}/{len(SMALL_CASES)}"
+    assert v.coverage.status == FAIL
+    assert [s.name for s in v.coverage.missing("fwd")] == ["fwd c2d32 large"]
+    assert v.coverage.missing("bwd") == ()
+    assert v.reasons == ("coverage: no case selects fwd c2d32 large",)
+
+
+def test_drift_between_reference_and_production_fails_and_distrusts_the_cases():
+    v = faulted("drift")
+    assert not v.ok
+    assert v.drift.status == FAIL
+    assert {(g.gate, g.tensor) for g in v.drift.failures} == {("drift", "dscore")}
+    assert v.drift.result("drift", "dscore").numbers["first_index"] == (5, 7)
+    assert all(r.status == UNTRUSTED for r in v.cases)
+    assert v.coverage.status == UNTRUSTED
+    assert v.headline == f"GATE FAIL 0/{len(SMALL_CASES)}"
+    assert any("not trusted" in reason for reason in v.reasons)
+
+
+def test_a_raising_case_is_an_error_row_and_the_run_goes_on():
+    name = "c1d16/edge"
+    v = faulted("raises", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert r.status == ERROR
+    assert r.error == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert v.reasons[0] == f"{name}: raised {r.error}"
+
+
+def test_reference_ignores_padding_row_grad_out():
+    """The comparator side of the padding rule: padding rows' grad_out never matters."""
+    from reference import backward, make_grad_out, make_pack
+
+    for coff in (1, 2):
+        pack = make_pack((23, 40, 9), ratio=8, coff=coff, d=16, pad_rows=3, pad_tokens=5)
+        go = make_grad_out(pack.n_rows, 16, seed=11)
+        n_valid = pack.n_valid_rows
+        assert bool((go[n_valid:] != 0).any())
+        zeroed = go.clone()
+        zeroed[n_valid:] = 0
+        a = backward(*pack.inputs(), go, ratio=8, coff=coff)
+        b = backward(*pack.inputs(), zeroed, ratio=8, coff=coff)
+        assert torch.equal(a.dkv, b.dkv) and torch.equal(a.dscore, b.dscore)
+        assert torch.equal(a.dape, b.dape)
+
+
+# --- the real backend's plumbing and the real contract's coverage (no GPU needed) ---------------
+
+
+def kernel_backend_without_gpu():
+    from gates.backend import KernelBackend
+
+    backend = KernelBackend.__new__(KernelBackend)  # skip the CUDA device query
+    backend.device = torch.device("cpu")
+    backend.arch = "sm_90a"
+    return backend
+
+
+def test_the_21_cases_select_every_kernel_the_tables_can_select():
+    """The contract's cases, routed through the dispatch tables, cover fwd 10/10, bwd 6/6."""
+    from gates.cases import CASES
+    from gates.runner import coverage
+    from gates.verdict import CaseResult, Selection
+    from kernels.schedule import select_bwd, select_fwd
+
+    backend = kernel_backend_without_gpu()
+    assert len(backend.selectable("fwd")) == 10 and len(backend.selectable("bwd")) == 6
+    results = [CaseResult(case, PASS, selections=(
+        Selection("fwd", case.coff, case.d, select_fwd(case.coff, case.d, case.rows)),
+        Selection("bwd", case.coff, case.d, select_bwd(case.coff, case.d, case.rows))))
+        for case in CASES]
+    cov = coverage(backend, results)
+    assert cov.status == PASS, cov.reasons
+    assert cov.summary == "fwd 10/10, bwd 6/6"
+    # every case is needed for something or is a contract case: dropping the large-bucket
+    # cases must name the kernels they alone select
+    without = [r for r in results if not r.name.endswith("1x131072")]
+    missing = coverage(backend, without).missing("fwd")
+    assert {s.config for s in missing} == {"c1d128", "c1d512", "c2d512"}
+
+
+def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
+    from kernels import api
+    from kernels.cache import make_key
+    from kernels.schedule import select_bwd, select_fwd
+
+    backend = kernel_backend_without_gpu()
+    seen = {}
+
+    def run_forward(kv, score, ape, cu, cuc, out, *, ratio, coff, stream=None):
+        seen["fwd"] = (ratio, coff, tuple(out.shape))
+        return make_key("fwd", ratio, coff, out.shape[1],
+                        select_fwd(coff, out.shape[1], out.shape[0]), "sm_90a")
+
+    def run_backward(kv, score, ape, cu, cuc, go, dkv, dscore, dape, *, ratio, coff,
+                     rows_per_cta=None, stream=None):
+        return make_key("bwd", ratio, coff, go.shape[1],
+                        select_bwd(coff, go.shape[1], go.shape[0]), "sm_90a")
+
+    monkeypatch.setattr(api, "run_forward", run_forward)
+    monkeypatch.setattr(api, "run_backward", run_backward)
+    out = torch.empty(1024, 128, dtype=torch.bfloat16)
+    sel = backend.forward(None, None, None, None, None, out, ratio=128, coff=1)
+    assert seen["fwd"] == (128, 1, (1024, 128))
+    assert sel in backend.selectable("fwd") and sel.tag == "v4t4x32_2ph_fexp"
+    go = torch.empty(64, 128, dtype=torch.bfloat16)
+    bsel = backend.backward(None, None, None, None, None, go, None, None, None, ratio=128,
+                            coff=2)
+    assert bsel in backend.selectable("bwd") and bsel.name == "bwd c2d128 v1t8x32_gor"
+
+
+def test_kernel_backend_build_failure_is_a_build_error(monkeypatch):
+    from gates.backend import BuildError
+    from kernels import api
+
+    backend = kernel_backend_without_gpu()
+
+    def broken(ratio, **kw):
+        raise RuntimeError("ptxas fatal: Unresolved extern function\nmore")
+
+    monkeypatch.setattr(api, "build", broken)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: _Null())
+    with pytest.raises(BuildError, match=r"building ratio=128 c1d512 for sm_90a failed: "
+                                         r"RuntimeError: ptxas fatal: Unresolved extern"):
+        backend.build([(128, 1, 512)])
+
+
+def test_kernel_backend_build_counts_kernels(monkeypatch):
+    from kernels import api
+    from kernels.cache import BuildRecord, keys_for
+
+    backend = kernel_backend_without_gpu()
+
+    def fake_build(ratio, *, arch, coff, d, progress=None, **kw):
+        keys = keys_for(ratio, arch, coff=coff, d=d)
+        records = [BuildRecord(k, 0.0, i % 2 == 0) for i, k in enumerate(keys)]
+        for i, r in enumerate(records, start=1):
+            progress(r, i, len(records))
+        return records
+
+    monkeypatch.setattr(api, "build", fake_build)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: _Null())
+    ticks = []
+    records = backend.build([(4, 2, 128), (128, 1, 128), (128, 2, 512)],
+                            progress=lambda *a: ticks.append(a))
+    total = 2 + 5 + 4   # r4 fwd+bwd; c1d128: 3 fwd + 2 bwd; c2d512: 3 fwd + 1 bwd
+    assert len(records) == total
+    assert ticks[0] == (0, total, "ratio=4 c2d128 for sm_90a")
+    assert ticks[-1] == (total, total, "built")
+    done = [t[0] for t in ticks]
+    assert done == sorted(done)
+    assert any(t[2].endswith("(cached)") for t in ticks)
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
