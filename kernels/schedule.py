@@ -135,17 +135,20 @@ FWD_DEFAULT = {
     # (coff, d): schedule.  Default rule: vec 4 if W >= 1024 and d % 4 == 0 else 2; tchunks 8
     # for (coff=2, vec=2) else 4; online rescale; fastexp only where it measured faster.
     (1, 128): _fwd(1, 128, 2, 4, False, False),   # B200: baseline of the c1d128 mid bucket
-    (2, 128): _fwd(2, 128, 2, 8, False, True),    # B200: fastexp 3x8k 12.19 -> 8.99 us, 65k 25.56 -> 16.39
+    # B200: fastexp 3x8k 12.19 -> 8.99 us, 65k 25.56 -> 16.39
+    (2, 128): _fwd(2, 128, 2, 8, False, True),
     (1, 512): _fwd(1, 512, 2, 4, False, False),   # B200: baseline of the c1d512 mid bucket
     (2, 512): _fwd(2, 512, 4, 4, False, False),   # B200: W = 1024 -> vec 4 default
 }
 FWD_SMALL = {
     (1, 128): _fwd(1, 128, 2, 8, False, False),   # B200: tchunks 8, 1x8192 7.75 -> ~5 us
-    (2, 128): _fwd(2, 128, 2, 16, False, True),   # B200: tchunks 16 10.5 -> ~7.3; fastexp 8.21 -> 6.42
+    # B200: tchunks 16 10.5 -> ~7.3; fastexp 8.21 -> 6.42
+    (2, 128): _fwd(2, 128, 2, 16, False, True),
     (2, 512): _fwd(2, 512, 2, 8, False, True),    # B200: 18.9 -> ~13.3; fastexp 14.42 -> 10.91
 }
 FWD_LARGE = {
-    (1, 128): _fwd(1, 128, 4, 4, True, True),     # B200: vec4 gy=1 0.58 waves; two-phase 23.1 -> 18.5
+    # B200: vec4 gy=1 0.58 waves; two-phase 23.1 -> 18.5
+    (1, 128): _fwd(1, 128, 4, 4, True, True),
     (1, 512): _fwd(1, 512, 4, 4, False, True),    # B200: 131k 85.41 -> 77.55 us
     (2, 512): _fwd(2, 512, 4, 4, False, True),    # B200: 131k 152.35 -> 117.71 us
 }
@@ -155,12 +158,15 @@ FWD_LARGE = {
 BWD_DEFAULT = {
     (1, 128): _bwd(1, 128, 2, 8, True, False),    # B200: goreuse lost 63.87 -> 64.70 us at 131k
     (2, 128): _bwd(2, 128, 2, 8, True, True),     # B200: goreuse 61.25 -> 60.32 us at 65k
-    (1, 512): _bwd(1, 512, 2, 4, True, True),     # B200: tchunks 4 ~25% faster; goreuse 17.65 -> 17.28
+    # B200: tchunks 4 ~25% faster; goreuse 17.65 -> 17.28
+    (1, 512): _bwd(1, 512, 2, 4, True, True),
     (2, 512): _bwd(2, 512, 2, 8, True, True),     # B200: goreuse 28.27 -> 27.84 us at 8k
 }
 BWD_SMALL = {
-    (1, 128): _bwd(1, 128, 1, 8, False, True),    # B200: vec1 13.5 -> 11.5; fastexp off 0.905x; goreuse 8.45 -> 6.27
-    (2, 128): _bwd(2, 128, 1, 8, False, True),    # B200: vec1 17.3 -> 13.8; fastexp 1.003x (off); goreuse 11.30 -> 10.66
+    # B200: vec1 13.5 -> 11.5; fastexp off 0.905x; goreuse 8.45 -> 6.27
+    (1, 128): _bwd(1, 128, 1, 8, False, True),
+    # B200: vec1 17.3 -> 13.8; fastexp 1.003x (off); goreuse 11.30 -> 10.66
+    (2, 128): _bwd(2, 128, 1, 8, False, True),
 }
 
 
@@ -210,7 +216,8 @@ def bucket_probes(direction: str) -> tuple[int, ...]:
 def selectable(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | BwdSchedule]]:
     """Every ((coff, d), schedule) the tables can select, walked through the bucket logic."""
     select = select_fwd if direction == "fwd" else select_bwd
-    return {((coff, d), select(coff, d, n)) for coff, d in CONFIGS for n in bucket_probes(direction)}
+    probes = bucket_probes(direction)
+    return {((coff, d), select(coff, d, n)) for coff, d in CONFIGS for n in probes}
 
 
 def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: int) -> int:

@@ -106,7 +106,7 @@ def test_first_block_rule_coff2():
     pack = R.make_pack((8, 8), ratio=4, coff=2, d=2)
     base = R.forward(*pack.inputs(), ratio=4, coff=2)
     kv = pack.kv.clone()
-    kv[4:8, :2] = 100   # segment 0's last block, columns [0, d): row 2 would read it without the rule
+    kv[4:8, :2] = 100   # segment 0's last block, columns [0, d): row 2 reads it without the rule
     moved = R.forward(kv, pack.score, pack.ape, pack.cu, pack.cuc, ratio=4, coff=2)
     assert torch.equal(moved, base)
     kv = pack.kv.clone()

@@ -80,7 +80,7 @@ def command(ratio, ab_fields, shapes, iters, warmup, json_path) -> None:
             coff, d = (int(x) for x in cfg[1:].split("d"))
             picked.append((coff, d, int(tokens)))
         except ValueError:
-            raise click.BadParameter(f"{spec!r} is not cCdD:TOKENS", param_hint="--shape")
+            raise click.BadParameter(f"{spec!r} is not cCdD:TOKENS", param_hint="--shape") from None
         if (coff, d) not in S.CONFIGS or int(tokens) < 128:
             raise click.BadParameter(f"{spec!r}: config must be one of "
                                      f"{[S.config_name(*c) for c in S.CONFIGS]}, tokens >= 128",
