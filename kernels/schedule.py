@@ -43,13 +43,16 @@ class FwdSchedule:
     threads_x: int
     twophase: bool
     fastexp: bool
+    unroll: int = 4          # runtime-loop unroll of the chunk loop (H200 tuning field)
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
-                + ("_2ph" if self.twophase else "") + ("_fexp" if self.fastexp else ""))
+                + ("_2ph" if self.twophase else "") + ("_fexp" if self.fastexp else "")
+                + (f"_u{self.unroll}" if self.unroll != 4 else ""))
 
     def astuple(self) -> tuple:
+        """The upstream 5-tuple (vec, tchunks, threads_x, twophase, fastexp)."""
         return (self.vec, self.tchunks, self.threads_x, self.twophase, self.fastexp)
 
 
@@ -62,13 +65,16 @@ class BwdSchedule:
     threads_x: int
     fastexp: bool
     goreuse: bool
+    regwin: bool = False     # window held in registers instead of staged in shared memory
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
-                + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else ""))
+                + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else "")
+                + ("_rw" if self.regwin else ""))
 
     def astuple(self) -> tuple:
+        """The upstream 5-tuple (vec, tchunks, threads_x, fastexp, goreuse)."""
         return (self.vec, self.tchunks, self.threads_x, self.fastexp, self.goreuse)
 
 
@@ -97,7 +103,7 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
     """THE statement of the constraint set: why a schedule cannot serve (coff, d); [] if it can."""
     win = window(coff, ratio)
     out = []
-    if sched.vec not in (1, 2, 4) or d % sched.vec:
+    if sched.vec not in (1, 2, 4, 8) or d % sched.vec:
         out.append(f"vec={sched.vec} does not divide head_dim {d}")
     if sched.tchunks < 1 or win % sched.tchunks:
         out.append(f"tchunks={sched.tchunks} does not divide the window {win}")
@@ -107,9 +113,11 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
         out.append(f"threads {sched.threads_x}x{sched.tchunks} exceed {MAX_THREADS}")
     if sched.threads_x != threads_x_for(d, sched.vec):
         out.append(f"threads_x={sched.threads_x} is not the derived {threads_x_for(d, sched.vec)}")
+    if isinstance(sched, FwdSchedule) and sched.unroll not in (1, 2, 4, 8):
+        out.append(f"unroll={sched.unroll} is not one of 1, 2, 4, 8")
     if isinstance(sched, BwdSchedule):
-        if sched.vec == 4:
-            out.append("the backward has no vec=4 form")
+        if sched.vec > 2:
+            out.append(f"the backward has no vec={sched.vec} form")
         if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
             out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
     return out
