@@ -36,6 +36,21 @@ def err() -> Console:
     return _err
 
 
+def print_table(table, console: Console | None = None) -> None:
+    """Print a table; on a terminal rich fits it, in a log or pipe it keeps its full width."""
+    console = console or out()
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update(max_width=10_000)).maximum
+    width = console.width
+    console.width = max(width, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def reset() -> None:
     """Forget the consoles (CliRunner swaps sys.stdout between invocations)."""
     global _out, _err

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from csagate import console as _console
 from gates.verdict import (
     ERROR,
     FAIL,
@@ -133,17 +133,7 @@ def drift_table(result: CaseResult) -> Table:
 
 
 def print_table(table: Table, console: Console) -> None:
-    """On a terminal rich fits the table; in a log or pipe it is printed at its full width."""
-    if console.is_terminal:
-        console.print(table)
-        return
-    width = Measurement.get(console, console.options.update_width(10_000), table).maximum
-    if width <= console.width:
-        console.print(table)
-        return
-    wide = Console(file=console.file, width=width, markup=False, emoji=False, highlight=False,
-                   no_color=console.no_color, color_system=console.color_system)
-    wide.print(table)
+    _console.print_table(table, console)
 
 
 def print_verdict(verdict: Verdict, console: Console) -> None:

@@ -99,7 +99,7 @@ def command(ratio, ab_fields, shapes, iters, warmup, json_path) -> None:
         for name in ab_fields:
             with err.status(f"A/B {name}"):
                 rows += bench.ab_field(name, iters=iters, warmup=warmup)
-        console.out().print(_ab_table(rows))
+        console.print_table(_ab_table(rows))
         report["ab"] = [dataclasses.asdict(r) | {"decision": r.decision} for r in rows]
     else:
         rows = []
@@ -108,7 +108,7 @@ def command(ratio, ab_fields, shapes, iters, warmup, json_path) -> None:
                 rows.append(bench.bench_shape(coff, d, tokens, copy_bw=copy_bw, iters=iters,
                                               warmup=warmup))
             torch.cuda.empty_cache()
-        console.out().print(_shape_table(rows, copy_bw))
+        console.print_table(_shape_table(rows, copy_bw))
         report["shapes"] = [dataclasses.asdict(r) | {
             "fwd_roofline": r.roofline("fwd"), "bwd_roofline": r.roofline("bwd"),
             "fwd_speedup": r.fwd_speedup, "total_speedup": r.total_speedup} for r in rows]

@@ -43,18 +43,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def print_table(table) -> None:
-    """Print a table on stdout; piped, at its natural width (rows are data, not truncated)."""
-    out = console.out()
-    if out.is_terminal:
-        out.print(table)
-        return
-    natural = out.measure(table, options=out.options.update(max_width=1000)).maximum
-    width = out.width
-    out.width = max(width, natural)
-    try:
-        out.print(table)
-    finally:
-        out.width = width
+    console.print_table(table)
 
 
 def progress_bar(total: int, what: str):

@@ -19,4 +19,4 @@ def command(ratio: str) -> None:
     for i, case in enumerate((DRIFT, *CASES)):
         config = case.config if case.ratio == 128 else f"r{case.ratio} {case.config}"
         table.add_row(str(i), case.name, config, str(case.tokens), str(case.rows), case.kind)
-    console.out().print(table)
+    console.print_table(table)

@@ -34,6 +34,6 @@ def command() -> None:
                               *(("T" if v else "F") if isinstance(v, bool) else str(v)
                                 for v in sched.astuple()), str(smem),
                               "yes" if not problems else "; ".join(problems))
-        out.print(table)
+        console.print_table(table, out)
     n_fwd, n_bwd = len(S.selectable("fwd")), len(S.selectable("bwd"))
     out.print(f"selectable kernels: forward {n_fwd}, backward {n_bwd}, total {n_fwd + n_bwd}")
