@@ -223,44 +223,203 @@ def _flip(sched, name: str):
     return replace(sched, **{name: not getattr(sched, name)})
 
 
+def interleaved(launchers, *, iters: int, warmup: int, launches: int):
+    """Graph-replay medians of two launchers, interleaved, in both orders.
+
+    Returns ((a_order1, a_order2), (b_order1, b_order2)) in us per launch; order 1 replays
+    A then B each round, order 2 B then A.
+    """
+    graphs = [_graph(fn, launches) for fn in launchers]
+    medians = []
+    for order in ((0, 1), (1, 0)):
+        for g in graphs:
+            for _ in range(warmup):
+                g.replay()
+        torch.cuda.synchronize()
+        samples: list[list[float]] = [[], []]
+        for _ in range(iters):
+            for which in order:
+                samples[which].append(_graph_replay_us(graphs[which], launches))
+        medians.append([statistics.median(x) for x in samples])
+    return (medians[0][0], medians[1][0]), (medians[0][1], medians[1][1])
+
+
+def _bucket_inputs(direction: str, coff: int, d: int, bucket: str, tokens: int):
+    from reference import make_grad_out, make_pack
+
+    n_rows = tokens // 128
+    if (S.fwd_bucket if direction == "fwd" else S.bwd_bucket)(coff, d, n_rows) != bucket:
+        raise AssertionError(f"shape {tokens} does not land in {direction} {bucket}")
+    pack = make_pack((tokens,), ratio=128, coff=coff, d=d, device="cuda")
+    go = make_grad_out(n_rows, d, device="cuda")
+    return pack, go
+
+
 def ab_field(name: str, *, iters: int = 100, warmup: int = 30, launches: int = 20) -> list[ABRow]:
     """For every bucket whose schedule has field ``name``: the kernel with it on and off."""
     from kernels import api
-    from reference import make_grad_out, make_pack
 
     rows = []
     for (direction, coff, d, bucket), tokens in AB_SHAPES.items():
-        n_rows = tokens // 128
         select = S.select_fwd if direction == "fwd" else S.select_bwd
-        if (S.fwd_bucket if direction == "fwd" else S.bwd_bucket)(coff, d, n_rows) != bucket:
-            raise AssertionError(f"A/B shape {tokens} does not land in {direction} {bucket}")
-        base = select(coff, d, n_rows)
-        if not hasattr(base, name):
+        base = select(coff, d, tokens // 128)
+        if not isinstance(getattr(base, name, None), bool):
             continue
         variant = _flip(base, name)
         if S.config_problems(coff, d, variant):
             continue
-        pack = make_pack((tokens,), ratio=128, coff=coff, d=d, device="cuda")
-        go = make_grad_out(n_rows, d, device="cuda")
+        pack, go = _bucket_inputs(direction, coff, d, bucket, tokens)
         launchers = [api.schedule_launcher(direction, pack, go, sched)
                      for sched in (base, variant)]
-        graphs = [_graph(fn, launches) for fn in launchers]
-        medians = []
-        for order in ((0, 1), (1, 0)):
-            for g in graphs:
-                for _ in range(warmup):
-                    g.replay()
-            torch.cuda.synchronize()
-            samples: list[list[float]] = [[], []]
-            for _ in range(iters):
-                for which in order:   # interleaved: A B A B ... (or B A B A ...)
-                    samples[which].append(_graph_replay_us(graphs[which], launches))
-            medians.append([statistics.median(s) for s in samples])
-        base_us = (medians[0][0], medians[1][0])
-        var_us = (medians[0][1], medians[1][1])
+        base_us, var_us = interleaved(launchers, iters=iters, warmup=warmup, launches=launches)
         noise = abs(base_us[0] - base_us[1]) / min(base_us)
         rows.append(ABRow(direction, S.config_name(coff, d), bucket, tokens, name, base.tag,
                           variant.tag, base_us, var_us, noise))
-        del pack, go, launchers, graphs
+        del pack, go, launchers
         torch.cuda.empty_cache()
+    return rows
+
+
+# --- schedule sweep -----------------------------------------------------------------------
+
+def _geometries(direction: str, coff: int, d: int, base):
+    """Stage 1: the base's flags on every (vec, tchunks[, regwin]) the predicate accepts."""
+    vecs = (1, 2, 4, 8) if direction == "fwd" else (1, 2)
+    tchunks = (4, 8, 16)
+    out = []
+    for vec in vecs:
+        for tch in tchunks:
+            if direction == "fwd":
+                cand = replace(base, vec=vec, tchunks=tch, threads_x=S.threads_x_for(d, vec))
+                out.append(cand)
+            else:
+                for rw in (False, True):
+                    out.append(replace(base, vec=vec, tchunks=tch, regwin=rw,
+                                       threads_x=S.threads_x_for(d, vec)))
+    return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
+
+
+def _flag_variants(direction: str, coff: int, d: int, sched):
+    """Stage 2: every boolean field flipped, and (forward) the other unrolls."""
+    names = ("twophase", "fastexp") if direction == "fwd" else ("fastexp", "goreuse")
+    out = [_flip(sched, n) for n in names]
+    if direction == "fwd":
+        out += [replace(sched, unroll=u) for u in (2, 8) if u != sched.unroll]
+        out += [_flip(_flip(sched, "twophase"), "fastexp")]
+    else:
+        out += [_flip(_flip(sched, "fastexp"), "goreuse")]
+    return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
+
+
+@dataclass
+class SweepCandidate:
+    tag: str
+    sched: object
+    us: float = float("nan")
+    ok: bool = False
+    note: str = ""
+
+
+@dataclass
+class SweepRow:
+    direction: str
+    config: str
+    bucket: str
+    tokens: int
+    base: str
+    best: str
+    best_sched: object
+    base_us: tuple[float, float] = (float("nan"), float("nan"))
+    best_us: tuple[float, float] = (float("nan"), float("nan"))
+    candidates: list = field(default_factory=list)
+
+    def delta(self, order: int) -> float:
+        return (self.base_us[order] - self.best_us[order]) / self.base_us[order]
+
+    @property
+    def decision(self) -> str:
+        if self.best == self.base:
+            return "keep base (fastest)"
+        noise = abs(self.base_us[0] - self.base_us[1]) / min(self.base_us)
+        threshold = max(noise, 0.01)
+        if self.delta(0) > threshold and self.delta(1) > threshold:
+            return "adopt best"
+        return "keep base (within noise)"
+
+
+def _tolerance_ok(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    diff = (got.float() - ref.float()).abs()
+    if torch.isnan(diff).any():
+        return False
+    n_diff = int((diff > 0).sum())
+    return n_diff <= max(1, int(0.001 * diff.numel())) and float(diff.max()) <= 1.6e-2
+
+
+def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
+                 quick_iters: int = 15, iters: int = 60, warmup: int = 10,
+                 launches: int = 10, progress: Callable[[str], None] | None = None) -> SweepRow:
+    """Search this bucket's schedule space on the device; A/B the winner against the table."""
+    from kernels import api
+    from reference import backward as ref_backward
+
+    pack, go = _bucket_inputs(direction, coff, d, bucket, tokens)
+    ref = ref_backward(*pack.inputs(), go, ratio=128, coff=coff)
+    select = S.select_fwd if direction == "fwd" else S.select_bwd
+    base = select(coff, d, tokens // 128)
+    seen: dict[object, SweepCandidate] = {}
+
+    def measure(sched) -> SweepCandidate:
+        if sched in seen:
+            return seen[sched]
+        cand = seen[sched] = SweepCandidate(sched.tag, sched)
+        if progress:
+            progress(f"{direction} c{coff}d{d} {bucket}: {sched.tag}")
+        try:
+            launch = api.schedule_launcher(direction, pack, go, sched)
+            if direction == "bwd":
+                launch.buffers[2].zero_()
+            launch()
+            torch.cuda.synchronize()
+            if direction == "fwd":
+                cand.ok = _tolerance_ok(launch.buffers[0], ref.out)
+            else:
+                cand.ok = (_tolerance_ok(launch.buffers[0], ref.dkv)
+                           and _tolerance_ok(launch.buffers[1], ref.dscore))
+            if not cand.ok:
+                cand.note = "fails G2 tolerance"
+                return cand
+            cand.us = graph_median(launch, launches=launches, iters=quick_iters,
+                                   warmup=warmup).median_us
+        except Exception as exc:  # a candidate that fails to build or run is recorded
+            cand.note = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return cand
+
+    def ranked():
+        good = [c for c in seen.values() if c.ok and c.us == c.us]
+        return sorted(good, key=lambda c: c.us)
+
+    measure(base)
+    for sched in _geometries(direction, coff, d, base):
+        measure(sched)
+    for top in ranked()[:2]:
+        for sched in _flag_variants(direction, coff, d, top.sched):
+            measure(sched)
+    best = ranked()[0] if ranked() else seen[base]
+    row = SweepRow(direction, S.config_name(coff, d), bucket, tokens, base.tag, best.tag,
+                   best.sched, candidates=list(seen.values()))
+    if best.sched != base and seen[base].ok:
+        launchers = [api.schedule_launcher(direction, pack, go, s) for s in (base, best.sched)]
+        row.base_us, row.best_us = interleaved(launchers, iters=iters, warmup=warmup,
+                                               launches=launches)
+    else:
+        row.base_us = row.best_us = (seen[base].us, seen[base].us)
+    return row
+
+
+def sweep(directions=("fwd", "bwd"), **kwargs) -> list[SweepRow]:
+    rows = []
+    for (direction, coff, d, bucket), tokens in AB_SHAPES.items():
+        if direction in directions:
+            rows.append(sweep_bucket(direction, coff, d, bucket, tokens, **kwargs))
+            torch.cuda.empty_cache()
     return rows

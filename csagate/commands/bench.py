@@ -57,19 +57,50 @@ def _ab_table(rows) -> Table:
     return t
 
 
+def _sweep_table(rows) -> Table:
+    t = Table(title="schedule sweep per bucket: fastest candidate passing G2, then an interleaved "
+                    "A/B (both orders) against the shipped table entry; graph replay us/launch")
+    for col in ("dir", "config", "bucket", "tokens", "table entry", "best", "order 1 us",
+                "order 2 us", "delta 1", "delta 2", "tried", "decision"):
+        t.add_column(col)
+    for r in rows:
+        ok = sum(1 for c in r.candidates if c.ok)
+        t.add_row(r.direction, r.config, r.bucket, str(r.tokens), r.base, r.best,
+                  f"{r.base_us[0]:.2f} -> {r.best_us[0]:.2f}",
+                  f"{r.base_us[1]:.2f} -> {r.best_us[1]:.2f}",
+                  f"{100 * r.delta(0):+.1f}%", f"{100 * r.delta(1):+.1f}%",
+                  f"{ok}/{len(r.candidates)}", r.decision)
+    return t
+
+
+def _sweep_json(rows) -> list[dict]:
+    out = []
+    for r in rows:
+        out.append({
+            "direction": r.direction, "config": r.config, "bucket": r.bucket, "tokens": r.tokens,
+            "base": r.base, "best": r.best, "best_sched": dataclasses.asdict(r.best_sched),
+            "base_us": r.base_us, "best_us": r.best_us, "decision": r.decision,
+            "candidates": [{"tag": c.tag, "sched": dataclasses.asdict(c.sched), "us": c.us,
+                            "ok": c.ok, "note": c.note} for c in r.candidates],
+        })
+    return out
+
+
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
 @click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True)
 @click.option("--ab", "ab_fields", multiple=True,
-              type=click.Choice(["goreuse", "fastexp", "twophase"]),
+              type=click.Choice(["goreuse", "fastexp", "twophase", "regwin"]),
               help="A/B a schedule field per bucket (repeatable) instead of the shape table.")
+@click.option("--sweep", "sweep_dirs", type=click.Choice(["fwd", "bwd", "all"]), default=None,
+              help="Search each bucket's schedule space and A/B the winner against the table.")
 @click.option("--shape", "shapes", multiple=True, metavar="cCdD:TOKENS",
               help="Only these shapes, e.g. c1d128:8192 (repeatable).")
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(1))
 @click.option("--warmup", default=30, show_default=True, type=click.IntRange(0))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write every number to this JSON file.")
-def command(ratio, ab_fields, shapes, iters, warmup, json_path) -> None:
+def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> None:
     from kernels import bench
     from kernels import schedule as S
 
@@ -94,7 +125,14 @@ def command(ratio, ab_fields, shapes, iters, warmup, json_path) -> None:
     with err.status("measuring the copy bandwidth"):
         copy_bw = bench.copy_bandwidth()
     report["copy_bw_Bps"] = copy_bw
-    if ab_fields:
+    if sweep_dirs:
+        dirs = ("fwd", "bwd") if sweep_dirs == "all" else (sweep_dirs,)
+        with err.status("sweeping") as status:
+            rows = bench.sweep(dirs, iters=min(iters, 60), warmup=min(warmup, 10),
+                               progress=lambda what: status.update(f"sweep {what}"))
+        console.print_table(_sweep_table(rows))
+        report["sweep"] = _sweep_json(rows)
+    elif ab_fields:
         rows = []
         for name in ab_fields:
             with err.status(f"A/B {name}"):

@@ -1,0 +1,82 @@
+"""The benchmark's pure parts: bytes, decisions, the sweep's candidate space, the CLI's exits."""
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from csagate.cli import cli
+from kernels import bench as B
+from kernels import schedule as S
+
+
+def test_op_bytes_counts_every_operand_once():
+    fwd = B.op_bytes("fwd", coff=2, d=512, n_tokens=131072, n_rows=1024)
+    assert fwd == 2 * 131072 * 1024 * 2 + 128 * 1024 * 4 + 1024 * 512 * 2
+    bwd = B.op_bytes("bwd", coff=1, d=128, n_tokens=8192, n_rows=64)
+    assert bwd == 4 * 8192 * 128 * 2 + 2 * 128 * 128 * 4 + 64 * 128 * 2
+
+
+def _ab(base, var, noise=0.0):
+    return B.ABRow("bwd", "c1d128", "small", 8192, "goreuse", "a", "b", base, var, noise)
+
+
+def test_ab_decision_needs_a_win_in_both_orders():
+    assert _ab((10.0, 10.0), (9.0, 9.0)).decision == "adopt variant"
+    assert _ab((10.0, 10.0), (11.0, 11.0)).decision == "keep base"
+    assert _ab((10.0, 10.0), (9.0, 10.2)).decision == "tie: keep base"
+    assert _ab((10.0, 10.0), (9.9, 9.9), noise=0.02).decision == "tie: keep base"
+
+
+def test_ab_shapes_land_in_their_buckets():
+    for (direction, coff, d, bucket), tokens in B.AB_SHAPES.items():
+        pick = S.fwd_bucket if direction == "fwd" else S.bwd_bucket
+        assert pick(coff, d, tokens // 128) == bucket
+    covered = {(k[0], k[1], k[2], k[3]) for k in B.AB_SHAPES}
+    for direction in ("fwd", "bwd"):
+        select = S.select_fwd if direction == "fwd" else S.select_bwd
+        for (coff, d), sched in S.selectable(direction):
+            assert any(k[0] == direction and (k[1], k[2]) == (coff, d)
+                       and select(coff, d, B.AB_SHAPES[k] // 128) == sched for k in covered)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_sweep_candidates_are_valid_and_include_the_table_geometry(direction):
+    for (dr, coff, d, _), tokens in B.AB_SHAPES.items():
+        if dr != direction:
+            continue
+        base = (S.select_fwd if dr == "fwd" else S.select_bwd)(coff, d, tokens // 128)
+        geo = B._geometries(dr, coff, d, base)
+        assert base in geo and len(geo) == len(set(geo))
+        for cand in geo + B._flag_variants(dr, coff, d, base):
+            assert S.config_problems(coff, d, cand) == []
+
+
+def test_sweep_decision():
+    row = B.SweepRow("fwd", "c1d128", "small", 8192, "a", "b", None,
+                     base_us=(10.0, 10.0), best_us=(8.0, 8.1))
+    assert row.decision == "adopt best"
+    row.best_us = (9.95, 9.95)
+    assert row.decision == "keep base (within noise)"
+    same = B.SweepRow("fwd", "c1d128", "small", 8192, "a", "a", None)
+    assert same.decision == "keep base (fastest)"
+
+
+def test_tolerance_check():
+    ref = torch.zeros(1000)
+    got = ref.clone()
+    got[0] = 1e-3
+    assert B._tolerance_ok(got, ref)
+    got[1] = 1e-3
+    assert not B._tolerance_ok(got, ref)        # 2 > max(1, int(0.001 * 1000))
+    got = ref.clone()
+    got[0] = float("nan")
+    assert not B._tolerance_ok(got, ref)
+
+
+def test_bench_cli_exits():
+    runner = CliRunner()
+    assert runner.invoke(cli, ["bench", "--shape", "c3d1:9"]).exit_code == 2
+    assert runner.invoke(cli, ["bench", "--ratio", "4"]).exit_code == 2
+    if not torch.cuda.is_available():
+        r = runner.invoke(cli, ["bench"])
+        assert r.exit_code == 3 and "no CUDA GPU" in r.output
