@@ -301,7 +301,8 @@ def _geometries(direction: str, coff: int, d: int, base):
 
 def _flag_variants(direction: str, coff: int, d: int, sched):
     """Stage 2: every boolean field flipped, and (forward) the other unrolls."""
-    names = ("twophase", "fastexp") if direction == "fwd" else ("fastexp", "goreuse")
+    names = (("twophase", "fastexp", "prefetch", "oneexp") if direction == "fwd"
+             else ("fastexp", "goreuse"))
     out = [_flip(sched, n) for n in names]
     if direction == "fwd":
         out += [replace(sched, unroll=u) for u in (2, 8) if u != sched.unroll]

@@ -26,6 +26,18 @@ the exact ``exp``; ``fastexp`` replaces it in the main loop by ``ex2.approx.ftz`
 ``fma.rn(x, L2E_LO, mul.rn(x, L2E_HI))``. Fixed chunk boundaries, a fixed merge order and no
 atomics make the output bitwise run-to-run deterministic.
 
+Loads and tuning (compile-time schedule fields; none changes a single output bit):
+
+* ``vec`` columns per thread: bf16 score/kv loads of ``2*vec`` bytes (16 at vec=8), fp32 APE
+  of ``4*vec`` (two 16-byte loads at vec=8), one ``2*vec``-byte bf16 store.
+* ``unroll``: slots per unrolled group of the chunk loop (4 is the upstream loop).
+* ``prefetch``: a register ring of ``unroll`` slots; the loads of slots ``k+1..k+U``
+  are issued before slot ``k``'s math (``chunk_prefetch``). Without it the loop body loads a
+  slot and uses it at once, and ptxas interleaves the group's loads with the math.
+* ``oneexp``: the online step with one exp instead of two (``online_step``).
+* The segment scan reads ``cuc`` (one or two cache lines, the same addresses in every lane)
+  and is the only thing the window loads wait for: their address needs the segment.
+
 Known caveats (CONTRACT.md section 6):
 
 * Saturation: the chunk partials are un-normalized (``acc`` sums ``u * e`` with ``e <= 1``),
@@ -76,6 +88,12 @@ def exp_exact(x):
     return cute.math.exp(x)
 
 
+# Largest prefetch ring, in slots x columns: ptxas keeps up to two groups of raw loads live
+# (about 4 registers per column-slot). 16 (v2u8, v4u4, v8u2) stays near 128 registers; 32
+# (v4u8, v8u4) takes 150-200 and ptxas spills to reach an occupancy step (v8u8: 255 + spills).
+RING_MAX = 16
+
+
 class R128FwdKernel:
     """The forward for one (d, coff, schedule); every field is compile-time."""
 
@@ -94,6 +112,15 @@ class R128FwdKernel:
         self.chunk = coff * RATIO // sched.tchunks  # C: window slots per thread
         self.ncols = d // sched.vec  # column groups of a row
         self.gy = -(-self.ncols // sched.threads_x)
+        self.unroll = min(sched.unroll, self.chunk)  # slots per unrolled group (divides C)
+        self.prefetch = sched.prefetch
+        if self.prefetch and self.unroll * sched.vec > RING_MAX:
+            raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: a prefetch ring of "
+                             f"{self.unroll}x{sched.vec} columns exceeds {RING_MAX} (spills)")
+        self.oneexp = sched.oneexp
+        # vec=8 declares .maxntid instead of .reqntid: under .reqntid ptxas 13.x spills 4 bytes
+        # at 72 registers on the vec=8 online fast-exp loop; .maxntid gives 72 and no spill.
+        self.maxntid = sched.vec == 8
 
     @cute.jit
     def __call__(self, kv_ptr: cute.Pointer, score_ptr: cute.Pointer, ape_ptr: cute.Pointer,
@@ -107,8 +134,13 @@ class R128FwdKernel:
         mCu = cute.make_tensor(cu_ptr, cute.make_layout((n_seq + 1,)))
         mCuc = cute.make_tensor(cuc_ptr, cute.make_layout((n_seq + 1,)))
         mOut = cute.make_tensor(out_ptr, cute.make_layout((n_rows, self.d), stride=(self.d, 1)))
-        self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
-            grid=(n_rows, self.gy, 1), block=(self.threads_x, self.tchunks, 1), stream=stream)
+        block = (self.threads_x, self.tchunks, 1)
+        if cutlass.const_expr(self.maxntid):
+            self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
+                grid=(n_rows, self.gy, 1), block=block, max_number_threads=block, stream=stream)
+        else:
+            self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
+                grid=(n_rows, self.gy, 1), block=block, stream=stream)
 
     @cute.kernel
     def kernel(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
@@ -150,7 +182,9 @@ class R128FwdKernel:
             st[2, j] = F32(0.0)
 
         if live:
-            if cutlass.const_expr(self.twophase):
+            if cutlass.const_expr(self.prefetch):
+                self.chunk_prefetch(mKV, mScore, mApe, st, tok_start, ape_row0, cblk)
+            elif cutlass.const_expr(self.twophase):
                 self.chunk_twophase(mKV, mScore, mApe, st, tok_start, ape_row0, cblk)
             else:
                 self.chunk_online(mKV, mScore, mApe, st, tok_start, ape_row0, cblk)
@@ -175,12 +209,116 @@ class R128FwdKernel:
     def chunk_online(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                      st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
         VEC = self.vec
-        for kk in cutlass.range(self.chunk, unroll=4):
+        for kk in cutlass.range(self.chunk, unroll=self.unroll):
             sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
             uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
             av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
-            for j in cutlass.range_constexpr(VEC):
-                s = sv[j] + av[j]
+            self.online_step(st, sv, uv, av)
+
+    @cute.jit
+    def chunk_twophase(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
+                       st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
+        VEC = self.vec
+        for kk in cutlass.range(self.chunk, unroll=self.unroll):  # pass A: exact chunk max
+            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
+            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            self.max_step(st, sv, av)
+        for kk in cutlass.range(self.chunk, unroll=self.unroll):  # pass B: ascending sums
+            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
+            uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
+            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            self.sum_step(st, sv, uv, av)
+
+    @cute.jit
+    def chunk_prefetch(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
+                       st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
+        """The same slots in the same order as the plain loops, software-pipelined.
+
+        A register ring holds the raw loads (bf16 score, bf16 kv, fp32 APE) of ``U =
+        unroll`` slots. The prologue fills it; at slot ``k`` the ring entry of ``k`` is taken
+        into registers, refilled with the loads of slot ``k + U``, and only then is slot
+        ``k``'s math issued, so the loads of slots ``k+1 .. k+U`` are in flight during it.
+        The last group (peeled) loads nothing, so no load leaves the chunk.
+        """
+        if cutlass.const_expr(self.twophase):
+            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 0)
+            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 2)
+        else:
+            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 1)
+
+    @cute.jit
+    def ring_pass(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
+                  st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32,
+                  step: cutlass.Constexpr):
+        """One pipelined pass over the chunk; ``step`` 0: max (no kv), 1: online, 2: sums."""
+        VEC, U = self.vec, self.unroll
+        groups = self.chunk // U
+        rS = cute.make_rmem_tensor((U, VEC), cutlass.BFloat16)
+        rU = cute.make_rmem_tensor((U, VEC), cutlass.BFloat16)
+        rA = cute.make_rmem_tensor((U, VEC), F32)
+        for i in cutlass.range_constexpr(U):  # prologue: slots 0 .. U-1
+            self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + i, ape_row0 + i,
+                           cblk, step != 0)
+        if cutlass.const_expr(groups > 1):
+            for g in cutlass.range(groups - 1, unroll=1):
+                k = (g + 1) * U  # first slot of the next group
+                for i in cutlass.range_constexpr(U):
+                    sv, uv, av = self.take_slot(rS, rU, rA, i, step != 0)
+                    self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + k + i,
+                                   ape_row0 + k + i, cblk, step != 0)
+                    self.slot_math(st, sv, uv, av, step)
+        for i in cutlass.range_constexpr(U):  # epilogue: the last group, nothing to load
+            sv, uv, av = self.take_slot(rS, rU, rA, i, step != 0)
+            self.slot_math(st, sv, uv, av, step)
+
+    def load_slot(self, mKV, mScore, mApe, rS, rU, rA, i, tok, ape_row, cblk, with_kv):
+        """Issue one slot's global loads into ring entry ``i`` (score, kv, APE order)."""
+        VEC = self.vec
+        cute.local_tile(rS, (1, VEC), (i, 0)).store(
+            cute.local_tile(mScore, (1, VEC), (tok, cblk)).load())
+        if with_kv:
+            cute.local_tile(rU, (1, VEC), (i, 0)).store(
+                cute.local_tile(mKV, (1, VEC), (tok, cblk)).load())
+        cute.local_tile(rA, (1, VEC), (i, 0)).store(
+            cute.local_tile(mApe, (1, VEC), (ape_row, cblk)).load())
+
+    def take_slot(self, rS, rU, rA, i, with_kv):
+        """Ring entry ``i`` as fp32 register values (kv is None without kv)."""
+        VEC = self.vec
+        sv = cute.local_tile(rS, (1, VEC), (i, 0)).load().to(F32)
+        uv = cute.local_tile(rU, (1, VEC), (i, 0)).load().to(F32) if with_kv else None
+        av = cute.local_tile(rA, (1, VEC), (i, 0)).load()
+        return sv, uv, av
+
+    def slot_math(self, st, sv, uv, av, step):
+        if step == 0:
+            self.max_step(st, sv, av)
+        elif step == 1:
+            self.online_step(st, sv, uv, av)
+        else:
+            self.sum_step(st, sv, uv, av)
+
+    @cute.jit
+    def online_step(self, st: cute.Tensor, sv, uv, av):
+        """One slot of the online-rescale form, every column."""
+        for j in cutlass.range_constexpr(self.vec):
+            s = sv[j] + av[j]
+            if cutlass.const_expr(self.oneexp):
+                # Same values as the two-exp form below, one exp: with x = s - m,
+                # exp(-|x|) is exp(m - s) (the rescale) when s > m and exp(s - m) (the
+                # weight) otherwise (x <= 0; exp(-0) = exp(+0) = 1). After a rescale the
+                # weight exp(s - s) is 1 for finite s and NaN for s = +inf: 1 + (s - s).
+                t = self.exp_loop(-cute.math.abs(s - st[0, j]))
+                e = t
+                if s > st[0, j]:
+                    st[1, j] = cute.math.mul(st[1, j], t, rounding=RN)
+                    st[2, j] = cute.math.mul(st[2, j], t, rounding=RN)
+                    st[0, j] = s
+                    e = cute.math.add(F32(1.0), cute.math.add(s, -s, rounding=RN),
+                                      rounding=RN)
+                st[1, j] = cute.math.add(st[1, j], e, rounding=RN)
+                st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
+            else:
                 if s > st[0, j]:  # strict: rescale to the new max (exp(-inf) = 0 at first)
                     scale = self.exp_loop(st[0, j] - s)
                     st[1, j] = cute.math.mul(st[1, j], scale, rounding=RN)
@@ -191,24 +329,20 @@ class R128FwdKernel:
                 st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
 
     @cute.jit
-    def chunk_twophase(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
-                       st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        VEC = self.vec
-        for kk in cutlass.range(self.chunk, unroll=4):  # pass A: exact chunk max
-            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
-            for j in cutlass.range_constexpr(VEC):
-                s = sv[j] + av[j]
-                if s > st[0, j]:
-                    st[0, j] = s
-        for kk in cutlass.range(self.chunk, unroll=4):  # pass B: ascending sums
-            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
-            for j in cutlass.range_constexpr(VEC):
-                e = self.exp_loop(sv[j] + av[j] - st[0, j])
-                st[1, j] = cute.math.add(st[1, j], e, rounding=RN)
-                st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
+    def max_step(self, st: cute.Tensor, sv, av):
+        """One slot of two-phase pass A: the strict running max."""
+        for j in cutlass.range_constexpr(self.vec):
+            s = sv[j] + av[j]
+            if s > st[0, j]:
+                st[0, j] = s
+
+    @cute.jit
+    def sum_step(self, st: cute.Tensor, sv, uv, av):
+        """One slot of two-phase pass B: ascending den/acc sums at the chunk max."""
+        for j in cutlass.range_constexpr(self.vec):
+            e = self.exp_loop(sv[j] + av[j] - st[0, j])
+            st[1, j] = cute.math.add(st[1, j], e, rounding=RN)
+            st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
 
     @cute.jit
     def merge_store(self, sM: cute.Tensor, sD: cute.Tensor, sA: cute.Tensor, st: cute.Tensor,

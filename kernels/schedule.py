@@ -44,12 +44,15 @@ class FwdSchedule:
     twophase: bool
     fastexp: bool
     unroll: int = 4          # runtime-loop unroll of the chunk loop (H200 tuning field)
+    prefetch: bool = False   # software-pipelined loads: the next unroll group in flight
+    oneexp: bool = False     # online form with one exp per slot (same bits, fewer instructions)
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
                 + ("_2ph" if self.twophase else "") + ("_fexp" if self.fastexp else "")
-                + (f"_u{self.unroll}" if self.unroll != 4 else ""))
+                + (f"_u{self.unroll}" if self.unroll != 4 else "")
+                + ("_pf" if self.prefetch else "") + ("_1e" if self.oneexp else ""))
 
     def astuple(self) -> tuple:
         """The upstream 5-tuple (vec, tchunks, threads_x, twophase, fastexp)."""
@@ -87,9 +90,15 @@ def window(coff: int, ratio: int = RATIO) -> int:
 
 
 def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
-    """Shared memory of the backward: sE fp32 + sKV bf16 tiles, chunk partials, 64 B slack."""
+    """Shared memory of the backward: sE fp32 + sKV bf16 tiles, chunk partials, 64 B slack.
+
+    regwin keeps the window in registers: shared memory holds the chunk partials, the
+    per-column 1/den and S, and the thread-private fp32 dAPE sums (one per window slot).
+    """
     cols = sched.threads_x * sched.vec
     win = window(coff, ratio)
+    if sched.regwin:
+        return win * cols * 4 + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
     return win * cols * 6 + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
 
 
@@ -113,11 +122,29 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
         out.append(f"threads {sched.threads_x}x{sched.tchunks} exceed {MAX_THREADS}")
     if sched.threads_x != threads_x_for(d, sched.vec):
         out.append(f"threads_x={sched.threads_x} is not the derived {threads_x_for(d, sched.vec)}")
-    if isinstance(sched, FwdSchedule) and sched.unroll not in (1, 2, 4, 8):
-        out.append(f"unroll={sched.unroll} is not one of 1, 2, 4, 8")
+    if isinstance(sched, FwdSchedule):
+        if sched.unroll not in (1, 2, 4, 8):
+            out.append(f"unroll={sched.unroll} is not one of 1, 2, 4, 8")
+        if sched.prefetch and win % max(sched.tchunks, 1) == 0 and (
+                min(sched.unroll, win // sched.tchunks) * sched.vec > 16):
+            out.append("prefetch keeps min(unroll, C)*vec > 16 loads live: it spills")
+        if sched.oneexp and sched.twophase:
+            out.append("oneexp is an online-form option; the two-phase form has one exp")
     if isinstance(sched, BwdSchedule):
         if sched.vec > 2:
             out.append(f"the backward has no vec={sched.vec} form")
+        if sched.regwin:
+            # regwin targets 512 resident threads per SM (r128_bwd.REGWIN_THREADS_PER_SM), so
+            # a thread gets 128 registers. Its window chunk takes 4 per window position: the
+            # score and kv of the current row and of the next row in flight (a bf16 pair
+            # packs into one register). C <= 16 compiles to <= 128 registers with 0 spill on
+            # sm_90a and sm_100a; C = 32 does not.
+            threads = sched.threads_x * sched.tchunks
+            if threads < 1 or 512 % threads:
+                out.append(f"regwin: {threads} threads per CTA do not divide 512 per SM")
+            if sched.tchunks >= 1 and win % sched.tchunks == 0 and win // sched.tchunks > 16:
+                out.append(f"regwin: a chunk of C={win // sched.tchunks} window positions "
+                           f"needs 4*C = {4 * (win // sched.tchunks)} registers > 64")
         if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
             out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
     return out
@@ -231,6 +258,12 @@ def selectable(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | BwdSc
 def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: int) -> int:
     """Backward rows per CTA, chosen at launch so the grid fits one resident wave."""
     gy = -(-(d // sched.vec) // sched.threads_x)
+    if sched.regwin:
+        # regwin: 512 resident threads per SM (its register cap, r128_bwd.REGWIN_THREADS_PER_SM)
+        # and up to 64 rows per CTA, so large N stays one wave: a CTA pipelines its rows (only
+        # its first fetch is exposed) and fewer CTAs issue fewer dAPE atomics.
+        per_sm = max(1, 512 // (sched.threads_x * sched.tchunks))
+        return max(1, min(64, -(-(n_rows * gy) // (per_sm * sm_count))))
     if coff == 2:
         per_sm = 2
     else:

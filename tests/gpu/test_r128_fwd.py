@@ -11,6 +11,12 @@ contract's three gates (CONTRACT.md section 4):
 * G3: against the fp64 oracle, max|fused - fp64| <= max|eager - fp64| * (1 + 1e-6) + 1e-4.
 
 Plus the overflow case (score + ape = +inf in fp32): all-NaN output, like the reference.
+
+``VARIANTS`` (tuning schedules beyond the tables: vec=8, unroll 2/8, the ``prefetch`` and
+``oneexp`` kernel knobs) run the same gates, and one more: each is bitwise equal to its
+*twin*, the vec=2 unroll-4 plain kernel with the same tchunks, twophase and fastexp. Chunk
+boundaries, per-slot math and merge order do not depend on vec, unroll or the knobs, so any
+difference is an indexing or pipelining bug (or an exp that is not 1 at 0).
 """
 
 from __future__ import annotations
@@ -21,11 +27,39 @@ import pytest
 import torch
 
 import reference as R
-from kernels.schedule import RATIO, FwdSchedule, config_name, selectable
+from kernels.schedule import RATIO, FwdSchedule, config_name, selectable, threads_x_for
 
 pytestmark = pytest.mark.gpu
 
 KERNELS = sorted(selectable("fwd"), key=lambda cs: (cs[0], cs[1].astuple()))
+
+
+def variant(coff, d, vec, tchunks, twophase=False, fastexp=False, unroll=4, prefetch=False,
+            oneexp=False):
+    """((coff, d), schedule) with the tuning fields set."""
+    tx = threads_x_for(d, vec)
+    return (coff, d), FwdSchedule(vec, tchunks, tx, twophase, fastexp, unroll, prefetch, oneexp)
+
+
+# Tuning variants beyond the tables (the same list as tests/test_r128_fwd_build.py).
+VARIANTS = [
+    variant(1, 128, 8, 4),                                        # vec 8, d=128 (threads_x 16)
+    variant(1, 512, 8, 4, fastexp=True),                          # vec 8, d=512
+    variant(2, 128, 2, 8, fastexp=True, unroll=8),                # unroll 8, coff 2
+    variant(2, 512, 4, 4, fastexp=True, unroll=2),                # unroll 2, coff 2
+    variant(1, 512, 4, 4, oneexp=True),                           # one exp, exact
+    variant(1, 128, 2, 8, unroll=8, prefetch=True, oneexp=True),  # small bucket: C = 2 groups
+    variant(1, 128, 4, 4, True, True, unroll=2, prefetch=True),   # large bucket, two-phase
+    variant(2, 128, 2, 8, fastexp=True, prefetch=True),           # coff 2, skipped chunks
+    variant(2, 512, 8, 4, fastexp=True, unroll=2, prefetch=True, oneexp=True),  # vec 8, C=64
+]
+VARIANT_IDS = [f"{config_name(*c)}-{s.tag}" for c, s in VARIANTS]
+
+
+def twin(cfg, sched) -> FwdSchedule:
+    """The plain kernel whose output a variant must reproduce bit for bit."""
+    return FwdSchedule(2, sched.tchunks, threads_x_for(cfg[1], 2), sched.twophase,
+                       sched.fastexp)
 
 EDGEPACK = (127, 8192, 0, 129, 128, 3, 515, 1024)  # short, empty, exact-128, tails
 RAGGED3 = (1023, 2048, 509)
@@ -36,7 +70,7 @@ PACKS = {
     "edgepack": (EDGEPACK, 0, 0),
     "ragged3_pad8_tok21": (RAGGED3, 8, 21),
 }
-CASES = [(cfg, sched, name) for cfg, sched in KERNELS for name in PACKS]
+CASES = [(cfg, sched, name) for cfg, sched in KERNELS + VARIANTS for name in PACKS]
 IDS = [f"{config_name(*cfg)}-{sched.tag}-{name}" for cfg, sched, name in CASES]
 
 
@@ -120,8 +154,8 @@ def test_forward_gates(cfg, sched, name):
                                 f"(max|eager-fp64| {err_eager:.4e}); n_diff vs fp32 {n_diff}")
 
 
-@pytest.mark.parametrize("cfg,sched", KERNELS,
-                         ids=[f"{config_name(*c)}-{s.tag}" for c, s in KERNELS])
+@pytest.mark.parametrize("cfg,sched", KERNELS + VARIANTS,
+                         ids=[f"{config_name(*c)}-{s.tag}" for c, s in KERNELS] + VARIANT_IDS)
 def test_overflow_gives_nan_like_eager(cfg, sched):
     """kv = 1, score = bf16 max, ape = fp32 max: fp32 s = +inf, so out is NaN (inf - inf).
 
@@ -143,3 +177,16 @@ def test_overflow_gives_nan_like_eager(cfg, sched):
     # G1 on NaN outputs compares bit patterns (NaN != NaN as floats).
     neq = runs[0].view(torch.int16) != runs[1].view(torch.int16)
     assert not neq.any(), f"NaN bit patterns differ between runs at {first_index(neq)}"
+
+
+@pytest.mark.parametrize("name", list(PACKS))
+@pytest.mark.parametrize("cfg,sched", VARIANTS, ids=VARIANT_IDS)
+def test_variant_is_bitwise_its_twin(cfg, sched, name):
+    """vec, unroll, prefetch and oneexp change no bit: same chunks, same per-slot math."""
+    coff, d = cfg
+    base = twin(cfg, sched)
+    pack, _, _ = pack_and_refs(coff, d, name)
+    out = run_fused(coff, d, sched, pack, float("nan"))
+    ref = run_fused(coff, d, base, pack, float("nan"))
+    neq = out.view(torch.int16) != ref.view(torch.int16)
+    assert not neq.any(), f"{sched.tag} vs its twin {base.tag}: " + describe(out, ref, neq)
