@@ -360,9 +360,17 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
                  quick_iters: int = 15, iters: int = 60, warmup: int = 10,
                  launches: int = 10, progress: Callable[[str], None] | None = None) -> SweepRow:
     """Search this bucket's schedule space on the device; A/B the winner against the table."""
-    from kernels import api
+    import tempfile
+    from pathlib import Path
+
+    from kernels import api, probe
+    from kernels._dsl import device_arch
+    from kernels.cache import make_key
     from reference import backward as ref_backward
 
+    ptxas = probe.find_ptxas()
+    arch = device_arch()
+    ptx_dir = Path(tempfile.mkdtemp(prefix="csagate-sweep-"))
     pack, go = _bucket_inputs(direction, coff, d, bucket, tokens)
     ref = ref_backward(*pack.inputs(), go, ratio=128, coff=coff)
     select = S.select_fwd if direction == "fwd" else S.select_bwd
@@ -377,6 +385,10 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
             progress(f"{direction} c{coff}d{d} {bucket}: {sched.tag}")
         try:
             launch = api.schedule_launcher(direction, pack, go, sched)
+            row = probe.probe_one(make_key(direction, 128, coff, d, sched, arch), ptx_dir, ptxas)
+            if not row.clean:
+                cand.note = f"probe: {row.note}"
+                return cand
             if direction == "bwd":
                 launch.buffers[2].zero_()
             launch()

@@ -1,12 +1,15 @@
 """CPU checks of the ratio=128 backward kernel: it builds for sm_90a and sm_100a, assembles
 with 0 spill / 0 stack, and its PTX carries the facts the design relies on.
 
-No GPU needed. 28 compiles: the 6 selectable schedules on both arches, each with goreuse
-flipped, and fastexp flipped for the two c1d128 schedules (one of each fastexp value).
+No GPU needed. 28 compiles of the staged kernel: the 6 selectable schedules on both arches,
+each with goreuse flipped, and fastexp flipped for the two c1d128 schedules (one of each
+fastexp value). 16 compiles of the regwin kernel: 4 schedules (both coffs, d 128 and 512,
+vec 1 and 2, both fastexp values) with goreuse on and off, on both arches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import shutil
@@ -17,7 +20,15 @@ from pathlib import Path
 import pytest
 
 from kernels._dsl import ARCHES, dsl_available, ptx_of
-from kernels.schedule import BwdSchedule, selectable, window
+from kernels.schedule import (
+    BwdSchedule,
+    bwd_smem_bytes,
+    config_problems,
+    rows_per_cta,
+    selectable,
+    threads_x_for,
+    window,
+)
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
@@ -27,9 +38,8 @@ BASE = sorted(selectable("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].astup
 
 def _flip(sched: BwdSchedule, *, goreuse: bool | None = None,
           fastexp: bool | None = None) -> BwdSchedule:
-    return BwdSchedule(sched.vec, sched.tchunks, sched.threads_x,
-                       sched.fastexp if fastexp is None else fastexp,
-                       sched.goreuse if goreuse is None else goreuse)
+    return dataclasses.replace(sched, fastexp=sched.fastexp if fastexp is None else fastexp,
+                               goreuse=sched.goreuse if goreuse is None else goreuse)
 
 
 def _variants():
@@ -45,6 +55,22 @@ def _variants():
 
 VARIANTS = _variants()
 IDS = [f"c{c}d{d}-{s.tag}-{a}-{why}" for c, d, s, a, why in VARIANTS]
+
+
+def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool):
+    return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True)
+
+
+# regwin: both coffs, d 128 and 512, vec 1 and 2, both fastexp values; C*vec 32, 16, 16, 32.
+REGWIN = [
+    _rw(1, 128, 2, 8, True, True),     # 256 threads, 2 CTAs per SM: the register-tightest
+    _rw(2, 128, 1, 16, False, True),   # exact exp, vec 1, 512 threads
+    _rw(1, 512, 2, 16, True, False),   # goreuse off
+    _rw(2, 512, 2, 16, True, True),
+]
+REGWIN_VARIANTS = [(c, d, _flip(s, goreuse=g), a)
+                   for a in ARCHES for (c, d), s in REGWIN for g in (s.goreuse, not s.goreuse)]
+REGWIN_IDS = [f"c{c}d{d}-{s.tag}-{a}" for c, d, s, a in REGWIN_VARIANTS]
 
 
 @functools.cache
@@ -191,3 +217,147 @@ def test_flipped_schedule_and_grid():
     assert grid_of(d=128, sched=s, n_rows=1024, rows_per_cta=6) == (171, 2, 1)
     assert grid_of(d=128, sched=BwdSchedule(1, 8, 32, False, True), n_rows=5,
                    rows_per_cta=16) == (1, 4, 1)
+
+
+# --- regwin -----------------------------------------------------------------------------------
+
+
+def _regs(log: str) -> int:
+    regs = re.findall(r"Used (\d+) registers", log)
+    assert len(regs) == 1, f"could not parse ptxas -v output:\n{log}"
+    return int(regs[0])
+
+
+def _fetch_runs(ptx: str, coff: int, d: int, chunk: int) -> list[int]:
+    """PTX line numbers of the runs of exactly 2*C back-to-back 16/32-bit global loads at
+    offsets that are whole token rows (coff*d bf16) from their base: the window fetches."""
+    row = 2 * coff * d
+    runs, cur, start = [], [], 0
+    for n, line in enumerate(ptx.splitlines() + [""]):
+        m = re.match(r"\s*ld\.global\.b(?:16|32)\s+%\w+, \[%rd\d+(?:\+(\d+))?\];", line)
+        if m:
+            if not cur:
+                start = n
+            cur.append(int(m.group(1) or 0))
+            continue
+        if len(cur) == 2 * chunk and all(off % row == 0 for off in cur):
+            runs.append(start)
+        cur = []
+    return runs
+
+
+@pytest.mark.parametrize("coff,d,sched,arch", REGWIN_VARIANTS, ids=REGWIN_IDS)
+def test_regwin_builds_without_spill_within_the_register_cap(coff, d, sched, arch):
+    if shutil.which("ptxas") is None:
+        pytest.skip("ptxas is not on PATH")
+    ptx, log, rc, _ = _built(coff, d, sched, arch)
+    assert rc == 0, f"ptxas -arch={arch} failed:\n{log}"
+    usage = re.findall(
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(usage) == 1, f"could not parse ptxas -v output:\n{log}"
+    regs = _regs(log)
+    assert tuple(map(int, usage[0])) == (0, 0, 0), f"regs={regs} stack/spill={usage[0]}\n{log}"
+    # 512 resident threads per SM: 128 registers per thread.
+    assert regs <= 128, f"{regs} registers > 128"
+    local = re.findall(r"\b(?:ld|st)\.local\b[^\n]*", ptx)
+    assert not local, f"{len(local)} local-memory accesses, first: {local[0]}"
+
+
+@pytest.mark.parametrize("coff,d,sched,arch", REGWIN_VARIANTS, ids=REGWIN_IDS)
+def test_regwin_ptx_facts(coff, d, sched, arch):
+    from kernels.r128_bwd import REGWIN_THREADS_PER_SM
+
+    ptx, _, _, _ = _built(coff, d, sched, arch)
+    chunk = window(coff) // sched.tchunks
+    cv = chunk * sched.vec
+    threads = sched.threads_x * sched.tchunks
+    # The register cap: .maxntid of the resident threads per SM, not the block (.reqntid).
+    per_sm = REGWIN_THREADS_PER_SM // threads
+    assert re.search(rf"\.maxntid {sched.threads_x}, {sched.tchunks * per_sm}, 1\b", ptx)
+    assert ".reqntid" not in ptx
+    # 3 barriers per row and one before the dAPE epilogue.
+    bars = [n for n, line in enumerate(ptx.splitlines()) if re.search(r"\bbar\.sync\s+0;", line)]
+    assert len(bars) == 4, f"{len(bars)} bar.sync"
+    # The window fetch: 2*C score/kv loads back to back, once before the row loop and once
+    # in it, between the row's first barrier and its second (so before its stores).
+    runs = _fetch_runs(ptx, coff, d, chunk)
+    assert len(runs) == 2, f"fetch runs of {2 * chunk} loads at PTX lines {runs}"
+    assert runs[0] < bars[0] < runs[1] < bars[1], f"fetches at {runs}, barriers at {bars}"
+    stores = [n for n, line in enumerate(ptx.splitlines()) if re.search(r"\bst\.global\b", line)]
+    assert any(n > bars[2] for n in stores), "no gradient stores after the merge barrier"
+    assert not any(bars[0] < n < runs[1] for n in stores), "a store precedes the next fetch"
+    # No window in shared memory: no bf16 shared accesses, and per row only the partials,
+    # the per-column results and the thread's dAPE sums (at most 2*C*vec accesses).
+    assert not re.search(r"\b(?:ld|st)\.shared(?:\.v\d)?\.b16\b", ptx)
+    n_shared = len(re.findall(r"\b(?:ld|st)\.shared\b", ptx))
+    bound = 3 * sched.tchunks + 8 + 3 * cv + 8
+    assert n_shared <= bound, f"{n_shared} shared accesses > {bound}"
+    # dAPE: one fp32 reduction per (window position, column), sums read from shared memory.
+    n_red = len(re.findall(r"\b(?:red|atom)(?:\.[a-z]+)*\.add\.f32\b", ptx))
+    assert n_red == cv, f"{n_red} fp32 atomics, expected C*vec={cv}"
+    # Numerics as in the staged kernel: pinned rounding, 2 IEEE divisions per column.
+    for op in (r"mul\.rn\.f32", r"fma\.rn\.f32", r"add\.rn\.f32"):
+        assert re.search(op, ptx), f"no {op} in the PTX"
+    assert len(re.findall(r"\b(?:rcp\.rn\.f32|div\.rn\.f32)", ptx)) == 2
+    assert not re.search(r"\bdiv\.(?:approx|full)\.f32", ptx)
+    assert re.search(r"cvt\.rn\.bf16(?:x2)?\.f32", ptx)
+    # e is computed in the exp pass and again in the gradient pass: 2*C*vec exps, fast
+    # (mul.rn, fma.rn LO, ex2) or accurate (fma.rm range reduction), per the field.
+    n_ex2 = len(re.findall(r"\bex2\.approx\.ftz\.f32\b", ptx))
+    n_lo = len(re.findall(r"\bfma\.rn\.f32\s+%r\d+, %r\d+, 0f32A57060, %r\d+;", ptx))
+    n_rm = len(re.findall(r"\bfma\.rm\.f32\b", ptx))
+    assert n_ex2 == 2 * cv and n_lo == n_ex2, f"ex2={n_ex2} LO-fma={n_lo}, expected {2 * cv}"
+    assert n_rm == (0 if sched.fastexp else n_ex2), f"fma.rm={n_rm} (fastexp={sched.fastexp})"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("cfg,sched", REGWIN, ids=[f"c{c}d{d}-{s.tag}" for (c, d), s in REGWIN])
+def test_regwin_goreuse_loads_grad_out_once(cfg, sched, arch):
+    """goreuse only drops the gradient pass's reload of the grad_out vec."""
+    coff, d = cfg
+    loads = {}
+    for g in (False, True):
+        ptx, _, _, _ = _built(coff, d, _flip(sched, goreuse=g), arch)
+        loads[g] = len(re.findall(r"\bld\.global(?:\.nc)?(?:\.v\d)?\.b16\b", ptx))
+    assert loads[False] == loads[True] + 1, f"bf16 global loads by goreuse: {loads}"
+
+
+def test_regwin_schedule_rules():
+    ok = [BwdSchedule(v, t, 32, True, True, True) for v, t in ((1, 8), (2, 8), (1, 16), (2, 16))]
+    for d in (128, 512):
+        for s in ok:
+            assert config_problems(1, d, s) == [], s
+        for s in ok[2:]:
+            assert config_problems(2, d, s) == [], s
+    # 4*C registers of window per thread: C=32 is too many (c1 tchunks 4, c2 tchunks 8).
+    for coff, s in ((1, BwdSchedule(2, 4, 32, True, True, True)),
+                    (1, BwdSchedule(1, 4, 32, True, True, True)),
+                    (2, BwdSchedule(2, 8, 32, True, True, True))):
+        assert any("4*C = 128 registers" in p for p in config_problems(coff, 128, s)), s
+    # 1024 threads per CTA do not fit 512 resident threads per SM.
+    wide = BwdSchedule(2, 32, 32, True, True, True)
+    assert any("divide 512" in p for p in config_problems(2, 512, wide))
+    # Shared memory: partials, per-column results and the fp32 dAPE sums of the window.
+    assert bwd_smem_bytes(1, BwdSchedule(2, 8, 32, True, True, True)) == 39488
+    assert bwd_smem_bytes(2, BwdSchedule(2, 16, 32, True, True, True)) == 78400
+    assert bwd_smem_bytes(2, BwdSchedule(1, 16, 32, True, True, True)) == 39232
+
+
+def test_regwin_occupancy_matches_rows_per_cta():
+    """The kernel's register cap and schedule.rows_per_cta assume the same CTAs per SM."""
+    from kernels.r128_bwd import R128Bwd
+
+    for (coff, d), sched in REGWIN:
+        op = R128Bwd(d, coff, sched)
+        gy = op.gy
+        # With sm_count = gy and N = 4 * K rows, one wave of K CTAs per SM takes R = 4.
+        assert rows_per_cta(4 * op.ctas_per_sm, d, coff, sched, gy) == 4, (coff, d, sched)
+        assert op.ctas_per_sm * sched.threads_x * sched.tchunks == 512
+
+
+def test_flipped_keeps_regwin():
+    from kernels.r128_bwd import flipped
+
+    s = BwdSchedule(2, 8, 32, True, True, True)
+    assert flipped(s, goreuse=False) == BwdSchedule(2, 8, 32, True, False, True)
+    assert flipped(s, fastexp=False).regwin

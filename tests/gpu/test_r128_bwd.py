@@ -1,8 +1,9 @@
 """GPU: the ratio=128 backward kernel against the eager references, every schedule.
 
-Each of the 6 backward schedules is built and launched directly (whatever bucket its N would
-select) on the edge pack [127, 8192, 0, 129, 128, 3, 515, 1024] with 8 capacity padding rows
-(nonzero grad_out there, which the kernel must ignore) and 21 token padding rows:
+Each of the 6 backward table schedules and 5 regwin schedules (the window in registers) is
+built and launched directly (whatever bucket its N would select) on the edge pack
+[127, 8192, 0, 129, 128, 3, 515, 1024] with 8 capacity padding rows (nonzero grad_out there,
+which the kernel must ignore) and 21 token padding rows:
 
 * G1: 3 runs into fresh dKV/dScore buffers (zero-filled, NaN-filled, NaN-filled) are bitwise
   equal and NaN-free, so every slot is written and the result is deterministic;
@@ -13,22 +14,39 @@ select) on the edge pack [127, 8192, 0, 129, 128, 3, 515, 1024] with 8 capacity 
 
 Also: goreuse on/off and rows_per_cta 1/3/16 are bitwise identical, dAPE accumulates into
 the caller's buffer, and the fp32-overflow case gives NaN exactly where the reference does.
+A regwin kernel does the staged kernel's operations on the same values: its dKV and dScore
+are bitwise equal to the staged kernel of the same vec/tchunks/fastexp.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
 import torch
 
 import reference as R
-from kernels.schedule import RATIO, BwdSchedule, config_name, selectable
+from kernels.schedule import RATIO, BwdSchedule, config_name, selectable, threads_x_for
 from reference.inputs import PAD_GRAD_SEED
 
 pytestmark = pytest.mark.gpu
 
-KERNELS = sorted(selectable("bwd"), key=lambda cs: (cs[0], cs[1].astuple()))
+
+def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool):
+    return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True)
+
+
+# regwin: both coffs, d 128 and 512, vec 1 and 2, fastexp and goreuse both ways.
+REGWIN = [
+    _rw(1, 128, 2, 8, True, True),
+    _rw(1, 128, 1, 8, True, True),
+    _rw(2, 128, 1, 16, False, True),
+    _rw(1, 512, 2, 16, True, False),
+    _rw(2, 512, 2, 16, True, True),
+]
+REGWIN_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in REGWIN]
+KERNELS = sorted(selectable("bwd"), key=lambda cs: (cs[0], cs[1].astuple())) + REGWIN
 KERNEL_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in KERNELS]
 
 EDGEPACK = (127, 8192, 0, 129, 128, 3, 515, 1024)  # short, empty, exact-128, tails
@@ -36,8 +54,7 @@ PAD_ROWS, PAD_TOKENS = 8, 21
 
 
 def flip_goreuse(sched: BwdSchedule) -> BwdSchedule:
-    return BwdSchedule(sched.vec, sched.tchunks, sched.threads_x, sched.fastexp,
-                       not sched.goreuse)
+    return dataclasses.replace(sched, goreuse=not sched.goreuse)
 
 
 @functools.cache
@@ -184,6 +201,22 @@ def test_rows_per_cta_is_bitwise_neutral(cfg, sched):
     for r, (_, _, dape) in runs.items():
         err = (dape - ref32.dape).abs().max().item()
         assert err <= 1e-3, f"rows_per_cta={r}: dape max_abs {err:.3e} > 1e-3 vs eager fp32"
+
+
+@pytest.mark.parametrize("cfg,sched", REGWIN, ids=REGWIN_IDS)
+def test_regwin_matches_staged_bitwise(cfg, sched):
+    """Same vec/tchunks/fastexp, window staged in shared memory vs held in registers (and
+    pipelined across 3 rows per CTA): dKV and dScore bit for bit."""
+    coff, d = cfg
+    pack, go, ref32, _, _ = edge_case(coff, d)
+    staged = dataclasses.replace(sched, regwin=False)
+    a = run_fused(coff, d, staged, pack, go, fill=float("nan"))
+    b = run_fused(coff, d, sched, pack, go, fill=float("nan"), rows_per_cta=3)
+    for i, name in enumerate(("dkv", "dscore")):
+        assert_bitwise(name, b[i], a[i], f"regwin {sched.tag} != staged {staged.tag}")
+    for tag, dape in ((staged.tag, a[2]), (sched.tag, b[2])):
+        err = (dape - ref32.dape).abs().max().item()
+        assert err <= 1e-3, f"{tag}: dape max_abs {err:.3e} > 1e-3 vs eager fp32"
 
 
 @pytest.mark.parametrize("cfg,sched", KERNELS, ids=KERNEL_IDS)
