@@ -123,7 +123,7 @@ class KernelBackend:
         from kernels.schedule import selectable
 
         return {Selection(direction, coff, d, sched)
-                for (coff, d), sched in selectable(direction)}
+                for (coff, d), sched in selectable(direction, self.arch)}
 
     def describe(self) -> dict[str, Any]:
         import torch

@@ -228,7 +228,7 @@ def kernel_for(direction: str, ratio: int, coff: int, d: int, n_rows: int, arch:
         return None
     if ratio == 128:
         select = sched_tables.select_fwd if direction == "fwd" else sched_tables.select_bwd
-        sched = select(coff, d, n_rows)
+        sched = select(coff, d, n_rows, arch)
     else:
         sched = r4_schedule(direction, d)
     return make_key(direction, ratio, coff, d, sched, arch)

@@ -258,11 +258,12 @@ def _bucket_inputs(direction: str, coff: int, d: int, bucket: str, tokens: int):
 def ab_field(name: str, *, iters: int = 100, warmup: int = 30, launches: int = 20) -> list[ABRow]:
     """For every bucket whose schedule has field ``name``: the kernel with it on and off."""
     from kernels import api
+    from kernels._dsl import device_arch
 
     rows = []
     for (direction, coff, d, bucket), tokens in AB_SHAPES.items():
         select = S.select_fwd if direction == "fwd" else S.select_bwd
-        base = select(coff, d, tokens // 128)
+        base = select(coff, d, tokens // 128, device_arch())
         if not isinstance(getattr(base, name, None), bool):
             continue
         variant = _flip(base, name)
@@ -374,7 +375,7 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
     pack, go = _bucket_inputs(direction, coff, d, bucket, tokens)
     ref = ref_backward(*pack.inputs(), go, ratio=128, coff=coff)
     select = S.select_fwd if direction == "fwd" else S.select_bwd
-    base = select(coff, d, tokens // 128)
+    base = select(coff, d, tokens // 128, arch)
     seen: dict[object, SweepCandidate] = {}
 
     def measure(sched) -> SweepCandidate:

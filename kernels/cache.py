@@ -115,7 +115,7 @@ def keys_for(ratio: int, arch: str, coff: int | None = None, d: int | None = Non
             raise ValueError(f"ratio=128 is validated for head_dim in {sched_tables.HEAD_DIMS}, "
                              f"got {d}")
         for direction in ("fwd", "bwd"):
-            for (c, hd), sched in sched_tables.selectable(direction):
+            for (c, hd), sched in sched_tables.selectable(direction, arch):
                 if (coff is None or c == coff) and (d is None or hd == d):
                     keys.add(make_key(direction, 128, c, hd, sched, arch))
     elif ratio == 4:

@@ -632,6 +632,7 @@ class R128Bwd:
                 cute.arch.red(ptr, sDApe[i % 4, tid, i // 4], op="add", dtype=F32,
                               sem="relaxed", scope="gpu")
 
+
 def _placeholders():
     return (
         gmem_ptr(BF16), gmem_ptr(BF16), gmem_ptr(F32),

@@ -162,7 +162,7 @@ def _bwd(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool
     return BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse)
 
 
-# --- forward tables --------------------------------------------------------------------
+# --- upstream (B200, sm_100a) tables --------------------------------------------------------
 # Provenance: upstream cudnn-frontend B200 measurements (nsys kernel time), see
 # ../shared/spec/KERNELS.md section 6; H200 re-measurements are recorded in kernels/NOTES.md.
 
@@ -205,7 +205,55 @@ BWD_SMALL = {
 }
 
 
+# --- H200 (sm_90a) tables ---------------------------------------------------------------
+# Same buckets and boundaries as upstream; entries chosen on the H200 by `csagate bench
+# --sweep` (geometry, then flags; every candidate passed G2 and probed 0 spill / 0 stack), each
+# confirmed against the upstream entry by an interleaved A/B in both orders: upstream -> H200
+# choice, us per launch from CUDA-graph replays, order 1 / order 2 (kernels/NOTES.md, run 2).
+
+FWD_SMALL_H200 = {
+    # 1x8192: 6.98 -> 4.26 / 6.99 -> 4.24 (+39%)
+    (1, 128): FwdSchedule(1, 8, 32, False, False, prefetch=True),
+    # 1x8192: 7.32 -> 5.12 / 7.34 -> 5.14 (+30%)
+    (2, 128): FwdSchedule(1, 8, 32, False, True, prefetch=True),
+    # 1x8192: 11.08 -> 10.21 / 11.06 -> 10.21 (+8%)
+    (2, 512): FwdSchedule(2, 8, 32, False, True, oneexp=True),
+}
+FWD_DEFAULT_H200 = {
+    # 1x65536: 15.85 -> 11.25 / 15.87 -> 11.28 (+29%)
+    (1, 128): FwdSchedule(4, 8, 32, True, True),
+    # 1x65536: 24.24 -> 22.01 / 24.22 -> 21.99 (+9%)
+    (2, 128): FwdSchedule(2, 8, 32, False, True, oneexp=True),
+    # 1x65536: 59.64 -> 42.54 / 59.80 -> 42.73 (+29%)
+    (1, 512): FwdSchedule(4, 4, 32, False, True),
+    # 1x65536: 86.22 -> 75.32 / 86.37 -> 75.40 (+13%)
+    (2, 512): FwdSchedule(4, 4, 32, False, False, oneexp=True),
+}
+FWD_LARGE_H200 = {
+    # 1x131072: 27.92 -> 22.74 / 27.93 -> 22.78 (+19%)
+    (1, 128): FwdSchedule(4, 4, 32, False, True),
+    # 1x131072: 80.95 -> 74.57 / 80.98 -> 74.57 (+8%)
+    (1, 512): FwdSchedule(4, 4, 32, False, True, unroll=8),
+    # 1x131072: 167.30 -> 145.13 / 167.36 -> 145.10 (+13%)
+    (2, 512): FwdSchedule(4, 4, 32, False, True, prefetch=True),
+}
+BWD_SMALL_H200 = dict(BWD_SMALL)      # upstream entries until the H200 sweep says otherwise
+BWD_DEFAULT_H200 = dict(BWD_DEFAULT)
+
+UPSTREAM_ARCH = "sm_100a"
+TABLE_ARCHES = ("sm_100a", "sm_90a")
+FWD_TABLES = {
+    "sm_100a": {"small": FWD_SMALL, "default": FWD_DEFAULT, "large": FWD_LARGE},
+    "sm_90a": {"small": FWD_SMALL_H200, "default": FWD_DEFAULT_H200, "large": FWD_LARGE_H200},
+}
+BWD_TABLES = {
+    "sm_100a": {"small": BWD_SMALL, "default": BWD_DEFAULT},
+    "sm_90a": {"small": BWD_SMALL_H200, "default": BWD_DEFAULT_H200},
+}
+
+
 def fwd_bucket(coff: int, d: int, n_rows: int) -> str:
+    """The forward bucket of N; which configs have a small/large bucket is the same per arch."""
     if n_rows <= SMALL_NB_MAX and (coff, d) in FWD_SMALL:
         return "small"
     if n_rows >= LARGE_NB_MIN and (coff, d) in FWD_LARGE:
@@ -219,24 +267,27 @@ def bwd_bucket(coff: int, d: int, n_rows: int) -> str:
     return "default"
 
 
-_FWD_TABLES = {"small": FWD_SMALL, "default": FWD_DEFAULT, "large": FWD_LARGE}
-_BWD_TABLES = {"small": BWD_SMALL, "default": BWD_DEFAULT}
-
-
 def _check_config(coff: int, d: int) -> None:
     if (coff, d) not in CONFIGS:
         raise ValueError(f"ratio=128 is validated for head_dim in {HEAD_DIMS} and coff in "
                          f"{COFFS}; got coff={coff}, head_dim={d}")
 
 
-def select_fwd(coff: int, d: int, n_rows: int) -> FwdSchedule:
-    _check_config(coff, d)
-    return _FWD_TABLES[fwd_bucket(coff, d, n_rows)][(coff, d)]
+def _tables(tables: dict, arch: str) -> dict:
+    if arch not in tables:
+        raise ValueError(f"no ratio=128 tables for arch {arch!r}; tables exist for "
+                         f"{', '.join(TABLE_ARCHES)}")
+    return tables[arch]
 
 
-def select_bwd(coff: int, d: int, n_rows: int) -> BwdSchedule:
+def select_fwd(coff: int, d: int, n_rows: int, arch: str = UPSTREAM_ARCH) -> FwdSchedule:
     _check_config(coff, d)
-    return _BWD_TABLES[bwd_bucket(coff, d, n_rows)][(coff, d)]
+    return _tables(FWD_TABLES, arch)[fwd_bucket(coff, d, n_rows)][(coff, d)]
+
+
+def select_bwd(coff: int, d: int, n_rows: int, arch: str = UPSTREAM_ARCH) -> BwdSchedule:
+    _check_config(coff, d)
+    return _tables(BWD_TABLES, arch)[bwd_bucket(coff, d, n_rows)][(coff, d)]
 
 
 def bucket_probes(direction: str) -> tuple[int, ...]:
@@ -248,22 +299,30 @@ def bucket_probes(direction: str) -> tuple[int, ...]:
     raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
 
 
-def selectable(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | BwdSchedule]]:
-    """Every ((coff, d), schedule) the tables can select, walked through the bucket logic."""
+def selectable(direction: str, arch: str = UPSTREAM_ARCH
+               ) -> set[tuple[tuple[int, int], FwdSchedule | BwdSchedule]]:
+    """Every ((coff, d), schedule) the arch's tables can select, walked through the buckets."""
     select = select_fwd if direction == "fwd" else select_bwd
     probes = bucket_probes(direction)
-    return {((coff, d), select(coff, d, n)) for coff, d in CONFIGS for n in probes}
+    return {((coff, d), select(coff, d, n, arch)) for coff, d in CONFIGS for n in probes}
+
+
+def selectable_any(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | BwdSchedule]]:
+    """The union over every arch's tables: what the build and probe tests must cover."""
+    return set().union(*(selectable(direction, arch) for arch in TABLE_ARCHES))
 
 
 def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: int) -> int:
     """Backward rows per CTA, chosen at launch so the grid fits one resident wave."""
     gy = -(-(d // sched.vec) // sched.threads_x)
     if sched.regwin:
-        # regwin: 512 resident threads per SM (its register cap, r128_bwd.REGWIN_THREADS_PER_SM)
-        # and up to 64 rows per CTA, so large N stays one wave: a CTA pipelines its rows (only
-        # its first fetch is exposed) and fewer CTAs issue fewer dAPE atomics.
+        # regwin: 512 resident threads per SM (its register cap, r128_bwd.REGWIN_THREADS_PER_SM).
+        # The smallest R whose grid fits one wave, rounded per column slice (ceil(N/R)*gy CTAs
+        # never exceed the slots), and no cap: a CTA pipelines its rows (only its first fetch
+        # is exposed) and fewer CTAs issue fewer dAPE atomics.
         per_sm = max(1, 512 // (sched.threads_x * sched.tchunks))
-        return max(1, min(64, -(-(n_rows * gy) // (per_sm * sm_count))))
+        ctas_per_slice = max(1, per_sm * sm_count // gy)
+        return max(1, -(-n_rows // ctas_per_slice))
     if coff == 2:
         per_sm = 2
     else:

@@ -222,12 +222,13 @@ def test_grad_buffers_checked():
 
 @pytest.mark.parametrize("coff,d", S.CONFIGS)
 def test_kernel_for_follows_the_tables(coff, d):
-    for n in (1, 128, 129, 192, 193, 1023, 1024, 5000):
-        fwd = api.kernel_for("fwd", 128, coff, d, n, "sm_90a")
-        bwd = api.kernel_for("bwd", 128, coff, d, n, "sm_90a")
-        assert fwd.schedule == S.select_fwd(coff, d, n) and fwd.kind == "r128fwd"
-        assert bwd.schedule == S.select_bwd(coff, d, n) and bwd.kind == "r128bwd"
-        assert (fwd.ratio, fwd.coff, fwd.d, fwd.arch) == (128, coff, d, "sm_90a")
+    for arch in S.TABLE_ARCHES:
+        for n in (1, 128, 129, 192, 193, 1023, 1024, 5000):
+            fwd = api.kernel_for("fwd", 128, coff, d, n, arch)
+            bwd = api.kernel_for("bwd", 128, coff, d, n, arch)
+            assert fwd.schedule == S.select_fwd(coff, d, n, arch) and fwd.kind == "r128fwd"
+            assert bwd.schedule == S.select_bwd(coff, d, n, arch) and bwd.kind == "r128bwd"
+            assert (fwd.ratio, fwd.coff, fwd.d, fwd.arch) == (128, coff, d, arch)
 
 
 def test_kernel_for_nothing_when_empty():

@@ -40,7 +40,8 @@ def test_seeds_and_scale_as_documented():
     assert (DRIFT.ratio, DRIFT.coff, DRIFT.d, DRIFT.lens) == (4, 2, 128, (2048,))
 
 
-def test_cases_cover_every_selectable_kernel():
-    for direction, select in (("fwd", S.select_fwd), ("bwd", S.select_bwd)):
-        chosen = {((c.coff, c.d), select(c.coff, c.d, c.rows)) for c in CASES}
-        assert chosen == S.selectable(direction), direction
+def test_cases_cover_every_selectable_kernel_of_every_arch():
+    for arch in S.TABLE_ARCHES:
+        for direction, select in (("fwd", S.select_fwd), ("bwd", S.select_bwd)):
+            chosen = {((c.coff, c.d), select(c.coff, c.d, c.rows, arch)) for c in CASES}
+            assert chosen == S.selectable(direction, arch), (arch, direction)

@@ -56,5 +56,6 @@ def test_cases_imports_neither_torch_kernels_nor_cutlass():
 def test_schedules_table():
     r = run("schedules")
     assert r.exit_code == 0, r.output
-    assert "forward 10, backward 6, total 16" in r.output
+    assert "sm_100a selectable kernels: forward 10, backward 6, total 16" in r.output
+    assert "sm_90a selectable kernels: forward 10, backward 6, total 16" in r.output
     assert "105024" in r.output and "invalid" not in r.output

@@ -320,8 +320,8 @@ def test_the_21_cases_select_every_kernel_the_tables_can_select():
     backend = kernel_backend_without_gpu()
     assert len(backend.selectable("fwd")) == 10 and len(backend.selectable("bwd")) == 6
     results = [CaseResult(case, PASS, selections=(
-        Selection("fwd", case.coff, case.d, select_fwd(case.coff, case.d, case.rows)),
-        Selection("bwd", case.coff, case.d, select_bwd(case.coff, case.d, case.rows))))
+        Selection("fwd", case.coff, case.d, select_fwd(case.coff, case.d, case.rows, "sm_90a")),
+        Selection("bwd", case.coff, case.d, select_bwd(case.coff, case.d, case.rows, "sm_90a"))))
         for case in CASES]
     cov = coverage(backend, results)
     assert cov.status == PASS, cov.reasons
@@ -344,23 +344,24 @@ def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
     def run_forward(kv, score, ape, cu, cuc, out, *, ratio, coff, stream=None):
         seen["fwd"] = (ratio, coff, tuple(out.shape))
         return make_key("fwd", ratio, coff, out.shape[1],
-                        select_fwd(coff, out.shape[1], out.shape[0]), "sm_90a")
+                        select_fwd(coff, out.shape[1], out.shape[0], "sm_90a"), "sm_90a")
 
     def run_backward(kv, score, ape, cu, cuc, go, dkv, dscore, dape, *, ratio, coff,
                      rows_per_cta=None, stream=None):
         return make_key("bwd", ratio, coff, go.shape[1],
-                        select_bwd(coff, go.shape[1], go.shape[0]), "sm_90a")
+                        select_bwd(coff, go.shape[1], go.shape[0], "sm_90a"), "sm_90a")
 
     monkeypatch.setattr(api, "run_forward", run_forward)
     monkeypatch.setattr(api, "run_backward", run_backward)
     out = torch.empty(1024, 128, dtype=torch.bfloat16)
     sel = backend.forward(None, None, None, None, None, out, ratio=128, coff=1)
     assert seen["fwd"] == (128, 1, (1024, 128))
-    assert sel in backend.selectable("fwd") and sel.tag == "v4t4x32_2ph_fexp"
+    assert sel in backend.selectable("fwd") and sel.tag == select_fwd(1, 128, 1024, "sm_90a").tag
     go = torch.empty(64, 128, dtype=torch.bfloat16)
     bsel = backend.backward(None, None, None, None, None, go, None, None, None, ratio=128,
                             coff=2)
-    assert bsel in backend.selectable("bwd") and bsel.name == "bwd c2d128 v1t8x32_gor"
+    assert bsel in backend.selectable("bwd")
+    assert bsel.name == f"bwd c2d128 {select_bwd(2, 128, 64, 'sm_90a').tag}"
 
 
 def test_kernel_backend_build_failure_is_a_build_error(monkeypatch):

@@ -25,7 +25,7 @@ from kernels.schedule import (
     bwd_smem_bytes,
     config_problems,
     rows_per_cta,
-    selectable,
+    selectable_any,
     threads_x_for,
     window,
 )
@@ -33,7 +33,7 @@ from kernels.schedule import (
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
 
-BASE = sorted(selectable("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].astuple()))
+BASE = sorted(selectable_any("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].astuple()))
 
 
 def _flip(sched: BwdSchedule, *, goreuse: bool | None = None,

@@ -40,14 +40,22 @@ def test_bucket_boundaries(coff, d):
     assert b(193) == b(1 << 20)
 
 
-def test_every_entry_is_valid_and_enumeration_matches_tables():
-    for tables, kind in (((S.FWD_SMALL, S.FWD_DEFAULT, S.FWD_LARGE), "fwd"),
-                         ((S.BWD_SMALL, S.BWD_DEFAULT), "bwd")):
-        listed = {(cfg, sched) for t in tables for cfg, sched in t.items()}
+@pytest.mark.parametrize("arch", S.TABLE_ARCHES)
+def test_every_entry_is_valid_and_enumeration_matches_tables(arch):
+    for tables, kind in ((S.FWD_TABLES[arch], "fwd"), (S.BWD_TABLES[arch], "bwd")):
+        listed = {(cfg, sched) for t in tables.values() for cfg, sched in t.items()}
         for (coff, d), sched in listed:
             assert S.config_problems(coff, d, sched) == [], (coff, d, sched)
-        assert S.selectable(kind) == listed
-    assert len(S.selectable("fwd")) == 10 and len(S.selectable("bwd")) == 6
+        assert S.selectable(kind, arch) == listed
+    assert len(S.selectable("fwd", arch)) == 10 and len(S.selectable("bwd", arch)) == 6
+
+
+def test_arch_tables_share_the_bucket_structure():
+    for tables in (S.FWD_TABLES, S.BWD_TABLES):
+        shapes = {arch: {b: set(t) for b, t in tables[arch].items()} for arch in S.TABLE_ARCHES}
+        assert shapes["sm_90a"] == shapes["sm_100a"]
+    with pytest.raises(ValueError, match="no ratio=128 tables"):
+        S.select_fwd(1, 128, 64, "sm_80")
 
 
 def test_validity_predicate_rejects():
