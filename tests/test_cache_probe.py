@@ -29,7 +29,8 @@ def test_r128_keys_are_the_16_table_kernels():
 
 
 def test_r128_tags_read_like_the_upstream_probe():
-    tags = {k.tag for k in keys_for(128, "sm_90a")}
+    """The upstream (sm_100a) tables: tags read as in the upstream probe."""
+    tags = {k.tag for k in keys_for(128, "sm_100a")}
     assert "fwd_c1d128_v4t4x32_2ph_fexp" in tags  # F3, the only two-phase kernel
     assert "fwd_c1d128_v2t8x32" in tags           # F1, exact exp
     assert "bwd_c2d128_v2t8x32_fexp_gor" in tags  # B4
