@@ -8,6 +8,7 @@ the cost is a small text file per kernel in the dump directory.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -35,6 +36,7 @@ def _prepare_env() -> None:
         Path(os.environ["CUTE_DSL_DUMP_DIR"]).mkdir(parents=True, exist_ok=True)
 
 
+@functools.cache
 def cute_modules():
     """Import and return ``(cutlass, cute)`` with the environment prepared first."""
     _prepare_env()
@@ -42,6 +44,14 @@ def cute_modules():
     import cutlass.cute as cute
 
     return cutlass, cute
+
+
+@functools.cache
+def _make_ptr():
+    _, cute = cute_modules()
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr, cute.AddressSpace.gmem
 
 
 def dsl_available() -> tuple[bool, str]:
@@ -101,11 +111,12 @@ def ptx_of(fn) -> str | None:
 
 
 def gmem_ptr(dtype, address: int = 0, align: int = 16):
-    """A global-memory pointer argument; ``address`` 0 is the compile-time placeholder."""
-    _, cute = cute_modules()
-    from cutlass.cute.runtime import make_ptr
+    """A global-memory pointer argument; ``address`` 0 is the compile-time placeholder.
 
-    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+    On the launch path: one cached lookup and one ``make_ptr`` (no environment work).
+    """
+    make_ptr, gmem = _make_ptr()
+    return make_ptr(dtype, address, gmem, assumed_align=align)
 
 
 def stream_arg(torch_stream=None):
