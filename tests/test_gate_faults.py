@@ -301,36 +301,39 @@ def test_reference_ignores_padding_row_grad_out():
 # --- the real backend's plumbing and the real contract's coverage (no GPU needed) ---------------
 
 
-def kernel_backend_without_gpu():
+def kernel_backend_without_gpu(arch: str = "sm_90a"):
     from gates.backend import KernelBackend
 
     backend = KernelBackend.__new__(KernelBackend)  # skip the CUDA device query
     backend.device = torch.device("cpu")
-    backend.arch = "sm_90a"
+    backend.arch = arch
     return backend
 
 
-def test_the_21_cases_select_every_kernel_the_tables_can_select():
-    """The contract's cases, routed through the dispatch tables, cover fwd 10/10, bwd 6/6."""
+@pytest.mark.parametrize("arch,summary,large_only", [
+    ("sm_100a", "fwd 10/10, bwd 6/6", {"c1d128", "c1d512", "c2d512"}),
+    # on the H200 the c1d512 default and large buckets select one kernel: 9 forward kernels
+    ("sm_90a", "fwd 9/9, bwd 6/6", {"c1d128", "c2d512"}),
+])
+def test_the_21_cases_select_every_kernel_the_tables_can_select(arch, summary, large_only):
+    """The contract's cases, routed through each arch's tables, cover every kernel."""
     from gates.cases import CASES
     from gates.runner import coverage
     from gates.verdict import CaseResult, Selection
     from kernels.schedule import select_bwd, select_fwd
 
-    backend = kernel_backend_without_gpu()
-    assert len(backend.selectable("fwd")) == 10 and len(backend.selectable("bwd")) == 6
+    backend = kernel_backend_without_gpu(arch)
     results = [CaseResult(case, PASS, selections=(
-        Selection("fwd", case.coff, case.d, select_fwd(case.coff, case.d, case.rows, "sm_90a")),
-        Selection("bwd", case.coff, case.d, select_bwd(case.coff, case.d, case.rows, "sm_90a"))))
+        Selection("fwd", case.coff, case.d, select_fwd(case.coff, case.d, case.rows, arch)),
+        Selection("bwd", case.coff, case.d, select_bwd(case.coff, case.d, case.rows, arch))))
         for case in CASES]
     cov = coverage(backend, results)
     assert cov.status == PASS, cov.reasons
-    assert cov.summary == "fwd 10/10, bwd 6/6"
-    # every case is needed for something or is a contract case: dropping the large-bucket
-    # cases must name the kernels they alone select
+    assert cov.summary == summary
+    # dropping the large-bucket cases must name the kernels only they select
     without = [r for r in results if not r.name.endswith("1x131072")]
     missing = coverage(backend, without).missing("fwd")
-    assert {s.config for s in missing} == {"c1d128", "c1d512", "c2d512"}
+    assert {s.config for s in missing} == large_only
 
 
 def test_kernel_backend_reports_the_launched_kernel(monkeypatch):

@@ -33,7 +33,9 @@ from kernels.schedule import (
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
 
-BASE = sorted(selectable_any("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].astuple()))
+# Staged table kernels here; the tables' register-window kernels join REGWIN below.
+_TABLE = sorted(selectable_any("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].tag))
+BASE = [(cfg, s) for cfg, s in _TABLE if not s.regwin]
 
 
 def _flip(sched: BwdSchedule, *, goreuse: bool | None = None,
@@ -68,6 +70,7 @@ REGWIN = [
     _rw(1, 512, 2, 16, True, False),   # goreuse off
     _rw(2, 512, 2, 16, True, True),
 ]
+REGWIN += [(cfg, s) for cfg, s in _TABLE if s.regwin and (cfg, s) not in REGWIN]
 REGWIN_VARIANTS = [(c, d, _flip(s, goreuse=g), a)
                    for a in ARCHES for (c, d), s in REGWIN for g in (s.goreuse, not s.goreuse)]
 REGWIN_IDS = [f"c{c}d{d}-{s.tag}-{a}" for c, d, s, a in REGWIN_VARIANTS]

@@ -325,7 +325,7 @@ def test_every_arch_table_kernel_is_covered():
     from kernels.schedule import TABLE_ARCHES, selectable
 
     for arch in TABLE_ARCHES:
-        assert len(selectable("fwd", arch)) == 10 and selectable("fwd", arch) <= set(KERNELS)
+        assert selectable("fwd", arch) <= set(KERNELS)
 
 
 def test_variants_are_new_and_valid():

@@ -47,7 +47,10 @@ def test_every_entry_is_valid_and_enumeration_matches_tables(arch):
         for (coff, d), sched in listed:
             assert S.config_problems(coff, d, sched) == [], (coff, d, sched)
         assert S.selectable(kind, arch) == listed
-    assert len(S.selectable("fwd", arch)) == 10 and len(S.selectable("bwd", arch)) == 6
+    # upstream: 10 + 6 distinct kernels; a table may map two buckets to one kernel
+    assert len(S.selectable("fwd", arch)) <= 10 and len(S.selectable("bwd", arch)) <= 6
+    if arch == S.UPSTREAM_ARCH:
+        assert len(S.selectable("fwd", arch)) == 10 and len(S.selectable("bwd", arch)) == 6
 
 
 def test_arch_tables_share_the_bucket_structure():
