@@ -423,8 +423,11 @@ def test_schedule_launcher_runs_the_given_schedule(coff, d, lens):
     pack = cuda_pack(lens, ratio=128, coff=coff, d=d)
     go = R.make_grad_out(pack.n_rows, d, device="cuda")
     via_api = fused(pack, go)
-    fwd = A.schedule_launcher("fwd", pack, go, S.select_fwd(coff, d, pack.n_rows))
-    bwd = A.schedule_launcher("bwd", pack, go, S.select_bwd(coff, d, pack.n_rows))
+    from kernels._dsl import device_arch
+
+    arch = device_arch()  # the API dispatches through this device's tables
+    fwd = A.schedule_launcher("fwd", pack, go, S.select_fwd(coff, d, pack.n_rows, arch))
+    bwd = A.schedule_launcher("bwd", pack, go, S.select_bwd(coff, d, pack.n_rows, arch))
     fwd()
     bwd()
     torch.cuda.synchronize()
