@@ -127,11 +127,6 @@ def test_first_compile_under_graph_capture_is_refused(monkeypatch):
 # --- real compiles ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def dsl():
-    need_dsl()
-
-
 def test_cache_hit_on_second_get(dsl):
     cache = KernelCache()  # private: the stats below are exact
     key = keys_for(4, "sm_90a", coff=1, d=65)[0]
@@ -165,16 +160,6 @@ def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
     (tmp_path / "bin" / "ptxas").write_text("#!/bin/sh\n")
     (tmp_path / "bin" / "ptxas").chmod(0o755)
     assert P.find_ptxas() == str(tmp_path / "bin" / "ptxas")
-
-
-@pytest.fixture(scope="module")
-def ptxas(dsl):
-    from kernels.probe import PtxasNotFound, find_ptxas
-
-    try:
-        return find_ptxas()
-    except PtxasNotFound as exc:
-        pytest.skip(str(exc))
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

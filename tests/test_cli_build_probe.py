@@ -22,25 +22,6 @@ def table_rows(text: str, marker: str) -> list[str]:
     return [line for line in text.splitlines() if "│" in line and marker in line]
 
 
-@pytest.fixture(scope="module")
-def dsl():
-    from kernels._dsl import dsl_available  # prepares CUTE_DSL_KEEP before cutlass loads
-
-    ok, why = dsl_available()
-    if not ok:
-        pytest.skip(why)
-
-
-@pytest.fixture(scope="module")
-def ptxas(dsl):
-    from kernels.probe import PtxasNotFound, find_ptxas
-
-    try:
-        return find_ptxas()
-    except PtxasNotFound as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.mark.parametrize("command", ["build", "probe"])
 def test_bad_ratio_is_a_usage_error(command):
     r = run(command, "--ratio", "8")

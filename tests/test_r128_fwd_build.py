@@ -20,33 +20,12 @@ from collections import Counter
 import pytest
 
 from kernels._dsl import ARCHES, dsl_available
-from kernels.schedule import RATIO, FwdSchedule, config_name, selectable_any, threads_x_for
+from kernels.schedule import RATIO, FwdSchedule, config_name
+from tests.r128_fwd_variants import KERNELS, VARIANTS
 
 _OK, _WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 
-KERNELS = sorted(selectable_any("fwd"), key=lambda cs: (cs[0], cs[1].astuple()))
-
-
-def variant(coff, d, vec, tchunks, twophase=False, fastexp=False, unroll=4, prefetch=False,
-            oneexp=False):
-    """((coff, d), schedule) with the tuning fields set."""
-    tx = threads_x_for(d, vec)
-    return (coff, d), FwdSchedule(vec, tchunks, tx, twophase, fastexp, unroll, prefetch, oneexp)
-
-
-# Tuning variants beyond the tables (the same list as tests/gpu/test_r128_fwd.py).
-VARIANTS = [
-    variant(1, 128, 8, 4),                                        # vec 8, d=128 (threads_x 16)
-    variant(1, 512, 8, 4, fastexp=True),                          # vec 8, d=512
-    variant(2, 128, 2, 8, fastexp=True, unroll=8),                # unroll 8, coff 2
-    variant(2, 512, 4, 4, fastexp=True, unroll=2),                # unroll 2, coff 2
-    variant(1, 512, 4, 4, oneexp=True),                           # one exp, exact
-    variant(1, 128, 2, 8, unroll=8, prefetch=True, oneexp=True),  # small bucket: C = 2 groups
-    variant(1, 128, 4, 4, True, True, unroll=2, prefetch=True),   # large bucket, two-phase
-    variant(2, 128, 2, 8, fastexp=True, prefetch=True),           # coff 2, skipped chunks
-    variant(2, 512, 8, 4, fastexp=True, unroll=2, prefetch=True, oneexp=True),  # vec 8, C=64
-]
 ALL = KERNELS + VARIANTS
 CASES = [(arch, cfg, sched) for arch in ARCHES for cfg, sched in ALL]
 IDS = [f"{arch}-{config_name(*cfg)}-{sched.tag}" for arch, cfg, sched in CASES]
