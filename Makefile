@@ -20,7 +20,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup lint
-	$(PY) -m pytest -q
+	$(VENV)/bin/pytest -q
 
 gate: setup
 	$(VENV)/bin/csagate run --ratio 128

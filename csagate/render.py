@@ -1,6 +1,6 @@
 """Verdict renderers: the rich table (stdout), the JSON report and the JUnit XML report.
 
-All three read the same :class:`gates.verdict.Verdict`; none of them judges anything. The
+All three read the same :class:`csagate.gates.verdict.Verdict`; none of them judges anything. The
 table has one row per named gate in the contract's order: the drift check first, the cases,
 schedule coverage last; then the headline (``GATE PASS 21/21`` / ``GATE FAIL k/21``) and the
 reasons, one line each.
@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from csagate import console as _console
-from gates.verdict import (
+from csagate.gates.verdict import (
     ERROR,
     FAIL,
     NOT_ASSERTED,

@@ -1,11 +1,11 @@
 """The narrow interface through which the gate reaches kernels, and the real one.
 
-The gate (``gates.runner``) never imports a kernel: it drives a :class:`Backend`, which builds
-kernels, runs them into caller-allocated buffers and enumerates what the dispatch tables can
-select. :class:`KernelBackend` is the only implementation ``csagate`` ever constructs; it
-wraps ``kernels.api`` (imported lazily, so importing ``gates`` never imports cutlass). The CPU
-tests drive the same gate code through small reference-backed backends in ``tests/`` with one
-fault planted at a time, which is how we know the gate can fail.
+The gate (``csagate.gates.runner``) never imports a kernel: it drives a :class:`Backend`,
+which builds kernels, runs them into caller-allocated buffers and enumerates what the dispatch
+tables can select. :class:`KernelBackend` is the only implementation ``csagate`` ever
+constructs; it wraps ``csagate.kernels.api`` (imported lazily, so importing ``gates`` never
+imports cutlass). The CPU tests drive the same gate code through small reference-backed
+backends in ``tests/`` with one fault planted at a time, which is how we know the gate can fail.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gates.verdict import Selection
+from csagate.gates.verdict import Selection
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,7 @@ class BuildError(RuntimeError):
 
 
 class Backend(Protocol):
-    """What the gate needs from kernels. Buffers are allocated and pre-filled by the gate."""
+    """What the gate needs from the kernels. Buffers are allocated and pre-filled by the gate."""
 
     device: torch.device
 
@@ -62,12 +62,11 @@ def _selection(direction: str, key) -> Selection | None:
 
 
 class KernelBackend:
-    """The real kernels through ``kernels.api`` on one CUDA device."""
+    """The real kernels through ``csagate.kernels.api`` on one CUDA device."""
 
     def __init__(self, device_index: int = 0):
         import torch
-
-        from kernels._dsl import device_arch
+        from csagate.kernels._dsl import device_arch
 
         self.device = torch.device("cuda", device_index)
         self.arch = device_arch(device_index)
@@ -77,10 +76,10 @@ class KernelBackend:
         import torch
 
         try:
-            from kernels import api
-            from kernels.cache import keys_for
+            from csagate.kernels import api
+            from csagate.kernels.cache import keys_for
         except Exception as exc:
-            raise BuildError(f"cannot import kernels.api ({one_line(exc)})") from exc
+            raise BuildError(f"cannot import csagate.kernels.api ({one_line(exc)})") from exc
         counts = [len(keys_for(ratio, self.arch, coff=coff, d=d)) for ratio, coff, d in targets]
         total, done = sum(counts), 0
         records: list = []
@@ -107,28 +106,27 @@ class KernelBackend:
 
     def forward(self, kv, score, ape, cu, cuc, out, *, ratio: int,
                 coff: int) -> Selection | None:
-        from kernels import api  # launches on kv's device
+        from csagate.kernels import api  # launches on kv's device
 
         return _selection("fwd", api.run_forward(kv, score, ape, cu, cuc, out, ratio=ratio,
                                                  coff=coff))
 
     def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
                  coff: int) -> Selection | None:
-        from kernels import api  # launches on kv's device
+        from csagate.kernels import api  # launches on kv's device
 
         return _selection("bwd", api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv,
                                                   dscore, dape, ratio=ratio, coff=coff))
 
     def selectable(self, direction: str) -> set[Selection]:
-        from kernels.schedule import selectable
+        from csagate.kernels.schedule import selectable
 
         return {Selection(direction, coff, d, sched)
                 for (coff, d), sched in selectable(direction, self.arch)}
 
     def describe(self) -> dict[str, Any]:
         import torch
-
-        from kernels._dsl import dsl_version
+        from csagate.kernels._dsl import dsl_version
 
         index = self.device.index or 0
         props = torch.cuda.get_device_properties(index)

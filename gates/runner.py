@@ -2,7 +2,7 @@
 
 :func:`run_gate` takes the backend and the cases as arguments (the CLI passes the real
 kernels and the 21 contract cases; the CPU tests pass small cases and faulty reference
-backends) and returns a :class:`~gates.verdict.Verdict`. Inputs and references are built on
+backends) and returns a :class:`~csagate.gates.verdict.Verdict`. Inputs and references are built on
 the backend's device, so in production the fp32 eager and the fp64 oracle run on the GPU.
 
 Per case:
@@ -29,11 +29,10 @@ from time import perf_counter
 from typing import Any
 
 import torch
-
-from gates import checks
-from gates.backend import Backend, ProgressFn, Target, one_line
-from gates.cases import Case
-from gates.verdict import (
+from csagate.gates import checks
+from csagate.gates.backend import Backend, ProgressFn, Target, one_line
+from csagate.gates.cases import Case
+from csagate.gates.verdict import (
     ERROR,
     FAIL,
     NOT_ASSERTED,
@@ -47,7 +46,7 @@ from gates.verdict import (
     Selection,
     Verdict,
 )
-from reference import (
+from csagate.reference import (
     backward,
     make_grad_out,
     make_pack,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gates.cases import Case
+from csagate.gates.cases import Case
 
 # Statuses. A GateResult is pass/fail/skip/recorded; a CaseResult pass/fail/error/untrusted;
 # coverage pass/fail/not asserted.
@@ -48,7 +48,7 @@ class Selection:
     direction: str             # "fwd" | "bwd"
     coff: int
     d: int
-    schedule: Any              # kernels.schedule.FwdSchedule / BwdSchedule (hashable)
+    schedule: Any              # csagate.kernels.schedule.FwdSchedule / BwdSchedule (hashable)
 
     @property
     def config(self) -> str:

@@ -26,9 +26,8 @@ import functools
 import warnings
 
 import torch
-
-from kernels import schedule as sched_tables
-from kernels.cache import (
+from csagate.kernels import schedule as sched_tables
+from csagate.kernels.cache import (
     CACHE,
     R4_COFFS,
     R4_HEAD_DIMS,
@@ -185,7 +184,7 @@ def _check_launchable(tensors: dict, stream) -> torch.device:
 
 @functools.cache
 def _device_arch(index: int) -> str:
-    from kernels._dsl import ARCHES, device_arch
+    from csagate.kernels._dsl import ARCHES, device_arch
 
     arch = device_arch(index)
     if arch not in ARCHES:
@@ -243,7 +242,7 @@ def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
     device, they are also loaded onto it, so a later CUDA-graph capture does no loading.
     ``progress(record, i, n)`` is called after each kernel.
     """
-    from kernels._dsl import ARCHES
+    from csagate.kernels._dsl import ARCHES
 
     if coff is not None:
         _check_ratio_coff(ratio, coff)
@@ -321,12 +320,12 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
             fn = CACHE.executor(key, device.index)
         _keep_alive(stream, device, tensors.values())
         if ratio == 4:
-            from kernels import r4
+            from csagate.kernels import r4
 
             r4.launch_fwd(fn, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out,
                           stream=stream)
         else:
-            from kernels import r128_fwd
+            from csagate.kernels import r128_fwd
 
             r128_fwd.launch_fwd(fn, sched=key.schedule, kv=kv, score=score, ape=ape, cu=cu,
                                 cuc=cuc, out=out, stream=stream)
@@ -370,12 +369,12 @@ def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio
             fn = CACHE.executor(key, device.index)
         _keep_alive(stream, device, tensors.values())
         if ratio == 4:
-            from kernels import r4
+            from csagate.kernels import r4
 
             r4.launch_bwd(fn, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=grad_out,
                           dkv=dkv, dscore=dscore, dape=dape, stream=stream)
         else:
-            from kernels import r128_bwd
+            from csagate.kernels import r128_bwd
 
             if rows_per_cta is None:
                 rows_per_cta = sched_tables.rows_per_cta(n_rows, d, coff, key.schedule,
@@ -458,7 +457,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
         fn = CACHE.executor(key, device.index)
     n_rows = grad_out.shape[0]
     if direction == "fwd":
-        from kernels import r128_fwd
+        from csagate.kernels import r128_fwd
 
         out = torch.empty_like(grad_out)
 
@@ -469,7 +468,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
         launch.buffers = (out,)
         return launch
 
-    from kernels import r128_bwd
+    from csagate.kernels import r128_bwd
 
     dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
     rows = sched_tables.rows_per_cta(n_rows, pack.d, pack.coff, sched, sm_count(device.index))

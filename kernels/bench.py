@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
-
-from kernels import schedule as S
+from csagate.kernels import schedule as S
 
 # The gate's long shapes plus the short ones the targets name (KERNELS.md section 6 table).
 SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -156,10 +155,10 @@ class ShapeRow:
 
 def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 100,
                 warmup: int = 30, eager_iters: int = 20, seed: int = 1234) -> ShapeRow:
-    from kernels import api
-    from reference import backward as ref_backward
-    from reference import forward as ref_forward
-    from reference import make_grad_out, make_pack
+    from csagate.kernels import api
+    from csagate.reference import backward as ref_backward
+    from csagate.reference import forward as ref_forward
+    from csagate.reference import make_grad_out, make_pack
 
     pack = make_pack((tokens,), ratio=128, coff=coff, d=d, seed=seed, device="cuda")
     n = pack.n_rows
@@ -245,7 +244,7 @@ def interleaved(launchers, *, iters: int, warmup: int, launches: int):
 
 
 def _bucket_inputs(direction: str, coff: int, d: int, bucket: str, tokens: int):
-    from reference import make_grad_out, make_pack
+    from csagate.reference import make_grad_out, make_pack
 
     n_rows = tokens // 128
     if (S.fwd_bucket if direction == "fwd" else S.bwd_bucket)(coff, d, n_rows) != bucket:
@@ -257,8 +256,8 @@ def _bucket_inputs(direction: str, coff: int, d: int, bucket: str, tokens: int):
 
 def ab_field(name: str, *, iters: int = 100, warmup: int = 30, launches: int = 20) -> list[ABRow]:
     """For every bucket whose schedule has field ``name``: the kernel with it on and off."""
-    from kernels import api
-    from kernels._dsl import device_arch
+    from csagate.kernels import api
+    from csagate.kernels._dsl import device_arch
 
     rows = []
     for (direction, coff, d, bucket), tokens in AB_SHAPES.items():
@@ -364,10 +363,10 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
     import tempfile
     from pathlib import Path
 
-    from kernels import api, probe
-    from kernels._dsl import device_arch
-    from kernels.cache import make_key
-    from reference import backward as ref_backward
+    from csagate.kernels import api, probe
+    from csagate.kernels._dsl import device_arch
+    from csagate.kernels.cache import make_key
+    from csagate.reference import backward as ref_backward
 
     ptxas = probe.find_ptxas()
     arch = device_arch()

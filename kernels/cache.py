@@ -9,7 +9,7 @@ calls compile once.
 
 A first compile while the current CUDA stream is capturing a graph is refused with a
 RuntimeError: compiling takes a fraction of a second of host work that a graph would not
-replay, so capture must find every kernel it needs already built (``kernels.api.build()`` or
+replay, so capture must find every kernel it needs already built (``csagate.kernels.api.build()`` or
 one eager step).
 
 Importing this module does not import cutlass or torch.
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kernels import schedule as sched_tables
+from csagate.kernels import schedule as sched_tables
 
 KINDS = ("r4fwd", "r4bwd", "r128fwd", "r128bwd")
 
@@ -85,7 +85,7 @@ class BuildRecord:
 
 
 def r4_schedule(direction: str, d: int) -> R4Schedule:
-    from kernels import r4
+    from csagate.kernels import r4
 
     if direction == "fwd":
         vec, threads = r4.fwd_schedule(d)
@@ -131,16 +131,16 @@ def keys_for(ratio: int, arch: str, coff: int | None = None, d: int | None = Non
 def compile_key(key: KernelKey):
     """Compile one kernel (no cache); the builders live in the kernel modules."""
     if key.kind == "r4fwd":
-        return importlib.import_module("kernels.r4").build_fwd(
+        return importlib.import_module("csagate.kernels.r4").build_fwd(
             d=key.d, coff=key.coff, arch=key.arch)
     if key.kind == "r4bwd":
-        return importlib.import_module("kernels.r4").build_bwd(
+        return importlib.import_module("csagate.kernels.r4").build_bwd(
             d=key.d, coff=key.coff, arch=key.arch)
     if key.kind == "r128fwd":
-        return importlib.import_module("kernels.r128_fwd").build_fwd(
+        return importlib.import_module("csagate.kernels.r128_fwd").build_fwd(
             d=key.d, coff=key.coff, sched=key.schedule, arch=key.arch)
     if key.kind == "r128bwd":
-        return importlib.import_module("kernels.r128_bwd").build_bwd(
+        return importlib.import_module("csagate.kernels.r128_bwd").build_bwd(
             d=key.d, coff=key.coff, sched=key.schedule, arch=key.arch)
     raise ValueError(f"unknown kernel kind {key.kind!r}; expected one of {KINDS}")
 
@@ -179,8 +179,8 @@ class KernelCache:
             if _capturing():
                 raise RuntimeError(
                     f"first call for config {key.tag} ({key.arch}) under CUDA graph capture: "
-                    "compiling cannot be captured; call kernels.api.build() or run one eager "
-                    "step before capturing")
+                    "compiling cannot be captured; call csagate.kernels.api.build() or run one "
+                    "eager step before capturing")
             t0 = time.perf_counter()
             fn = self._compile(key)
             entry = _Entry(fn, time.perf_counter() - t0)
@@ -210,7 +210,7 @@ class KernelCache:
                         raise RuntimeError(
                             f"first call for config {key.tag} on cuda:{device_index} under "
                             "CUDA graph capture: the kernel is compiled but not loaded on "
-                            "this device; call kernels.api.build() or run one eager step "
+                            "this device; call csagate.kernels.api.build() or run one eager step "
                             "before capturing")
                     ex = entry.fn.to(device_index)
                     entry.executors[device_index] = ex

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.cache import CACHE, KernelCache, KernelKey
+from csagate.kernels.cache import CACHE, KernelCache, KernelKey
 
 _REGS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -90,7 +90,7 @@ def _schedule_tuple(key: KernelKey) -> tuple:
 
 def probe_one(key: KernelKey, out_dir: Path, ptxas: str, cache: KernelCache = CACHE
               ) -> ProbeRow:
-    from kernels._dsl import ptx_of
+    from csagate.kernels._dsl import ptx_of
 
     sched = _schedule_tuple(key)
     ptx = ptx_of(cache.get(key))

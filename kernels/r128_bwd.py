@@ -34,10 +34,9 @@ import math
 
 import cuda.bindings.driver as cuda
 import torch
-
-from kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
-from kernels.schedule import RATIO, BwdSchedule, bwd_smem_bytes, config_problems, window
-from kernels.schedule import rows_per_cta as _rows_per_cta
+from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
+from csagate.kernels.schedule import RATIO, BwdSchedule, bwd_smem_bytes, config_problems, window
+from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
 
 cutlass, cute = cute_modules()
 

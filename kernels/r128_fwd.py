@@ -61,8 +61,8 @@ Known caveats (CONTRACT.md section 6):
 
 from __future__ import annotations
 
-from kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
-from kernels.schedule import RATIO, FwdSchedule, config_problems
+from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
+from csagate.kernels.schedule import RATIO, FwdSchedule, config_problems
 
 cutlass, cute = cute_modules()
 import cuda.bindings.driver as cuda  # noqa: E402  (after the DSL environment is prepared)

@@ -26,8 +26,7 @@ of a row is found on the device by a binary search over ``cuc`` (no host sync).
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-
-from kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
+from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
 
 cutlass, cute = cute_modules()
 

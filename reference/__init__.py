@@ -1,18 +1,18 @@
 """The eager references of the CSA compressor: the numerics authority of csagate.
 
-``reference.compressor`` is the one piece of code the gate and the tests compare against;
-read it top to bottom. ``reference.inputs`` draws the documented input distribution.
+``csagate.reference.compressor`` is the one piece of code the gate and the tests compare against;
+read it top to bottom. ``csagate.reference.inputs`` draws the documented input distribution.
 This package never imports cutlass.
 """
 
-from reference.compressor import (
+from csagate.reference.compressor import (
     PRECISIONS,
     Grads,
     backward,
     forward,
     never_consumed_mask,
 )
-from reference.inputs import Pack, make_grad_out, make_pack, overflow_pack
+from csagate.reference.inputs import Pack, make_grad_out, make_pack, overflow_pack
 
 __all__ = [
     "PRECISIONS",

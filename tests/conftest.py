@@ -7,7 +7,7 @@ import pytest
 os.environ.setdefault("CSAGATE_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..",
                                                          ".csagate-cache"))
 
-from kernels._dsl import _prepare_env  # noqa: E402
+from csagate.kernels._dsl import _prepare_env  # noqa: E402
 
 _prepare_env()
 
@@ -15,7 +15,7 @@ _prepare_env()
 @pytest.fixture(scope="session")
 def dsl():
     """Skip (with the reason) where nvidia-cutlass-dsl does not import."""
-    from kernels._dsl import dsl_available
+    from csagate.kernels._dsl import dsl_available
 
     ok, why = dsl_available()
     if not ok:
@@ -25,7 +25,7 @@ def dsl():
 @pytest.fixture(scope="session")
 def ptxas(dsl):
     """The ptxas the probe will use; skip where there is none."""
-    from kernels.probe import PtxasNotFound, find_ptxas
+    from csagate.kernels.probe import PtxasNotFound, find_ptxas
 
     try:
         return find_ptxas()

@@ -11,12 +11,11 @@ under a second. None of this is reachable from the ``csagate`` CLI.
 from __future__ import annotations
 
 import torch
-
-from gates.backend import BuildError
-from gates.cases import Case
-from gates.verdict import Selection
-from reference import backward, forward, never_consumed_mask
-from reference.inputs import PAD_GRAD_SEED
+from csagate.gates.backend import BuildError
+from csagate.gates.cases import Case
+from csagate.gates.verdict import Selection
+from csagate.reference import backward, forward, never_consumed_mask
+from csagate.reference.inputs import PAD_GRAD_SEED
 
 RATIO = 8
 RAGGED = (23, 40, 9)                 # tails in every segment

@@ -2,7 +2,7 @@
 tuning variants (vec 8, unroll, prefetch, one-exp) that the H200 sweep explores. Shared by the
 CPU build test and the GPU contract test so the two cannot drift apart."""
 
-from kernels.schedule import FwdSchedule, selectable_any, threads_x_for
+from csagate.kernels.schedule import FwdSchedule, selectable_any, threads_x_for
 
 KERNELS = sorted(selectable_any("fwd"), key=lambda cs: (cs[0], cs[1].astuple()))
 

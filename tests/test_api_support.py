@@ -1,4 +1,4 @@
-"""kernels.api on CPU: every check_support rule (meta tensors for the shape-only rules), the
+"""csagate.kernels.api on CPU: every check_support rule (meta tensors for the shape-only rules), the
 dispatch decision, and the guards that fire before anything launches.
 
 The upstream message fragments are matched, so callers can rely on them (TESTS.md
@@ -11,9 +11,8 @@ import warnings
 
 import pytest
 import torch
-
-from kernels import api
-from kernels import schedule as S
+from csagate.kernels import api
+from csagate.kernels import schedule as S
 
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
 
@@ -292,12 +291,12 @@ def test_kernel_modules_take_the_keywords_the_api_passes():
     """The api <-> kernel-module contract: a renamed keyword fails here, not on the GPU."""
     import inspect
 
-    from kernels._dsl import dsl_available
+    from csagate.kernels._dsl import dsl_available
 
     ok, why = dsl_available()
     if not ok:
         pytest.skip(why)
-    from kernels import r4, r128_bwd, r128_fwd
+    from csagate.kernels import r4, r128_bwd, r128_fwd
 
     x = object()
     inputs = dict(kv=x, score=x, ape=x, cu=x, cuc=x)

@@ -3,10 +3,10 @@
 import pytest
 import torch
 from click.testing import CliRunner
+from csagate.kernels import bench as B
+from csagate.kernels import schedule as S
 
 from csagate.cli import cli
-from kernels import bench as B
-from kernels import schedule as S
 
 
 def test_op_bytes_counts_every_operand_once():

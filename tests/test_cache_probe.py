@@ -11,10 +11,9 @@ import time
 from collections import Counter
 
 import pytest
-
-from kernels import cache as C
-from kernels import schedule as S
-from kernels.cache import KernelCache, keys_for
+from csagate.kernels import cache as C
+from csagate.kernels import schedule as S
+from csagate.kernels.cache import KernelCache, keys_for
 
 
 def test_r128_keys_are_the_16_table_kernels():
@@ -52,9 +51,9 @@ def test_r128_keys_reject_other_head_dims():
 
 
 def need_dsl():
-    """Skip without the DSL; import it through kernels._dsl (which sets CUTE_DSL_KEEP=ptx
+    """Skip without the DSL; import it through csagate.kernels._dsl (which sets CUTE_DSL_KEEP=ptx
     first: a bare ``import cutlass`` here would turn PTX retention off for the session)."""
-    from kernels._dsl import dsl_available
+    from csagate.kernels._dsl import dsl_available
 
     ok, why = dsl_available()
     if not ok:
@@ -119,7 +118,7 @@ def test_first_compile_under_graph_capture_is_refused(monkeypatch):
     cache.get(KEY)
     monkeypatch.setattr(C, "_capturing", lambda: True)
     assert cache.get(KEY) is not None  # compiled before the capture: fine
-    with pytest.raises(RuntimeError, match="under CUDA graph capture.*kernels.api.build"):
+    with pytest.raises(RuntimeError, match="under CUDA graph capture.*csagate.kernels.api.build"):
         cache.get(OTHER)
     assert not cache.contains(OTHER)
 
@@ -138,7 +137,7 @@ def test_cache_hit_on_second_get(dsl):
 
 
 def test_parse_ptxas_report():
-    from kernels.probe import parse_ptxas
+    from csagate.kernels.probe import parse_ptxas
 
     report = """ptxas info    : Compiling entry function 'kernel_x' for 'sm_90a'
 ptxas info    : Function properties for kernel_x
@@ -149,7 +148,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 380 bytes cmem[0]"""
 
 
 def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
-    from kernels import probe as P
+    from csagate.kernels import probe as P
 
     monkeypatch.setattr(P.shutil, "which", lambda name: None)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
@@ -164,7 +163,7 @@ def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_probe_reports_clean_kernels(ptxas, arch, tmp_path):
-    from kernels.probe import probe, summary
+    from csagate.kernels.probe import probe, summary
 
     r4 = keys_for(4, arch, coff=2, d=128)[0]              # the drift-check forward
     r128 = keys_for(128, arch, coff=2, d=128)[-1]         # B4 backward, goreuse
@@ -180,8 +179,8 @@ def test_probe_reports_clean_kernels(ptxas, arch, tmp_path):
 
 
 def test_probe_without_ptx_is_skipped_and_not_clean(ptxas, monkeypatch):
-    from kernels import _dsl
-    from kernels.probe import probe, summary
+    from csagate.kernels import _dsl
+    from csagate.kernels.probe import probe, summary
 
     monkeypatch.setattr(_dsl, "ptx_of", lambda fn: None)
     rows = probe(keys_for(4, "sm_90a", coff=2, d=128)[:1])

@@ -2,8 +2,8 @@
 
 from collections import Counter
 
-from gates.cases import CASES, DRIFT, EDGEPACK, RAGGED3
-from kernels import schedule as S
+from csagate.gates.cases import CASES, DRIFT, EDGEPACK, RAGGED3
+from csagate.kernels import schedule as S
 
 
 def test_twenty_one_named_cases_in_contract_order():

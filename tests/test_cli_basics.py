@@ -47,7 +47,8 @@ def test_unknown_command_is_a_usage_error():
 def test_cases_imports_neither_torch_kernels_nor_cutlass():
     code = ("import sys; from csagate.cli import main; sys.argv=['csagate','cases'];\n"
             "try:\n  main()\nexcept SystemExit: pass\n"
-            "bad=[m for m in ('cutlass','kernels.r4','kernels.api') if m in sys.modules];"
+            "bad=[m for m in ('cutlass','csagate.kernels.r4','csagate.kernels.api')"
+            " if m in sys.modules];"
             "print('LOADED', bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "LOADED []" in out.stdout, out.stdout + out.stderr

@@ -58,13 +58,13 @@ def test_build_auto_arch_without_gpu_exits_3(dsl):
 
 
 def test_build_failure_exits_3_with_one_line(dsl, monkeypatch):
-    from kernels import cache
+    from csagate.kernels import cache
 
     def broken(key):
         raise RuntimeError("nvvm says no\nsecond line")
 
     monkeypatch.setattr(cache, "CACHE", cache.KernelCache(broken))
-    monkeypatch.setattr("kernels.api.CACHE", cache.CACHE)
+    monkeypatch.setattr("csagate.kernels.api.CACHE", cache.CACHE)
     r = run("build", "--ratio", "4", "--arch", "sm_100a")
     assert r.exit_code == 3, r.output
     assert "build failed: RuntimeError: nvvm says no" in r.stderr
@@ -90,7 +90,7 @@ def test_probe_json_and_keep_ptx(ptxas, tmp_path):
 
 
 def test_probe_without_ptx_exits_1(ptxas, monkeypatch):
-    from kernels import _dsl
+    from csagate.kernels import _dsl
 
     monkeypatch.setattr(_dsl, "ptx_of", lambda fn: None)
     r = run("probe", "--ratio", "4", "--arch", "sm_90a")
@@ -99,7 +99,7 @@ def test_probe_without_ptx_exits_1(ptxas, monkeypatch):
 
 
 def test_probe_without_ptxas_exits_3(dsl, monkeypatch):
-    from kernels import probe
+    from csagate.kernels import probe
 
     def missing():
         raise probe.PtxasNotFound("ptxas not found on PATH (test)")

@@ -78,7 +78,7 @@ def test_no_gpu_exit_3_paths(args):
 
 
 def test_missing_dsl_exits_3_with_one_line(monkeypatch):
-    import kernels._dsl as dsl
+    import csagate.kernels._dsl as dsl
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -94,7 +94,7 @@ def test_missing_dsl_exits_3_with_one_line(monkeypatch):
 
 
 def test_unsupported_arch_exits_3(monkeypatch):
-    import kernels._dsl as dsl
+    import csagate.kernels._dsl as dsl
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -163,7 +163,7 @@ def test_unknown_case_exits_2_with_the_valid_names_hinted():
     assert result.exit_code == 2
     assert "unknown case 'c1d128/1x819'" in result.stderr
     assert "Did you mean 'c1d128/1x8192'" in result.stderr
-    from gates.cases import CASES
+    from csagate.gates.cases import CASES
 
     for case in CASES:
         assert case.name in result.stderr

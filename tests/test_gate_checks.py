@@ -6,9 +6,8 @@ import math
 
 import pytest
 import torch
-
-from gates import checks
-from reference import backward, make_grad_out, make_pack, never_consumed_mask
+from csagate.gates import checks
+from csagate.reference import backward, make_grad_out, make_pack, never_consumed_mask
 
 BF16 = torch.bfloat16
 

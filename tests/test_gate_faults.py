@@ -1,6 +1,6 @@
 """The gate can fail: one planted fault at a time, the real gate code must catch it.
 
-Each test runs ``gates.runner.run_gate`` over the small CPU cases with a reference-backed
+Each test runs ``csagate.gates.runner.run_gate`` over the small CPU cases with a reference-backed
 backend into which exactly one fault is planted in exactly one case, and asserts the verdict
 is FAIL, that case's row failed at the right gate (G1/G2/G3/zeros/coverage/drift), and every
 other case still ran and passed (a failing case never hides the others).
@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from csagate.gates import checks
+from csagate.gates.runner import run_gate
+from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
 from gate_backends import SMALL_CASES, SMALL_DRIFT, FaultyBackend, RefBackend, case_named
-
-from gates import checks
-from gates.runner import run_gate
-from gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
 
 
 def gate(backend, cases=SMALL_CASES, full=True):
@@ -283,7 +282,7 @@ def test_a_raising_case_is_an_error_row_and_the_run_goes_on():
 
 def test_reference_ignores_padding_row_grad_out():
     """The comparator side of the padding rule: padding rows' grad_out never matters."""
-    from reference import backward, make_grad_out, make_pack
+    from csagate.reference import backward, make_grad_out, make_pack
 
     for coff in (1, 2):
         pack = make_pack((23, 40, 9), ratio=8, coff=coff, d=16, pad_rows=3, pad_tokens=5)
@@ -302,7 +301,7 @@ def test_reference_ignores_padding_row_grad_out():
 
 
 def kernel_backend_without_gpu(arch: str = "sm_90a"):
-    from gates.backend import KernelBackend
+    from csagate.gates.backend import KernelBackend
 
     backend = KernelBackend.__new__(KernelBackend)  # skip the CUDA device query
     backend.device = torch.device("cpu")
@@ -317,10 +316,10 @@ def kernel_backend_without_gpu(arch: str = "sm_90a"):
 ])
 def test_the_21_cases_select_every_kernel_the_tables_can_select(arch, summary, large_only):
     """The contract's cases, routed through each arch's tables, cover every kernel."""
-    from gates.cases import CASES
-    from gates.runner import coverage
-    from gates.verdict import CaseResult, Selection
-    from kernels.schedule import select_bwd, select_fwd
+    from csagate.gates.cases import CASES
+    from csagate.gates.runner import coverage
+    from csagate.gates.verdict import CaseResult, Selection
+    from csagate.kernels.schedule import select_bwd, select_fwd
 
     backend = kernel_backend_without_gpu(arch)
     results = [CaseResult(case, PASS, selections=(
@@ -337,9 +336,9 @@ def test_the_21_cases_select_every_kernel_the_tables_can_select(arch, summary, l
 
 
 def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
-    from kernels import api
-    from kernels.cache import make_key
-    from kernels.schedule import select_bwd, select_fwd
+    from csagate.kernels import api
+    from csagate.kernels.cache import make_key
+    from csagate.kernels.schedule import select_bwd, select_fwd
 
     backend = kernel_backend_without_gpu()
     seen = {}
@@ -368,8 +367,8 @@ def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
 
 
 def test_kernel_backend_build_failure_is_a_build_error(monkeypatch):
-    from gates.backend import BuildError
-    from kernels import api
+    from csagate.gates.backend import BuildError
+    from csagate.kernels import api
 
     backend = kernel_backend_without_gpu()
 
@@ -384,8 +383,8 @@ def test_kernel_backend_build_failure_is_a_build_error(monkeypatch):
 
 
 def test_kernel_backend_build_counts_kernels(monkeypatch):
-    from kernels import api
-    from kernels.cache import BuildRecord, keys_for
+    from csagate.kernels import api
+    from csagate.kernels.cache import BuildRecord, keys_for
 
     backend = kernel_backend_without_gpu()
 

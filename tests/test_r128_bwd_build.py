@@ -18,9 +18,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from kernels._dsl import ARCHES, dsl_available, ptx_of
-from kernels.schedule import (
+from csagate.kernels._dsl import ARCHES, dsl_available, ptx_of
+from csagate.kernels.schedule import (
     BwdSchedule,
     bwd_smem_bytes,
     config_problems,
@@ -79,7 +78,7 @@ REGWIN_IDS = [f"c{c}d{d}-{s.tag}-{a}" for c, d, s, a in REGWIN_VARIANTS]
 @functools.cache
 def _built(coff: int, d: int, sched: BwdSchedule, arch: str) -> tuple[str, str, int, object]:
     """(ptx, ptxas -v log, ptxas return code, compiled fn) of one kernel, compiled once."""
-    from kernels.r128_bwd import build_bwd
+    from csagate.kernels.r128_bwd import build_bwd
 
     fn = build_bwd(d=d, coff=coff, sched=sched, arch=arch)
     ptx = ptx_of(fn)
@@ -179,7 +178,7 @@ def test_rows_per_cta_is_a_runtime_argument():
 
 
 def test_rejects_invalid_schedules():
-    from kernels.r128_bwd import R128Bwd
+    from csagate.kernels.r128_bwd import R128Bwd
 
     with pytest.raises(ValueError, match="vec=4"):
         R128Bwd(128, 1, BwdSchedule(4, 4, 32, True, False))
@@ -193,8 +192,7 @@ def test_rejects_invalid_schedules():
 
 def test_launch_nothing_without_rows():
     import torch
-
-    from kernels.r128_bwd import launch_bwd
+    from csagate.kernels.r128_bwd import launch_bwd
 
     def boom(*args):
         raise AssertionError("launched with N == 0")
@@ -211,7 +209,7 @@ def test_launch_nothing_without_rows():
 
 
 def test_flipped_schedule_and_grid():
-    from kernels.r128_bwd import flipped, grid_of
+    from csagate.kernels.r128_bwd import flipped, grid_of
 
     s = BwdSchedule(2, 8, 32, True, True)
     assert flipped(s, goreuse=False) == BwdSchedule(2, 8, 32, True, False)
@@ -268,7 +266,7 @@ def test_regwin_builds_without_spill_within_the_register_cap(coff, d, sched, arc
 
 @pytest.mark.parametrize("coff,d,sched,arch", REGWIN_VARIANTS, ids=REGWIN_IDS)
 def test_regwin_ptx_facts(coff, d, sched, arch):
-    from kernels.r128_bwd import REGWIN_THREADS_PER_SM
+    from csagate.kernels.r128_bwd import REGWIN_THREADS_PER_SM
 
     ptx, _, _, _ = _built(coff, d, sched, arch)
     chunk = window(coff) // sched.tchunks
@@ -348,7 +346,7 @@ def test_regwin_schedule_rules():
 
 def test_regwin_occupancy_matches_rows_per_cta():
     """The kernel's register cap and schedule.rows_per_cta assume the same CTAs per SM."""
-    from kernels.r128_bwd import R128Bwd
+    from csagate.kernels.r128_bwd import R128Bwd
 
     for (coff, d), sched in REGWIN:
         op = R128Bwd(d, coff, sched)
@@ -359,7 +357,7 @@ def test_regwin_occupancy_matches_rows_per_cta():
 
 
 def test_flipped_keeps_regwin():
-    from kernels.r128_bwd import flipped
+    from csagate.kernels.r128_bwd import flipped
 
     s = BwdSchedule(2, 8, 32, True, True, True)
     assert flipped(s, goreuse=False) == BwdSchedule(2, 8, 32, True, False, True)

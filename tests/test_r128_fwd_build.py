@@ -18,10 +18,9 @@ import subprocess
 from collections import Counter
 
 import pytest
-
-from kernels._dsl import ARCHES, dsl_available
-from kernels.schedule import RATIO, FwdSchedule, config_name
-from tests.r128_fwd_variants import KERNELS, VARIANTS
+from csagate.kernels._dsl import ARCHES, dsl_available
+from csagate.kernels.schedule import RATIO, FwdSchedule, config_name
+from r128_fwd_variants import KERNELS, VARIANTS
 
 _OK, _WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
@@ -37,8 +36,8 @@ def ptx_for(arch: str, cfg: tuple[int, int], sched: FwdSchedule) -> str:
     """Build once per (arch, config, schedule) for the whole module; 38 compiles in all."""
     key = (arch, cfg, sched)
     if key not in _PTX:
-        from kernels._dsl import ptx_of
-        from kernels.r128_fwd import build_fwd
+        from csagate.kernels._dsl import ptx_of
+        from csagate.kernels.r128_fwd import build_fwd
 
         coff, d = cfg
         fn = build_fwd(d=d, coff=coff, sched=sched, arch=arch)
@@ -301,14 +300,14 @@ def test_prefetch_loads_run_ahead_of_the_math(arch, cfg, sched):
 
 
 def test_every_arch_table_kernel_is_covered():
-    from kernels.schedule import TABLE_ARCHES, selectable
+    from csagate.kernels.schedule import TABLE_ARCHES, selectable
 
     for arch in TABLE_ARCHES:
         assert selectable("fwd", arch) <= set(KERNELS)
 
 
 def test_variants_are_new_and_valid():
-    from kernels.schedule import config_problems
+    from csagate.kernels.schedule import config_problems
 
     kernels = [(cfg, s) for cfg, s in ALL]
     assert len(set(kernels)) == len(kernels), "a variant duplicates a table kernel"
@@ -317,7 +316,7 @@ def test_variants_are_new_and_valid():
 
 
 def test_knobs_default_off_and_ring_is_bounded():
-    from kernels.r128_fwd import R128FwdKernel
+    from csagate.kernels.r128_fwd import R128FwdKernel
 
     plain = R128FwdKernel(128, 1, FwdSchedule(2, 4, 32, False, False))
     assert (plain.prefetch, plain.oneexp, plain.maxntid) == (False, False, False)
@@ -329,7 +328,7 @@ def test_knobs_default_off_and_ring_is_bounded():
 
 def test_launch_with_no_rows_launches_nothing():
     torch = pytest.importorskip("torch")
-    from kernels.r128_fwd import launch_fwd
+    from csagate.kernels.r128_fwd import launch_fwd
 
     coff, d, sched = 1, 128, KERNELS[0][1]
     kv = torch.zeros(128, coff * d, dtype=torch.bfloat16)
@@ -345,7 +344,7 @@ def test_launch_with_no_rows_launches_nothing():
 
 
 def test_rejects_invalid_schedule():
-    from kernels.r128_fwd import R128FwdKernel
+    from csagate.kernels.r128_fwd import R128FwdKernel
 
     with pytest.raises(ValueError, match="straddles"):
         R128FwdKernel(128, 2, FwdSchedule(2, 1, 32, False, False))

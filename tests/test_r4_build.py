@@ -15,8 +15,7 @@ import shutil
 import subprocess
 
 import pytest
-
-from kernels._dsl import ARCHES, dsl_available, ptx_of
+from csagate.kernels._dsl import ARCHES, dsl_available, ptx_of
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable")
@@ -35,7 +34,7 @@ def _kid(k) -> str:
 
 @functools.cache
 def _ptx(kind: str, arch: str, coff: int, d: int) -> str:
-    from kernels import r4
+    from csagate.kernels import r4
 
     build = r4.build_fwd if kind == "fwd" else r4.build_bwd
     ptx = ptx_of(build(d=d, coff=coff, arch=arch))
@@ -70,7 +69,7 @@ def test_ptxas_clean(kernel, tmp_path):
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
 def test_ptx_pins_numerics(kernel):
-    from kernels import r4
+    from csagate.kernels import r4
 
     kind, arch, coff, d = kernel
     ptx = _ptx(*kernel)
@@ -116,7 +115,7 @@ def test_ptx_pins_numerics(kernel):
 
 @pytest.mark.parametrize("d", [1, 2, 3, 65, 127, 128, 129, 512, 8_388_479, 8_388_480])
 def test_fwd_schedule(d):
-    from kernels import r4
+    from csagate.kernels import r4
 
     vec, threads = r4.fwd_schedule(d)
     assert vec == (2 if d % 2 == 0 else 1)

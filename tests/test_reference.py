@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
+import csagate.reference as R
 import pytest
 import torch
-
-import reference as R
 
 
 def brute_force(pack, grad_out):

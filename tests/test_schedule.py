@@ -1,8 +1,7 @@
 """The ratio=128 dispatch tables: boundaries, validity, enumeration, rows per CTA."""
 
 import pytest
-
-from kernels import schedule as S
+from csagate.kernels import schedule as S
 
 FWD_EXPECTED = {  # upstream's hardcoded selections (TESTS.md), (vec, tchunks, thr_x, 2ph, fexp)
     (1, 128, 64): (2, 8, 32, False, False), (1, 128, 256): (2, 4, 32, False, False),

@@ -18,7 +18,7 @@ def _need_gpu() -> None:
     if not torch.cuda.is_available():
         console.abort("no CUDA GPU visible: the benchmark times the kernels on a GPU; run it "
                       "on a GPU runner", ExitCode.COULD_NOT_EVALUATE)
-    from kernels._dsl import dsl_available
+    from csagate.kernels._dsl import dsl_available
 
     ok, why = dsl_available()
     if not ok:
@@ -101,8 +101,8 @@ def _sweep_json(rows) -> list[dict]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write every number to this JSON file.")
 def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> None:
-    from kernels import bench
-    from kernels import schedule as S
+    from csagate.kernels import bench
+    from csagate.kernels import schedule as S
 
     picked = []
     for spec in shapes:

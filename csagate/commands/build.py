@@ -18,7 +18,7 @@ def ratios_of(choice: str) -> tuple[int, ...]:
 
 def require_dsl() -> None:
     """Exit 3 with one line when nvidia-cutlass-dsl does not import."""
-    from kernels._dsl import dsl_available
+    from csagate.kernels._dsl import dsl_available
 
     ok, why = dsl_available()
     if not ok:
@@ -31,7 +31,7 @@ def gpu_arch() -> str | None:
 
     if not torch.cuda.is_available():
         return None
-    from kernels._dsl import ARCHES, device_arch
+    from csagate.kernels._dsl import ARCHES, device_arch
 
     arch = device_arch()
     return arch if arch in ARCHES else None
@@ -74,8 +74,8 @@ def command(ratio: str, arch: str, as_json: bool) -> None:
             console.abort("--arch auto needs a CUDA GPU (sm_90a or sm_100a) here: pass "
                           "--arch sm_90a or --arch sm_100a to cross-compile",
                           ExitCode.COULD_NOT_EVALUATE)
-    from kernels import api
-    from kernels.cache import keys_for
+    from csagate.kernels import api
+    from csagate.kernels.cache import keys_for
 
     keys = [key for r in ratios_of(ratio) for key in keys_for(r, arch)]
     records = []

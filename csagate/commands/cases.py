@@ -10,7 +10,7 @@ from csagate import console
 @click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True,
               help="The contract family (the gate is defined for ratio=128).")
 def command(ratio: str) -> None:
-    from gates.cases import CASES, DRIFT
+    from csagate.gates.cases import CASES, DRIFT
 
     table = Table(title=f"csagate ratio={ratio} gate: drift check + {len(CASES)} named cases")
     for col, just in (("#", "right"), ("name", "left"), ("config", "left"),

@@ -36,7 +36,7 @@ def _num(value) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
 def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -> None:
     require_dsl()
-    from kernels.probe import PtxasNotFound, find_ptxas, probe, summary
+    from csagate.kernels.probe import PtxasNotFound, find_ptxas, probe, summary
 
     try:
         find_ptxas()
@@ -44,7 +44,7 @@ def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -
         console.abort(str(exc), ExitCode.COULD_NOT_EVALUATE)
     if arch is None:
         arch = gpu_arch() or "sm_100a"
-    from kernels.cache import keys_for
+    from csagate.kernels.cache import keys_for
 
     keys = [key for r in ratios_of(ratio) for key in keys_for(r, arch)]
     with progress_bar(len(keys), f"probing for {arch}") as bar:

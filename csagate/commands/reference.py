@@ -19,7 +19,7 @@ from csagate.exitcodes import ExitCode
 
 def reference_dir() -> Path:
     """The ``reference`` package directory, found without importing it (no torch import)."""
-    spec = importlib.util.find_spec("reference")
+    spec = importlib.util.find_spec("csagate.reference")
     if spec is None or spec.origin is None:
         raise click.ClickException("the reference package is not importable")
     return Path(spec.origin).parent
@@ -56,8 +56,8 @@ def _check(device_index: int) -> None:
     run_cmd.preflight(device_index)
 
     from csagate import render
-    from gates.backend import BuildError
-    from gates.runner import build_targets, run_drift
+    from csagate.gates.backend import BuildError
+    from csagate.gates.runner import build_targets, run_drift
 
     backend = run_cmd.kernel_backend(device_index)
     try:

@@ -4,7 +4,7 @@ Status and progress go to stderr, the verdict table to stdout. Exit 0 pass, 1 co
 2 usage error, 3 could not evaluate (no GPU, no nvidia-cutlass-dsl, a build failure): the
 exit-3 checks run before cutlass is imported and each prints one line.
 
-The gate only ever judges the real kernels (``gates.backend.KernelBackend``): no option here
+The gate only ever judges the real kernels (``csagate.gates.backend.KernelBackend``): no option here
 selects anything else. ``contract``, ``preflight`` and ``kernel_backend`` are module-level
 functions so the CLI tests can stand in for the GPU.
 """
@@ -27,7 +27,7 @@ DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
 
 def contract():
     """The drift case and the 21 named cases, in the contract's order."""
-    from gates.cases import CASES, DRIFT
+    from csagate.gates.cases import CASES, DRIFT
 
     return DRIFT, CASES
 
@@ -46,7 +46,7 @@ def preflight(device_index: int) -> None:
     if device_index >= count:
         raise click.BadParameter(f"device {device_index} does not exist ({count} CUDA "
                                  f"device(s) visible: 0..{count - 1})", param_hint="--device")
-    from kernels._dsl import ARCHES, device_arch, dsl_available
+    from csagate.kernels._dsl import ARCHES, device_arch, dsl_available
 
     arch = device_arch(device_index)
     if arch not in ARCHES:
@@ -60,7 +60,7 @@ def preflight(device_index: int) -> None:
 
 
 def kernel_backend(device_index: int):
-    from gates.backend import KernelBackend
+    from csagate.gates.backend import KernelBackend
 
     return KernelBackend(device_index)
 
@@ -162,8 +162,8 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int,
     preflight(device_index)
 
     from csagate import render
-    from gates.backend import BuildError, one_line
-    from gates.runner import build_targets, run_gate
+    from csagate.gates.backend import BuildError, one_line
+    from csagate.gates.runner import build_targets, run_gate
 
     err = console.err()
     backend = kernel_backend(device_index)
@@ -213,7 +213,7 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int,
 
 
 def _seeds() -> dict[str, int]:
-    from reference.inputs import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_TOKEN_SEED
+    from csagate.reference.inputs import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_TOKEN_SEED
 
     return {"input": INPUT_SEED, "grad": GRAD_SEED, "pad_grad": PAD_GRAD_SEED,
             "pad_token": PAD_TOKEN_SEED}

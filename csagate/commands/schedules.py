@@ -10,7 +10,7 @@ from csagate import console
 @click.option("--arch", type=click.Choice(["all", "sm_90a", "sm_100a"]), default="all",
               show_default=True, help="Whose tables: the H200's (sm_90a), the B200's, or both.")
 def command(arch: str) -> None:
-    from kernels import schedule as S
+    from csagate.kernels import schedule as S
 
     out = console.out()
     out.print(f"bucket constants: small N <= {S.SMALL_NB_MAX}, large N >= {S.LARGE_NB_MIN}, "

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import warnings
 
+import csagate.reference as R
 import pytest
 import torch
-
-import reference as R
-from reference.inputs import INPUT_SEED
+from csagate.reference.inputs import INPUT_SEED
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +26,7 @@ DAPE_ABS = 1e-3
 def _dsl():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from kernels._dsl import dsl_available  # prepares CUTE_DSL_KEEP before cutlass loads
+    from csagate.kernels._dsl import dsl_available  # prepares CUTE_DSL_KEEP before cutlass loads
 
     ok, why = dsl_available()
     if not ok:
@@ -35,7 +34,7 @@ def _dsl():
 
 
 def api():
-    from kernels import api as A
+    from csagate.kernels import api as A
 
     return A
 
@@ -138,7 +137,7 @@ def test_api_matches_reference(ratio, coff, d):
 
 def test_run_forms_return_the_dispatched_key():
     A = api()
-    from kernels._dsl import device_arch
+    from csagate.kernels._dsl import device_arch
 
     pack = cuda_pack((640, 259), ratio=128, coff=1, d=128)
     go = R.make_grad_out(pack.n_rows, 128, device="cuda")
@@ -271,7 +270,7 @@ def _replay_then_new_data(ratio, coff, d, lens, new_lens):
 @pytest.mark.parametrize("coff", [1, 2])
 def test_cuda_graph_capture_r4(coff):
     A = api()
-    from kernels._dsl import device_arch
+    from csagate.kernels._dsl import device_arch
 
     graph, inputs, go, static, step = _replay_then_new_data(
         4, coff, 128, (512, 256), (384, 128))
@@ -418,12 +417,12 @@ def test_build_loads_every_bucket_for_capture():
 def test_schedule_launcher_runs_the_given_schedule(coff, d, lens):
     """The A/B launcher with the dispatched schedule reproduces the API bitwise."""
     A = api()
-    from kernels import schedule as S
+    from csagate.kernels import schedule as S
 
     pack = cuda_pack(lens, ratio=128, coff=coff, d=d)
     go = R.make_grad_out(pack.n_rows, d, device="cuda")
     via_api = fused(pack, go)
-    from kernels._dsl import device_arch
+    from csagate.kernels._dsl import device_arch
 
     arch = device_arch()  # the API dispatches through this device's tables
     fwd = A.schedule_launcher("fwd", pack, go, S.select_fwd(coff, d, pack.n_rows, arch))

@@ -23,12 +23,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import csagate.reference as R
 import pytest
 import torch
-
-import reference as R
-from kernels.schedule import RATIO, BwdSchedule, config_name, selectable_any, threads_x_for
-from reference.inputs import PAD_GRAD_SEED
+from csagate.kernels.schedule import RATIO, BwdSchedule, config_name, selectable_any, threads_x_for
+from csagate.reference.inputs import PAD_GRAD_SEED
 
 pytestmark = pytest.mark.gpu
 
@@ -60,8 +59,8 @@ def flip_goreuse(sched: BwdSchedule) -> BwdSchedule:
 @functools.cache
 def compiled(coff: int, d: int, sched: BwdSchedule):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not importable")
-    from kernels._dsl import device_arch
-    from kernels.r128_bwd import build_bwd
+    from csagate.kernels._dsl import device_arch
+    from csagate.kernels.r128_bwd import build_bwd
 
     return build_bwd(d=d, coff=coff, sched=sched, arch=device_arch())
 
@@ -86,7 +85,7 @@ def edge_case(coff: int, d: int):
 def run_fused(coff: int, d: int, sched: BwdSchedule, pack, go, *, fill: float,
               rows_per_cta: int | None = None, dape: torch.Tensor | None = None):
     """(dkv, dscore, dape) of one launch into fresh dKV/dScore buffers filled with ``fill``."""
-    from kernels.r128_bwd import launch_bwd
+    from csagate.kernels.r128_bwd import launch_bwd
 
     dkv = torch.full(pack.kv.shape, fill, dtype=torch.bfloat16, device="cuda")
     dscore = torch.full(pack.kv.shape, fill, dtype=torch.bfloat16, device="cuda")

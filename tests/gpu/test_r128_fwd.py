@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import functools
 
+import csagate.reference as R
 import pytest
 import torch
-
-import reference as R
-from kernels.schedule import RATIO, FwdSchedule, config_name, threads_x_for
-from tests.r128_fwd_variants import KERNELS, VARIANTS
+from csagate.kernels.schedule import RATIO, FwdSchedule, config_name, threads_x_for
+from r128_fwd_variants import KERNELS, VARIANTS
 
 pytestmark = pytest.mark.gpu
 
@@ -56,8 +55,8 @@ IDS = [f"{config_name(*cfg)}-{sched.tag}-{name}" for cfg, sched, name in CASES]
 @functools.cache
 def compiled(coff: int, d: int, sched: FwdSchedule):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not importable")
-    from kernels._dsl import device_arch
-    from kernels.r128_fwd import build_fwd
+    from csagate.kernels._dsl import device_arch
+    from csagate.kernels.r128_fwd import build_fwd
 
     return build_fwd(d=d, coff=coff, sched=sched, arch=device_arch())
 
@@ -74,7 +73,7 @@ def pack_and_refs(coff: int, d: int, name: str):
 
 
 def run_fused(coff: int, d: int, sched: FwdSchedule, pack, fill: float) -> torch.Tensor:
-    from kernels.r128_fwd import launch_fwd
+    from csagate.kernels.r128_fwd import launch_fwd
 
     out = torch.full((pack.n_rows, d), fill, dtype=torch.bfloat16, device="cuda")
     kv, score, ape, cu, cuc = pack.inputs()

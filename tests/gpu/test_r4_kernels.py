@@ -1,6 +1,6 @@
 """The ratio=4 kernels on the GPU against the fp32 eager reference (CONTRACT.md section 4).
 
-The kernels are launched directly (``kernels.r4.launch_*``) into buffers allocated here:
+The kernels are launched directly (``csagate.kernels.r4.launch_*``) into buffers allocated here:
 dKV/dScore start NaN-filled, so a slot the backward fails to write shows up as NaN. Contract:
 dKV and dScore ``torch.equal`` to the reference; the forward differs on at most
 max(1, int(1e-4 * numel)) elements, each by at most one bf16 step (or, where the sum cancels
@@ -14,8 +14,7 @@ import functools
 
 import pytest
 import torch
-
-from kernels._dsl import dsl_available
+from csagate.kernels._dsl import dsl_available
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = [
@@ -54,21 +53,21 @@ def _case_id(case) -> str:
 
 @functools.cache
 def _kernels(d: int, coff: int):
-    from kernels import r4
-    from kernels._dsl import device_arch
+    from csagate.kernels import r4
+    from csagate.kernels._dsl import device_arch
 
     arch = device_arch()
     return r4.build_fwd(d=d, coff=coff, arch=arch), r4.build_bwd(d=d, coff=coff, arch=arch)
 
 
 def _pack(lens, d, coff, **kw):
-    from reference import make_pack
+    from csagate.reference import make_pack
 
     return make_pack(lens, ratio=RATIO, coff=coff, d=d, device="cuda", **kw)
 
 
 def _run_fwd(pack, *, fill=float("nan"), stream=None) -> torch.Tensor:
-    from kernels import r4
+    from csagate.kernels import r4
 
     kv, score, ape, cu, cuc = pack.inputs()
     out = torch.full((pack.n_rows, pack.d), fill, dtype=torch.bfloat16, device="cuda")
@@ -81,7 +80,7 @@ def _run_fwd(pack, *, fill=float("nan"), stream=None) -> torch.Tensor:
 
 
 def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None):
-    from kernels import r4
+    from csagate.kernels import r4
 
     kv, score, ape, cu, cuc = pack.inputs()
     dkv = torch.full_like(kv, fill)
@@ -97,7 +96,7 @@ def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None):
 
 def _ref_out(pack) -> torch.Tensor:
     """The fp32 eager reference out over all N rows (capacity padding rows included)."""
-    from reference import forward
+    from csagate.reference import forward
 
     kv, score, ape, cu, cuc = pack.inputs()
     return forward(kv, score, ape, cu, cuc, ratio=RATIO, coff=pack.coff, n_rows=pack.n_rows,
@@ -106,7 +105,7 @@ def _ref_out(pack) -> torch.Tensor:
 
 def _ref_grads(pack, grad_out):
     """The fp32 eager reference gradients, grad_out of capacity padding rows zeroed."""
-    from reference import backward
+    from csagate.reference import backward
 
     kv, score, ape, cu, cuc = pack.inputs()
     go = grad_out.clone()
@@ -115,7 +114,7 @@ def _ref_grads(pack, grad_out):
 
 
 def _mask(pack) -> torch.Tensor:
-    from reference import never_consumed_mask
+    from csagate.reference import never_consumed_mask
 
     return never_consumed_mask(pack.cu, ratio=RATIO, coff=pack.coff, d=pack.d,
                                n_tokens=pack.n_tokens).to("cuda")
@@ -225,7 +224,7 @@ def test_forward_vs_fp32_reference(case):
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_backward_bitwise_vs_fp32_reference(case):
-    from reference import make_grad_out
+    from csagate.reference import make_grad_out
 
     lens, d, coff = case
     label = _case_id(case)
@@ -248,7 +247,7 @@ PAD_PACKS = [(3, 515, 1024, 129), RAGGED3]
 @pytest.mark.parametrize("lens", PAD_PACKS, ids=lambda lens: "_".join(map(str, lens)))
 def test_capacity_padding(lens, coff):
     """8 capacity rows + 37 token-padding rows; NONZERO grad_out on the capacity rows."""
-    from reference import make_grad_out
+    from csagate.reference import make_grad_out
 
     d = 128
     label = f"c{coff}d{d}-" + "_".join(map(str, lens)) + "-pad8-tok37"
@@ -283,7 +282,7 @@ def test_capacity_padding(lens, coff):
 @pytest.mark.parametrize("coff", (2, 1))
 def test_three_run_determinism(coff):
     """Run 1 into zeros, runs 2-3 into NaN (run 3 on a side stream): bitwise identical."""
-    from reference import make_grad_out
+    from csagate.reference import make_grad_out
 
     d = 128
     pack = _pack(RAGGED3, d, coff)
@@ -305,7 +304,7 @@ def test_three_run_determinism(coff):
 @pytest.mark.parametrize("coff", (2, 1))
 def test_no_rows_launches_nothing(coff):
     """lens [3, 2, 1]: N == 0, so nothing launches and every buffer keeps its NaN fill."""
-    from kernels import r4
+    from csagate.kernels import r4
 
     d = 128
     pack = _pack((3, 2, 1), d, coff)
