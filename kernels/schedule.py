@@ -164,7 +164,7 @@ def _bwd(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool
 
 # --- upstream (B200, sm_100a) tables --------------------------------------------------------
 # Provenance: upstream cudnn-frontend B200 measurements (nsys kernel time), see
-# ../shared/spec/KERNELS.md section 6; H200 re-measurements are recorded in kernels/NOTES.md.
+# docs/KERNELS.md section 6; H200 re-measurements are recorded in docs/PERF_NOTES.md.
 
 FWD_DEFAULT = {
     # (coff, d): schedule.  Default rule: vec 4 if W >= 1024 and d % 4 == 0 else 2; tchunks 8
@@ -209,7 +209,7 @@ BWD_SMALL = {
 # Same buckets and boundaries as upstream; entries chosen on the H200 by `csagate bench
 # --sweep` (geometry, then flags; every candidate passed G2 and probed 0 spill / 0 stack), each
 # confirmed by an interleaved A/B in both orders against the entry it replaced: previous ->
-# H200 choice, us per launch from CUDA-graph replays, order 1 / order 2 (kernels/NOTES.md).
+# H200 choice, us per launch from CUDA-graph replays, order 1 / order 2 (docs/PERF_NOTES.md).
 # Sweep 1 started from the upstream entries, sweep 2 from sweep 1's; a sweep-2 winner within
 # the A/B noise (< 1%) kept the sweep-1 entry. The c1d512 default and large buckets select the
 # same kernel on the H200, so its forward table holds 9 distinct kernels (upstream: 10).
