@@ -1,6 +1,6 @@
 """The drift-check case and the 21 named cases of the ratio=128 gate, in the contract's order.
 
-Data, not code (CONTRACT.md section 5). The odd packs are the point: ``ragged3`` has tails in
+Data, not code (docs/CONTRACT.md section 5.2). The odd packs are the point: ``ragged3`` has tails in
 every segment, ``edgepack`` has a short first segment, an empty segment, a 3-token segment,
 exact multiples and one-token tails; the padding cases add capacity rows and token rows.
 """

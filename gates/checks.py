@@ -4,7 +4,7 @@ Every function takes tensors and returns a frozen record (never just a bool): th
 worst error, and where a check fails the first offending index with the values there, so a
 failed gate explains itself. Nothing here knows about cases, kernels or printing.
 
-The contract's numbers (CONTRACT.md section 4) are the defaults:
+The contract's numbers (docs/CONTRACT.md section 4.2) are the defaults:
 
 * G1 ``bitwise_replay``: runs compared as bit patterns (integer views, since NaN != NaN);
   no NaN unless the case is the overflow case.

@@ -1,4 +1,4 @@
-"""The gate run (CONTRACT.md section 5): drift check, the cases in order, schedule coverage.
+"""The gate run (docs/CONTRACT.md section 5): drift check, the cases in order, schedule coverage.
 
 :func:`run_gate` takes the backend and the cases as arguments (the CLI passes the real
 kernels and the 21 contract cases; the CPU tests pass small cases and faulty reference

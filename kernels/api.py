@@ -1,13 +1,13 @@
 """Host API of the CSA compressor kernels: validation, dispatch, allocation, launch.
 
-Used by the gate and by library users. Tensors follow CONTRACT.md section 1:
+Used by the gate and by library users. Tensors follow docs/CONTRACT.md section 1:
 
     kv, score (T, coff*d) bf16;  ape (ratio, coff*d) fp32;  cu, cuc (B+1,) int32;
     out / grad_out (N, d) bf16 with N >= cuc[B] (rows past cuc[B] are capacity padding);
     dkv, dscore (T, coff*d) bf16;  dape (ratio, coff*d) fp32.
 
 * :func:`check_support` raises ValueError naming the offending argument for every rule of
-  the envelope (KERNELS.md section 5); meta tensors are accepted for shape-only checks.
+  the envelope (docs/KERNELS.md section 5); meta tensors are accepted for shape-only checks.
 * :func:`forward` / :func:`backward` allocate their outputs; :func:`run_forward` /
   :func:`run_backward` write into caller buffers and return the :class:`KernelKey` they
   launched (None when N == 0: nothing is launched).

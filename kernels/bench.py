@@ -1,6 +1,6 @@
 """Timing the fused kernels against the eager reference and the copy roofline (GPU only).
 
-Method (the device's METHOD.md): CUDA events around each launch, warm-ups first, medians; a
+Method (docs/PERF_NOTES.md): CUDA events around each launch, warm-ups first, medians; a
 CUDA-graph figure that replays many launches to take host launch overhead out; A/B variants
 interleaved in one process on the same inputs and repeated in swapped order. The roofline is
 this device's own device-to-device copy bandwidth, measured in the same process.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from csagate.kernels import schedule as S
 
-# The gate's long shapes plus the short ones the targets name (KERNELS.md section 6 table).
+# The gate's long shapes plus the short ones the targets name (docs/KERNELS.md section 6.2).
 SHAPES: tuple[tuple[int, int, int], ...] = (
     # (coff, d, tokens in one segment)
     (1, 128, 8192), (1, 128, 131072),

@@ -1,4 +1,4 @@
-"""The dedicated ratio=128 backward kernel (spec: KERNELS.md section 2, CONTRACT.md section 2).
+"""The dedicated ratio=128 backward kernel (docs/KERNELS.md section 2, docs/CONTRACT.md section 2).
 
 One CTA handles R consecutive output rows (R = ``rows_per_cta``, a runtime argument) for one
 slice of ``cols_pc = threads_x * vec`` head-dim columns. Thread (tx, ty) owns the column group
@@ -25,7 +25,7 @@ partials, the per-column 1/den and S, and the thread-private fp32 dAPE sums. 3 b
 row; 512 resident threads per SM (128 registers per thread, capped through ``.maxntid``).
 
 Every (token, column) slot of dKV/dScore is written exactly once: consumed slots by the row
-that consumes them, never-consumed slots (CONTRACT.md classes a-d) with exact zeros, so the
+that consumes them, never-consumed slots (docs/CONTRACT.md section 2.4) with exact zeros, so the
 gradient buffers may start uninitialized. Kernels take raw pointers and runtime Int32 sizes;
 the schedule fields, d and coff are compile-time.
 """
@@ -380,7 +380,7 @@ class R128Bwd:
                 cute.arch.red(ptr, rDApe[kk * VEC + j], op="add", dtype=F32,
                               sem="relaxed", scope="gpu")
 
-    # --- regwin: each thread's window chunk in registers (KERNELS.md section 2, regwin) ---
+    # --- regwin: each thread's window chunk in registers (docs/KERNELS.md section 2, regwin) ---
 
     def _raw_f32(self, raw, kk: int, j: int):
         """Exact fp32 of window value (kk, j) of a raw chunk: packed bf16 pairs or bf16."""

@@ -18,7 +18,7 @@ found by a per-thread scan of ``cuc`` on the device (no host sync):
   The schedule guarantees ``128 % C == 0``, so no chunk straddles the half boundary.
 * capacity padding rows (``b >= cuc[B]``) are computed as a first block at token 0.
 
-Numerics (KERNELS.md section 1): ``s = f32(score) + ape``; online-rescale form (strict
+Numerics (docs/KERNELS.md section 1): ``s = f32(score) + ape``; online-rescale form (strict
 ``s > m`` rescales den/acc by ``exp(m - s)`` with ``mul.rn``) or two-phase form (exact chunk
 max, then one ascending pass); ``den`` accumulates with ``add.rn`` and ``acc`` with
 ``fma.rn(u, e, acc)``, all pinned so FMA contraction cannot change them. The merge always uses
@@ -38,7 +38,7 @@ Loads and tuning (compile-time schedule fields; none changes a single output bit
 * The segment scan reads ``cuc`` (one or two cache lines, the same addresses in every lane)
   and is the only thing the window loads wait for: their address needs the segment.
 
-Known caveats (CONTRACT.md section 6):
+Known caveats (docs/CONTRACT.md section 6):
 
 * Saturation: the chunk partials are un-normalized (``acc`` sums ``u * e`` with ``e <= 1``),
   so near fp32 max this kernel overflows earlier than eager, which normalizes the weights

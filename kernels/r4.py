@@ -1,6 +1,6 @@
 """ratio=4 production kernels of the CSA compressor (forward and backward, CuTe DSL).
 
-Semantics and edge rules: spec/CONTRACT.md sections 1-2; designs: spec/KERNELS.md section 4.
+Semantics and edge rules: docs/CONTRACT.md sections 1-2; designs: docs/KERNELS.md section 4.
 The whole window (``RATIO * coff`` positions) of one output row lives in registers, which is
 cheap at ratio 4. dKV and dScore are bitwise equal to torch's fp32 eager autograd because
 every value is built with torch's expression tree and rounding sequence:

@@ -164,7 +164,7 @@ def _bwd(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool
 
 # --- upstream (B200, sm_100a) tables --------------------------------------------------------
 # Provenance: upstream cudnn-frontend B200 measurements (nsys kernel time), see
-# docs/KERNELS.md section 6; H200 re-measurements are recorded in docs/PERF_NOTES.md.
+# docs/KERNELS.md section 6.3; H200 re-measurements are recorded in docs/PERF_NOTES.md.
 
 FWD_DEFAULT = {
     # (coff, d): schedule.  Default rule: vec 4 if W >= 1024 and d % 4 == 0 else 2; tchunks 8

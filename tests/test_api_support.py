@@ -1,8 +1,8 @@
 """csagate.kernels.api on CPU: every check_support rule (meta tensors for the shape-only rules), the
 dispatch decision, and the guards that fire before anything launches.
 
-The upstream message fragments are matched, so callers can rely on them (TESTS.md
-"check_support"). The alignment and same-device rules need CUDA tensors: tests/gpu/.
+The upstream message fragments are matched, so callers can rely on them (upstream's
+"check_support" tests). The alignment and same-device rules need CUDA tensors: tests/gpu/.
 """
 
 from __future__ import annotations

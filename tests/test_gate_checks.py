@@ -1,4 +1,4 @@
-"""The gate checks one by one, at their boundaries (CONTRACT.md section 4)."""
+"""The gate checks one by one, at their boundaries (docs/CONTRACT.md section 4.2)."""
 
 from __future__ import annotations
 

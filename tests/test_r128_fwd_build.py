@@ -1,5 +1,5 @@
 """CPU: every selectable ratio=128 forward kernel builds for sm_90a and sm_100a, and its PTX
-has the structure the design promises (KERNELS.md section 1).
+has the structure the design promises (docs/KERNELS.md section 1).
 
 No GPU is needed: the kernels are cross-compiled, ``ptxas -v`` assembles the PTX, and the
 PTX is read for facts that could silently go wrong (spills, scalar instead of vector loads,

@@ -3,7 +3,7 @@
 import pytest
 from csagate.kernels import schedule as S
 
-FWD_EXPECTED = {  # upstream's hardcoded selections (TESTS.md), (vec, tchunks, thr_x, 2ph, fexp)
+FWD_EXPECTED = {  # the upstream test's hardcoded selections, (vec, tchunks, thr_x, 2ph, fexp)
     (1, 128, 64): (2, 8, 32, False, False), (1, 128, 256): (2, 4, 32, False, False),
     (1, 128, 1024): (4, 4, 32, True, True), (2, 128, 64): (2, 16, 32, False, True),
     (2, 128, 256): (2, 8, 32, False, True), (1, 512, 256): (2, 4, 32, False, False),

@@ -2,7 +2,7 @@
 graph capture and replay with in-place new data, the capture guard, alignment, dAPE
 accumulation, explicit streams and devices.
 
-Contract (CONTRACT.md section 4, TESTS.md 1.3): ratio 4 dKV/dScore are bitwise equal to the
+Contract (docs/CONTRACT.md section 4, upstream's TOL): ratio 4 dKV/dScore are bitwise equal to the
 fp32 eager reference; ratio 128 grads and every forward meet TOL (n_diff <= max(1,
 int(0.001 * numel)), max_abs <= 1.6e-2); dAPE max_abs <= 1e-3 (fp32 atomics).
 """

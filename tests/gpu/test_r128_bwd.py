@@ -10,7 +10,7 @@ which the kernel must ignore) and 21 token padding rows:
 * G2: against the fp32 eager reference, dKV and dScore n_diff <= max(1, int(0.001 * numel))
   and max_abs <= 1.6e-2; dAPE max_abs <= 1e-3;
 * G3: against the fp64 oracle, per tensor max|fused - fp64| <= max|eager - fp64|*(1+1e-6)+1e-4;
-* exact zeros on every never-consumed slot (CONTRACT.md section 2, classes a-d).
+* exact zeros on every never-consumed slot (docs/CONTRACT.md section 2.4, classes a-d).
 
 Also: goreuse on/off and rows_per_cta 1/3/16 are bitwise identical, dAPE accumulates into
 the caller's buffer, and the fp32-overflow case gives NaN exactly where the reference does.

@@ -2,7 +2,7 @@
 
 Each of the 10 forward schedules is built and launched directly (regardless of the bucket
 its N would select) on packs that stress the row/segment/window indexing, and held to the
-contract's three gates (CONTRACT.md section 4):
+contract's three gates (docs/CONTRACT.md section 4.2):
 
 * G1: 3 runs into fresh buffers (zero-filled, NaN-filled, NaN-filled) are bitwise equal
   and NaN-free, so every output slot is written and the result is deterministic;

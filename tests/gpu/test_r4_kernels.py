@@ -1,4 +1,4 @@
-"""The ratio=4 kernels on the GPU against the fp32 eager reference (CONTRACT.md section 4).
+"""The ratio=4 kernels on the GPU against the fp32 eager reference (docs/CONTRACT.md section 4.1).
 
 The kernels are launched directly (``csagate.kernels.r4.launch_*``) into buffers allocated here:
 dKV/dScore start NaN-filled, so a slot the backward fails to write shows up as NaN. Contract:
