@@ -314,6 +314,10 @@ def test_reference_prints_its_source_and_where_it_lives():
     assert result.exit_code == 0
     first = result.stdout.splitlines()[0]
     assert first == f"# reference: {REPO / 'reference' / 'compressor.py'}"
+    contract = [line for line in result.stdout.splitlines() if line.startswith("# contract:")]
+    assert contract == ["# contract:  docs/CONTRACT.md in the csagate repository (the source "
+                        "of truth)"], contract
+    assert (REPO / "docs" / "CONTRACT.md").is_file()
     assert "def backward(" in result.stdout and "def never_consumed_mask(" in result.stdout
 
 

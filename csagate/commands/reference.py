@@ -16,6 +16,10 @@ import click
 from csagate import console
 from csagate.exitcodes import ExitCode
 
+# Printed by ``csagate reference``: where the contract lives (a repository path; docs/ is not in
+# the wheel).
+CONTRACT_LINE = "docs/CONTRACT.md in the csagate repository (the source of truth)"
+
 
 def reference_dir() -> Path:
     """The ``reference`` package directory, found without importing it (no torch import)."""
@@ -40,6 +44,7 @@ def command(check: bool, device_index: int) -> None:
     out = console.out()
     out.print(f"# reference: {source}")
     out.print(f"# inputs:    {where / 'inputs.py'}")
+    out.print(f"# contract:  {CONTRACT_LINE}")
     text = source.read_text()
     if out.is_terminal:
         from rich.syntax import Syntax
