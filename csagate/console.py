@@ -1,4 +1,5 @@
-"""The two consoles: results on stdout, status and progress on stderr. NO_COLOR is honoured."""
+"""The two consoles: results on stdout, status and progress on stderr. NO_COLOR and the root
+``--color/--no-color`` are honoured."""
 
 from __future__ import annotations
 
@@ -14,19 +15,22 @@ from csagate.exitcodes import ExitCode
 
 _out: Console | None = None
 _err: Console | None = None
+_force: bool | None = None   # --color / --no-color; None: a terminal decides
 
 
-def _color() -> bool | None:
-    if os.environ.get("NO_COLOR"):
-        return False
-    return None
+def _kwargs() -> dict:
+    if _force is False or (_force is None and os.environ.get("NO_COLOR")):
+        return {"no_color": True}
+    if _force is True:
+        return {"force_terminal": True, "no_color": False}
+    return {}
 
 
 def out() -> Console:
     global _out
     if _out is None:
         _out = Console(file=sys.stdout, markup=False, emoji=False, highlight=False,
-                       no_color=_color() is False, soft_wrap=False)
+                       soft_wrap=False, **_kwargs())
     return _out
 
 
@@ -34,7 +38,7 @@ def err() -> Console:
     global _err
     if _err is None:
         _err = Console(file=sys.stderr, markup=False, emoji=False, highlight=False,
-                       no_color=_color() is False, soft_wrap=True)
+                       soft_wrap=True, **_kwargs())
     return _err
 
 
@@ -76,10 +80,12 @@ def print_table(table, console: Console | None = None) -> None:
     console.print(table)
 
 
-def reset() -> None:
-    """Forget the consoles (CliRunner swaps sys.stdout between invocations)."""
-    global _out, _err
+def reset(color: bool | None = None) -> None:
+    """Forget the consoles (CliRunner swaps sys.stdout between invocations); ``color``:
+    the root ``--color/--no-color`` (None: colour on a terminal unless NO_COLOR is set)."""
+    global _out, _err, _force
     _out = _err = None
+    _force = color
 
 
 def one_line(exc: BaseException) -> str:
