@@ -148,3 +148,8 @@ def test_probe_without_ptxas_exits_3(dsl, monkeypatch):
     r = run("probe", "--ratio", "4", "--arch", "sm_90a")
     assert r.exit_code == 3, r.output
     assert "ptxas not found" in r.stderr and "Traceback" not in r.output
+
+
+def test_bench_json_in_a_missing_directory_is_a_usage_error(tmp_path):
+    r = run("bench", "--json", str(tmp_path / "nope" / "b.json"))
+    assert r.exit_code == 2 and "does not exist" in r.stderr

@@ -7,6 +7,7 @@ import click
 from rich.table import Table
 
 from csagate import console
+from csagate.commands.build import existing_parent
 from csagate.exitcodes import ExitCode
 
 
@@ -109,7 +110,7 @@ def _sweep_json(rows) -> list[dict]:
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(1))
 @click.option("--warmup", default=30, show_default=True, type=click.IntRange(0))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write every number to this JSON file.")
+              callback=existing_parent, help="Also write every number to this JSON file.")
 def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> None:
     from csagate.kernels import bench
     from csagate.kernels import schedule as S
