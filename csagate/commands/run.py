@@ -199,7 +199,7 @@ def _known_env() -> dict:
 @click.option("--device", "device_index", type=click.IntRange(min=0), default=0,
               show_default=True, help="CUDA device index.")
 @click.option("-v", "--verbose", is_flag=True,
-              help="Also print the detail table: schedules, differing elements / max |diff| "
+              help="Also print the detail tables: schedules, differing elements / max |diff| "
                    "per tensor, dAPE max, seconds per case.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every recorded number, per case, and the environment to this file.")
