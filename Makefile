@@ -25,5 +25,8 @@ test: setup lint
 gate: setup
 	$(VENV)/bin/csagate run --ratio 128
 
+# Every ignored output (.gitignore) except the inputs kept on purpose: .dsl/, .whl/, out/.
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info build dist .csagate-cache
+	find . -path ./.dsl -prune -o -path ./.whl -prune -o \( -name __pycache__ -o -name '*.pyc' \) \
+		-prune -exec rm -rf {} +

@@ -14,4 +14,4 @@ class ExitCode(IntEnum):
     @classmethod
     def help_text(cls) -> str:
         return ("Exit codes: 0 pass, 1 contract failure, 2 usage error, "
-                "3 could not evaluate (no GPU, missing DSL, build failure).")
+                "3 could not evaluate (no GPU, missing DSL, build failure, an internal error).")

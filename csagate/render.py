@@ -1,9 +1,10 @@
 """Verdict renderers: the rich table (stdout), the JSON report and the JUnit XML report.
 
 All three read the same :class:`csagate.gates.verdict.Verdict`; none of them judges anything. The
-table has one row per named gate in the contract's order: the drift check first, the cases,
-schedule coverage last; then the headline (``GATE PASS 21/21`` / ``GATE FAIL k/21``) and the
-reasons, one line each.
+table has one row per named case in the contract's order: the drift check first, the cases,
+schedule coverage last, with one mark per gate (G1, G2, G3, zeros) and the result; ``-v`` adds
+the numbers (``detail_table``). Then the headline (``GATE PASS 21/21`` / ``GATE FAIL k/21``)
+and every reason, wrapped at the console's width.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from csagate import console as _console
+from csagate.exitcodes import ExitCode
 from csagate.gates.verdict import (
     ERROR,
     FAIL,
@@ -36,17 +39,26 @@ from csagate.gates.verdict import (
 )
 
 SCHEMA = "csagate.verdict/1"
+COULD_NOT_EVALUATE = "COULD NOT EVALUATE"   # the verdict of an exit-3 run
 
 _STYLE = {PASS: "green", FAIL: "bold red", ERROR: "bold red", SKIP: "yellow",
           RECORDED: "cyan", UNTRUSTED: "yellow", NOT_ASSERTED: "yellow"}
 _WORD = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", SKIP: "skip", RECORDED: "rec",
          UNTRUSTED: "UNTRUSTED", NOT_ASSERTED: "NOT ASSERTED"}
 
-COLUMNS = ("#", "gate", "config", "schedules fwd / bwd", "G1", "G2", "G3", "zeros",
-           "fwd diff / max", "dKV diff / max", "dScore diff / max", "dAPE max", "s", "result")
+# The compact verdict: one mark per gate. The marks and the result never wrap or shrink; the
+# case name and config fold. It fits 80 columns; the numbers are in ``detail_table`` (-v).
+COLUMNS = ("#", "case", "config", "G1", "G2", "G3", "zeros", "result")
+MARKS = ("#", "G1", "G2", "G3", "zeros", "result")
+DETAIL_COLUMNS = ("#", "case", "fwd diff / max", "dKV diff / max", "dScore diff / max",
+                  "dAPE max", "s")
+SCHEDULE_COLUMNS = ("#", "case", "fwd schedules", "bwd schedules")
 
 
 # --- table ---------------------------------------------------------------------------------
+
+
+new_table = _console.new_table
 
 
 def _status(status: str) -> Text:
@@ -73,62 +85,83 @@ def _config(result: CaseResult) -> str:
     return case.config if case.ratio == 128 else f"r{case.ratio} {case.config}"
 
 
-def _schedules(result: CaseResult) -> str:
-    fwd = ",".join(result.schedules("fwd")) or "-"
-    bwd = ",".join(result.schedules("bwd")) or "-"
-    return f"{fwd} / {bwd}"
+def _schedules(result: CaseResult, direction: str) -> str:
+    return ", ".join(result.schedules(direction)) or "-"
 
 
-def _case_row(index: int, result: CaseResult, *, drift: bool = False) -> list:
+def _result(result: CaseResult) -> Text:
+    if result.status == ERROR:  # a raising case is a FAIL row; its error is in the reasons
+        return Text("FAIL", style=_STYLE[ERROR])
+    return _status(result.status)
+
+
+def _case_row(index: int, result: CaseResult) -> list:
+    return [str(index), result.name, _config(result),
+            *(_status(result.gate_status(g)) for g in ("G1", "G2", "G3", "zeros")),
+            _result(result)]
+
+
+def _detail_row(index: int, result: CaseResult, *, drift: bool = False) -> list:
     cmp_gate = "drift" if drift else "G2"
     return [
-        str(index), result.name, _config(result), _schedules(result),
-        *(_status(result.gate_status(g)) for g in ("G1", "G2", "G3", "zeros")),
+        str(index), result.name,
         _diff_cell(result.result(cmp_gate, "out")),
         _diff_cell(result.result(cmp_gate, "dkv")),
         _diff_cell(result.result(cmp_gate, "dscore")),
         _diff_cell(result.result(cmp_gate, "dape"), count=False),
-        f"{result.seconds:.1f}", _result(result),
+        f"{result.seconds:.1f}",
     ]
 
 
-def _result(result: CaseResult) -> Text:
-    if result.status == ERROR:  # a raising case is a FAIL row with the error's one line
-        return Text(f"FAIL: {result.error}", style=_STYLE[ERROR])
-    return _status(result.status)
-
-
-def _coverage_row(cov: CoverageResult) -> list:
-    return ["", "coverage", "all", cov.summary, *([_status("")] * 4), "-", "-", "-", "-", "",
-            _status(cov.status)]
-
-
 def verdict_table(verdict: Verdict) -> Table:
+    """One row per named case in the contract's order (drift check first, coverage last): one
+    mark per gate and the result."""
     env = verdict.env
     where = ", ".join(str(env[k]) for k in ("gpu", "arch") if env.get(k))
     title = "csagate ratio=128 gate" + (f" on {where}" if where else "")
-    table = Table(title=title, title_justify="left")
-    for col in COLUMNS:
-        right = col in ("#", "s") or "diff" in col or "max" in col
-        table.add_column(col, justify="right" if right else "left", no_wrap=True)
-    table.add_row(*_case_row(0, verdict.drift, drift=True))
+    table = new_table(title, COLUMNS, marks=MARKS, right=("#",))
+    table.add_row(*_case_row(0, verdict.drift))
     for i, result in enumerate(verdict.cases, start=1):
         table.add_row(*_case_row(i, result))
-    table.add_row(*_coverage_row(verdict.coverage))
+    cov = verdict.coverage
+    table.add_row("", f"coverage ({cov.summary})", "all", *([_status("")] * 4),
+                  _status(cov.status))
+    return table
+
+
+def detail_table(verdict: Verdict) -> Table:
+    """The numbers behind the marks: differing elements / max |diff| per tensor (the drift row
+    against the reference, the other rows G2 against fp32), dAPE max |diff|, seconds."""
+    table = new_table("detail: differing elements / max |diff| (row 0: vs the reference; "
+                      "others: G2 vs fp32)", DETAIL_COLUMNS, marks=("#",),
+                      right=DETAIL_COLUMNS[2:] + ("#",))
+    table.add_row(*_detail_row(0, verdict.drift, drift=True))
+    for i, result in enumerate(verdict.cases, start=1):
+        table.add_row(*_detail_row(i, result))
+    return table
+
+
+def schedules_table(verdict: Verdict) -> Table:
+    """The kernels (schedule tags) each case selected, per direction."""
+    table = new_table("detail: selected schedules", SCHEDULE_COLUMNS, marks=("#",),
+                      right=("#",))
+    for i, result in enumerate((verdict.drift, *verdict.cases)):
+        table.add_row(str(i), result.name, _schedules(result, "fwd"), _schedules(result, "bwd"))
     return table
 
 
 def drift_table(result: CaseResult) -> Table:
-    table = Table(title="csagate reference drift check", title_justify="left")
-    for col in ("gate", "config", "schedule", "dKV diff / max", "dScore diff / max",
-                "dAPE max", "s", "result"):
-        right = col == "s" or "max" in col
-        table.add_column(col, justify="right" if right else "left", no_wrap=True)
-    table.add_row(result.name, _config(result), ",".join(result.schedules("bwd")) or "-",
-                  _diff_cell(result.result("drift", "dkv")),
-                  _diff_cell(result.result("drift", "dscore")),
-                  _diff_cell(result.result("drift", "dape"), count=False),
-                  f"{result.seconds:.1f}", _result(result))
+    """The drift check alone (``csagate reference --check``), one line per fact."""
+    table = new_table("csagate reference drift check", ("", "value"), marks=("",))
+    for key, value in (
+        ("case", result.name), ("config", _config(result)),
+        ("schedule", _schedules(result, "bwd")),
+        ("dKV diff / max", _diff_cell(result.result("drift", "dkv"))),
+        ("dScore diff / max", _diff_cell(result.result("drift", "dscore"))),
+        ("dAPE max", _diff_cell(result.result("drift", "dape"), count=False)),
+        ("s", f"{result.seconds:.1f}"), ("result", _result(result)),
+    ):
+        table.add_row(key, value)
     return table
 
 
@@ -136,20 +169,33 @@ def print_table(table: Table, console: Console) -> None:
     _console.print_table(table, console)
 
 
-def print_verdict(verdict: Verdict, console: Console) -> None:
+def print_lines(console: Console, text: str, style: str | None = None, *,
+                indent: str = "", hang: str = "") -> None:
+    """``text`` wrapped at the console's width (never cut), continuation lines under ``hang``."""
+    width = max(console.width, 20)
+    lines = textwrap.wrap(text, width=width, initial_indent=indent,
+                          subsequent_indent=hang or indent, break_on_hyphens=False) or [""]
+    for line in lines:
+        console.print(Text(line, style=style or ""), soft_wrap=True)
+
+
+def print_verdict(verdict: Verdict, console: Console, *, verbose: bool = False) -> None:
+    """The compact verdict, the detail table with ``verbose``, the headline, every reason."""
     print_table(verdict_table(verdict), console)
-    console.print(Text(verdict.headline, style="bold green" if verdict.ok else "bold red"),
-                  soft_wrap=True)
+    if verbose:
+        print_table(detail_table(verdict), console)
+        print_table(schedules_table(verdict), console)
+    print_lines(console, verdict.headline, "bold green" if verdict.ok else "bold red")
     for reason in verdict.reasons:
-        console.print(f"  - {reason}", soft_wrap=True)
+        print_lines(console, reason, indent="  - ", hang="    ")
 
 
 def print_drift(result: CaseResult, console: Console) -> None:
     print_table(drift_table(result), console)
-    console.print(Text(f"DRIFT {'PASS' if result.ok else 'FAIL'}",
-                       style="bold green" if result.ok else "bold red"), soft_wrap=True)
+    print_lines(console, f"DRIFT {'PASS' if result.ok else 'FAIL'}",
+                "bold green" if result.ok else "bold red")
     for reason in result.reasons:
-        console.print(f"  - {reason}", soft_wrap=True)
+        print_lines(console, reason, indent="  - ", hang="    ")
 
 
 # --- JSON ------------------------------------------------------------------------------------
@@ -221,6 +267,8 @@ def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
     doc = {
         "schema": SCHEMA,
         "verdict": "PASS" if verdict.ok else "FAIL",
+        "exit_code": int(ExitCode.PASS if verdict.ok else ExitCode.CONTRACT_FAILURE),
+        "reason": None,
         "headline": verdict.headline,
         "passed": verdict.passed,
         "total": verdict.total,
@@ -240,9 +288,39 @@ def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
     return _jsonable(doc)
 
 
+def error_json(reason: str, *, env: dict[str, Any], total: int, full: bool,
+               extra: dict[str, Any] | None = None) -> dict:
+    """The report of a run that could not evaluate (exit 3): the one-line reason, what is known
+    of the environment, and the keys of a verdict left empty (no case was judged)."""
+    doc = {
+        "schema": SCHEMA,
+        "verdict": COULD_NOT_EVALUATE,
+        "exit_code": int(ExitCode.COULD_NOT_EVALUATE),
+        "reason": reason,
+        "headline": f"GATE {COULD_NOT_EVALUATE}: {reason}",
+        "passed": 0,
+        "total": total,
+        "full_contract": full,
+        "reasons": [reason],
+        "env": dict(env),
+        "drift": None,
+        "cases": [],
+        "coverage": None,
+        **(extra or {}),
+    }
+    return _jsonable(doc)
+
+
 def write_json(path: Path, verdict: Verdict, extra: dict[str, Any] | None = None) -> None:
-    text = json.dumps(verdict_json(verdict, extra), indent=2, allow_nan=False)
-    Path(path).write_text(text + "\n")
+    _write_json(path, verdict_json(verdict, extra))
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    Path(path).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+
+
+def write_error_json(path: Path, reason: str, **kwargs) -> None:
+    _write_json(path, error_json(reason, **kwargs))
 
 
 # --- JUnit XML ---------------------------------------------------------------------------------
@@ -254,7 +332,7 @@ def _testcase(suite: ET.Element, classname: str, name: str, seconds: float) -> E
 
 
 def _case_testcase(suite: ET.Element, result: CaseResult) -> str:
-    tc = _testcase(suite, f"csagate.gate.{result.case.kind}", result.name, result.seconds)
+    tc = _testcase(suite, f"csagate.case.{result.case.kind}", result.name, result.seconds)
     if result.status == ERROR:
         ET.SubElement(tc, "error", message=result.error, type="error").text = result.error
     elif result.status == UNTRUSTED:
@@ -271,7 +349,7 @@ def _case_testcase(suite: ET.Element, result: CaseResult) -> str:
 
 
 def junit_xml(verdict: Verdict) -> ET.ElementTree:
-    """One testcase per named gate: the drift check, every case, coverage."""
+    """One testcase per named case: the drift check, every case, and coverage."""
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     suite = ET.Element("testsuite", name="csagate.ratio128")
     props = ET.SubElement(suite, "properties")
@@ -307,7 +385,29 @@ def junit_xml(verdict: Verdict) -> ET.ElementTree:
     return ET.ElementTree(root)
 
 
-def write_junit(path: Path, verdict: Verdict) -> None:
-    tree = junit_xml(verdict)
+def error_junit(reason: str, env: dict[str, Any], seconds: float = 0.0) -> ET.ElementTree:
+    """An exit-3 run: one testcase "could not evaluate" holding an ``<error>`` with the reason."""
+    counts = {"tests": "1", "failures": "0", "errors": "1", "skipped": "0"}
+    suite = ET.Element("testsuite", name="csagate.ratio128", time=f"{seconds:.3f}", **counts)
+    props = ET.SubElement(suite, "properties")
+    for key, value in sorted(env.items()):
+        ET.SubElement(props, "property", name=str(key), value=str(value))
+    tc = _testcase(suite, "csagate.run", "could not evaluate", seconds)
+    ET.SubElement(tc, "error", message=reason, type="could not evaluate").text = reason
+    root = ET.Element("testsuites", name="csagate", time=f"{seconds:.3f}", **counts)
+    root.append(suite)
+    return ET.ElementTree(root)
+
+
+def _write_xml(path: Path, tree: ET.ElementTree) -> None:
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)
+
+
+def write_junit(path: Path, verdict: Verdict) -> None:
+    _write_xml(path, junit_xml(verdict))
+
+
+def write_error_junit(path: Path, reason: str, env: dict[str, Any], seconds: float = 0.0
+                      ) -> None:
+    _write_xml(path, error_junit(reason, env, seconds))

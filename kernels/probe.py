@@ -32,7 +32,7 @@ DEFAULT_CUDA_HOME = "/usr/local/cuda"
 
 
 class PtxasNotFound(RuntimeError):
-    """No ptxas on PATH, in $CUDA_HOME/bin or in /usr/local/cuda/bin."""
+    """No ptxas: not from the wheel, not on PATH, not in $CUDA_HOME/bin or /usr/local/cuda/bin."""
 
 
 @dataclass(frozen=True)
@@ -55,18 +55,43 @@ class ProbeRow:
         return self.rc is None
 
 
+# The dev extra's ptxas wheel (pyproject.toml): CUDA 12, the major of the DSL's default libs.
+PTXAS_WHEEL = "nvidia-cuda-nvcc-cu12"
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def wheel_ptxas() -> str | None:
+    """The ptxas of the ``nvidia-cuda-nvcc-cu12`` wheel (``nvidia/cuda_nvcc/bin/ptxas``), if
+    that wheel is installed in this environment."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(PTXAS_WHEEL)
+    except metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or ():
+        if file.name == "ptxas" and file.parent.name == "bin":
+            path = Path(dist.locate_file(file))
+            if _executable(path):
+                return str(path)
+    return None
+
+
 def find_ptxas() -> str:
-    """The ptxas to run: PATH first, then $CUDA_HOME/bin, then /usr/local/cuda/bin."""
-    found = shutil.which("ptxas")
+    """The ptxas to run: the wheel's first, then PATH, then $CUDA_HOME/bin, then
+    /usr/local/cuda/bin. The probe and the tests both call this."""
+    found = wheel_ptxas() or shutil.which("ptxas")
     if found:
         return found
     for root in (os.environ.get("CUDA_HOME"), DEFAULT_CUDA_HOME):
-        if root:
-            path = Path(root) / "bin" / "ptxas"
-            if path.is_file() and os.access(path, os.X_OK):
-                return str(path)
-    raise PtxasNotFound("ptxas not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin: "
-                        "install the CUDA toolkit (ptxas) or put it on PATH")
+        if root and _executable(Path(root) / "bin" / "ptxas"):
+            return str(Path(root) / "bin" / "ptxas")
+    raise PtxasNotFound(f"ptxas not found (no {PTXAS_WHEEL} wheel, not on PATH, not in "
+                        "$CUDA_HOME/bin or /usr/local/cuda/bin): `make setup` installs the "
+                        f"wheel, or `pip install {PTXAS_WHEEL}`")
 
 
 def _max_int(pattern: re.Pattern, text: str, group: int = 1) -> int | None:

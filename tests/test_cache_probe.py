@@ -6,6 +6,7 @@ compile too, so the suite pays for each kernel once.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -150,6 +151,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 380 bytes cmem[0]"""
 def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
     from csagate.kernels import probe as P
 
+    monkeypatch.setattr(P, "wheel_ptxas", lambda: None)
     monkeypatch.setattr(P.shutil, "which", lambda name: None)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     monkeypatch.setattr(P, "DEFAULT_CUDA_HOME", str(tmp_path / "none"))
@@ -159,6 +161,31 @@ def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
     (tmp_path / "bin" / "ptxas").write_text("#!/bin/sh\n")
     (tmp_path / "bin" / "ptxas").chmod(0o755)
     assert P.find_ptxas() == str(tmp_path / "bin" / "ptxas")
+    # PATH before CUDA_HOME, the wheel before PATH
+    monkeypatch.setattr(P.shutil, "which", lambda name: "/on/path/ptxas")
+    assert P.find_ptxas() == "/on/path/ptxas"
+    monkeypatch.setattr(P, "wheel_ptxas", lambda: "/wheel/bin/ptxas")
+    assert P.find_ptxas() == "/wheel/bin/ptxas"
+
+
+def test_ptxas_wheel_is_found_and_runs():
+    """The dev extra's ptxas wheel (`make setup`) is what find_ptxas returns, and it runs."""
+    import subprocess
+    from importlib import metadata
+
+    from csagate.kernels import probe as P
+
+    try:
+        metadata.distribution(P.PTXAS_WHEEL)
+    except metadata.PackageNotFoundError:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{P.PTXAS_WHEEL} is not installed: `make setup` installs the dev extra")
+        pytest.skip(f"{P.PTXAS_WHEEL} is not installed")
+    path = P.wheel_ptxas()
+    assert path is not None and path.endswith("nvidia/cuda_nvcc/bin/ptxas"), path
+    assert P.find_ptxas() == path
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and "release 12." in version.stdout, version.stdout
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -187,3 +214,27 @@ def test_probe_without_ptx_is_skipped_and_not_clean(ptxas, monkeypatch):
     assert rows[0].skipped and not rows[0].clean and "no PTX retained" in rows[0].note
     ok, line = summary(rows, "sm_90a")
     assert not ok and "1 kernel(s) skipped with no PTX" in line
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", "1 error"), ("", "1 skipped")])
+def test_missing_ptxas_fails_under_ci_and_skips_elsewhere(ci, outcome, tmp_path):
+    """The `ptxas` fixture (tests/conftest.py) with no ptxas anywhere: CI=true fails the run."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_needs_ptxas.py").write_text(
+        "import csagate.kernels.probe as P\n"
+        "P.wheel_ptxas = lambda: None\n"
+        "P.DEFAULT_CUDA_HOME = '/nonexistent'\n"
+        "def test_probe(ptxas):\n"
+        "    pass\n")
+    env = {**os.environ, "CI": ci, "PATH": "/usr/bin:/bin", "CUDA_HOME": "/nonexistent",
+           "CSAGATE_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert outcome in proc.stdout, proc.stdout + proc.stderr
+    assert (proc.returncode != 0) == (ci == "true"), proc.stdout

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from csagate import __version__
@@ -60,3 +61,38 @@ def test_schedules_table():
     assert "sm_100a selectable kernels: forward 10, backward 6, total 16" in r.output
     assert "sm_90a selectable kernels: forward 9, backward 6, total 15" in r.output
     assert "105024" in r.output and "invalid" not in r.output
+
+
+def test_color_flag_forces_or_forbids_colour():
+    coloured = CliRunner().invoke(cli, ["--color", "cases"], env={"NO_COLOR": "1"})
+    assert coloured.exit_code == 0 and "\x1b[" in coloured.output
+    plain = CliRunner().invoke(cli, ["--no-color", "cases"])
+    assert plain.exit_code == 0 and "\x1b[" not in plain.output
+    assert "\x1b[" not in run("cases").output   # not a terminal: no colour by default
+
+
+def test_unexpected_error_is_one_line_and_exit_3(monkeypatch, capsys):
+    from csagate.gates import cases
+
+    from csagate import cli as cli_mod
+
+    monkeypatch.setattr(cases, "CASES", (object(),))
+    monkeypatch.setattr(sys, "argv", ["csagate", "cases"])
+    monkeypatch.delenv("CSAGATE_DEBUG", raising=False)
+    try:
+        cli_mod.main()
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("csagate: internal error, could not evaluate: AttributeError")
+    assert "CSAGATE_DEBUG=1" in err[0]
+    monkeypatch.setenv("CSAGATE_DEBUG", "1")
+    with pytest.raises(AttributeError):
+        cli_mod.main()
+
+
+def test_help_says_what_the_exit_codes_and_debug_are():
+    r = run("--help")
+    assert "--color / --no-color" in r.output and "CSAGATE_DEBUG=1" in r.output

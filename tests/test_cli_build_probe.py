@@ -35,26 +35,60 @@ def test_bad_arch_is_a_usage_error():
 def test_build_ratio4_cross_compiles(dsl):
     r = run("build", "--ratio", "4", "--arch", "sm_90a")
     assert r.exit_code == 0, r.output
-    rows = table_rows(r.stdout, "sm_90a")
+    assert "12 kernels for sm_90a" in r.stdout
+    rows = table_rows(r.stdout, "│ r4")
     assert len(rows) == 12, r.stdout
-    assert any("r4fwd_c2d128_v2" in row and "2,64,1" in row for row in rows), r.stdout
-    assert "12 kernels:" in r.stdout
+    # the whole schedule, every field by name; no always-"no" cache column
+    assert any("r4fwd_c2d128_v2" in row and "vec=2 threads=64 rows_per_cta=1" in row
+               for row in rows), r.stdout
+    assert "cache hit" not in r.stdout and "12 kernels:" in r.stdout
 
 
 def test_build_again_hits_the_cache_json(dsl):
     assert run("build", "--ratio", "4", "--arch", "sm_90a").exit_code == 0
     r = run("build", "--ratio", "4", "--arch", "sm_90a", "--json")
     assert r.exit_code == 0, r.output
-    records = json.loads(r.stdout)
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "csagate.kernels/1" and doc["command"] == "build"
+    assert doc["arch"] == "sm_90a" and "in-process" in doc["cache"]
+    records = doc["kernels"]
     assert len(records) == 12 and all(rec["cache_hit"] for rec in records)
-    assert {rec["kernel"] for rec in records} >= {"r4fwd_c1d65_v1", "r4bwd_c2d512_v1r8"}
+    assert {rec["tag"] for rec in records} >= {"r4fwd_c1d65_v1", "r4bwd_c2d512_v1r8"}
+    fwd = next(rec for rec in records if rec["tag"] == "r4fwd_c2d128_v2")
+    assert fwd["schedule"] == {"tag": "v2", "vec": 2, "threads": 64, "rows_per_cta": 1}
+    assert (fwd["kind"], fwd["ratio"], fwd["config"], fwd["arch"]) == \
+        ("r4fwd", 4, "c2d128", "sm_90a")
+
+
+def test_build_and_probe_choose_the_default_arch_the_same_way(monkeypatch):
+    from csagate.commands import build
+
+    monkeypatch.setattr(build, "gpu_arch", lambda: "sm_90a")
+    assert build.resolve_arch(None) == "sm_90a"
+    assert build.resolve_arch("sm_100a") == "sm_100a"
+    monkeypatch.setattr(build, "gpu_arch", lambda: None)
+    assert build.resolve_arch(None) == "sm_100a"
+    for command in ("build", "probe"):
+        r = run(command, "--help")
+        assert "this machine's GPU" in " ".join(r.stdout.split()), r.stdout
+        assert "auto" not in r.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-def test_build_auto_arch_without_gpu_exits_3(dsl):
-    r = run("build", "--arch", "auto")
-    assert r.exit_code == 3, r.output
-    assert "--arch sm_90a" in r.stderr and "Traceback" not in r.output
+def test_build_without_gpu_cross_compiles_for_sm100a_and_says_so(dsl, monkeypatch):
+    from csagate.kernels import api
+
+    seen = []
+    monkeypatch.setattr(api, "build", lambda r, arch, progress: seen.append(arch) or [])
+    r = run("build", "--ratio", "128")
+    assert r.exit_code == 0, r.output
+    assert seen == ["sm_100a"] and "cross-compiling for sm_100a" in r.stderr
+
+
+def test_keep_ptx_in_a_missing_directory_is_a_usage_error(tmp_path):
+    r = run("probe", "--ratio", "4", "--keep-ptx", str(tmp_path / "nope" / "ptx"))
+    assert r.exit_code == 2, r.output
+    assert "--keep-ptx" in r.stderr and "does not exist" in r.stderr
 
 
 def test_build_failure_exits_3_with_one_line(dsl, monkeypatch):
@@ -74,7 +108,7 @@ def test_build_failure_exits_3_with_one_line(dsl, monkeypatch):
 def test_probe_ratio128_sm100a_all_clean(ptxas):
     r = run("probe", "--ratio", "128", "--arch", "sm_100a")
     assert r.exit_code == 0, r.output
-    rows = table_rows(r.stdout, "sm_100a")
+    rows = table_rows(r.stdout, "_c")
     assert len(rows) == 16, r.stdout
     assert all("clean" in row for row in rows), r.stdout
     assert "16 kernels probed (sm_100a); ALL 0 spill / 0 stack" in r.stdout
@@ -84,8 +118,14 @@ def test_probe_json_and_keep_ptx(ptxas, tmp_path):
     r = run("probe", "--ratio", "4", "--arch", "sm_90a", "--keep-ptx", str(tmp_path), "--json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
-    assert report["ok"] and len(report["kernels"]) == 12
+    assert report["schema"] == "csagate.kernels/1" and report["command"] == "probe"
+    assert report["ok"] and len(report["kernels"]) == 12 and report["arch"] == "sm_90a"
     assert all(k["spill_st"] == k["spill_ld"] == k["stack"] == 0 for k in report["kernels"])
+    # the same kernel fields as `build --json`
+    built = json.loads(run("build", "--ratio", "4", "--arch", "sm_90a", "--json").stdout)
+    common = ("tag", "kind", "direction", "ratio", "config", "coff", "d", "arch", "schedule")
+    assert [{f: k[f] for f in common} for k in report["kernels"]] == \
+        [{f: k[f] for f in common} for k in built["kernels"]]
     assert len(list(tmp_path.glob("*.sm_90a.ptx"))) == 12
 
 
@@ -108,3 +148,8 @@ def test_probe_without_ptxas_exits_3(dsl, monkeypatch):
     r = run("probe", "--ratio", "4", "--arch", "sm_90a")
     assert r.exit_code == 3, r.output
     assert "ptxas not found" in r.stderr and "Traceback" not in r.output
+
+
+def test_bench_json_in_a_missing_directory_is_a_usage_error(tmp_path):
+    r = run("bench", "--json", str(tmp_path / "nope" / "b.json"))
+    assert r.exit_code == 2 and "does not exist" in r.stderr

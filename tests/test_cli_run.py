@@ -189,10 +189,16 @@ def test_passing_run_prints_the_table_and_exits_0(cpu_gate):
     assert lines[-1] == f"GATE PASS {N}/{N}"
     rows = [ln for ln in lines if ln.startswith("│")]
     names = [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES), "coverage"]
-    # one row per named gate, in order: drift first, coverage last
+    # one row per named case, in order: drift first, coverage last
     order = [next(i for i, r in enumerate(rows) if f" {name} " in r) for name in names]
     assert order == sorted(order) and len(set(order)) == len(order)
-    assert "fwd 9/9, bwd 6/6" in rows[order[-1]]
+    assert "coverage (fwd 9/9," in rows[order[-1]] and rows[order[-1]].endswith("│ PASS   │")
+    assert out.count("│ PASS   │") == N + 2   # every result mark, whole
+    assert "detail:" not in out and "0 / 0.00e+00" not in out  # the numbers are behind -v
+    verbose = invoke("run", "-v", env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert verbose.exit_code == 0, verbose.output
+    assert "detail: differing elements" in verbose.stdout
+    assert "0 / 0.00e+00" in verbose.stdout and "large" in verbose.stdout
     # status and progress on stderr, not stdout
     assert "built 3 kernel(s)" not in out and "built" in result.stderr
     assert "gate [" in result.stderr and "gate [" not in out
@@ -276,8 +282,10 @@ def test_junit_xml_one_testcase_per_named_gate(cpu_gate, tmp_path):
     path = tmp_path / "junit.xml"
     result = invoke("run", "--junit-xml", str(path), "--json", str(tmp_path / "v.json"))
     assert result.exit_code == 1
-    assert "FAIL: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in result.stdout
     assert f"GATE FAIL {N - 1}/{N}" in result.stdout
+    assert "  - c1d16/edge: raised RuntimeError: CUDA out of memory." in result.stdout
+    row = next(ln for ln in result.stdout.splitlines() if " c1d16/edge " in ln)
+    assert row.endswith("│ FAIL   │"), row
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
     suite = root.find("testsuite")
@@ -331,3 +339,91 @@ def test_reference_check_pass_and_fail(cpu_gate):
     assert bad.exit_code == 1
     assert "DRIFT FAIL" in bad.stdout
     assert f"{SMALL_DRIFT.name}: drift dscore: 1 differing > 0 allowed" in bad.stdout
+
+
+# --- reports on every exit path -----------------------------------------------------------------
+
+
+def _reports(tmp_path):
+    paths = tmp_path / "v.json", tmp_path / "junit.xml"
+    return paths, ["--json", str(paths[0]), "--junit-xml", str(paths[1])]
+
+
+def _assert_could_not_evaluate(result, paths, needle):
+    assert result.exit_code == 3, result.output
+    doc = json.loads(paths[0].read_text())
+    assert doc["verdict"] == "COULD NOT EVALUATE" and doc["exit_code"] == 3
+    assert needle in doc["reason"] and doc["reasons"] == [doc["reason"]]
+    assert doc["schema"] == "csagate.verdict/1" and doc["cases"] == [] and doc["drift"] is None
+    for key in ("python", "torch", "nvidia_cutlass_dsl"):
+        assert key in doc["env"]
+    # the reason is the line printed on stderr
+    assert f"csagate: {doc['reason']}" in result.stderr
+    suite = ET.parse(paths[1]).getroot().find("testsuite")
+    assert suite.get("tests") == "1" and suite.get("errors") == "1"
+    (case,) = suite.findall("testcase")
+    assert case.get("name") == "could not evaluate"
+    assert case.find("error").get("message") == doc["reason"]
+    return doc
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_no_gpu_still_writes_both_reports(tmp_path):
+    paths, args = _reports(tmp_path)
+    result = invoke("run", *args)
+    _assert_could_not_evaluate(result, paths, "no CUDA GPU visible")
+    assert result.stdout == ""
+
+
+def test_missing_dsl_still_writes_both_reports(monkeypatch, tmp_path):
+    def no_dsl(device_index):
+        from csagate import console
+        from csagate.exitcodes import ExitCode
+
+        console.abort("nvidia-cutlass-dsl is not importable (ImportError: x)",
+                      ExitCode.COULD_NOT_EVALUATE)
+
+    monkeypatch.setattr(run_cmd, "preflight", no_dsl)
+    paths, args = _reports(tmp_path)
+    doc = _assert_could_not_evaluate(invoke("run", "--quick", *args), paths,
+                                     "nvidia-cutlass-dsl is not importable")
+    assert doc["selection"]["quick"] is True and doc["full_contract"] is False
+
+
+def test_build_failure_still_writes_both_reports(cpu_gate, tmp_path):
+    cpu_gate["backend"] = FailingBuildBackend()
+    paths, args = _reports(tmp_path)
+    doc = _assert_could_not_evaluate(invoke("run", *args), paths, "ptxas error")
+    assert doc["env"]["backend"] == "reference (CPU test stand-in)"  # known by then
+
+
+def test_gate_crash_still_writes_both_reports(cpu_gate, tmp_path):
+    class Broken(RefBackend):
+        def selectable(self, direction):
+            raise KeyError("tables")
+
+    cpu_gate["backend"] = Broken()
+    paths, args = _reports(tmp_path)
+    _assert_could_not_evaluate(invoke("run", *args), paths,
+                               "the gate could not finish: KeyError: 'tables'")
+
+
+def test_unexpected_error_is_exit_3_with_reports(cpu_gate, monkeypatch, tmp_path):
+    def broken(device_index):
+        raise OSError("libcuda.so: cannot open shared object file\nsecond line")
+
+    monkeypatch.setattr(run_cmd, "kernel_backend", broken)
+    paths, args = _reports(tmp_path)
+    result = invoke("run", *args)
+    doc = _assert_could_not_evaluate(result, paths, "OSError: libcuda.so: cannot open")
+    assert "second line" not in doc["reason"] and "Traceback" not in result.output
+
+
+def test_exit_code_is_in_every_json_report(cpu_gate, tmp_path):
+    path = tmp_path / "v.json"
+    assert invoke("run", "--json", str(path)).exit_code == 0
+    assert json.loads(path.read_text())["exit_code"] == 0
+    cpu_gate["backend"] = FaultyBackend("dape", "c1d16/edge")
+    assert invoke("run", "--json", str(path)).exit_code == 1
+    doc = json.loads(path.read_text())
+    assert doc["exit_code"] == 1 and doc["verdict"] == "FAIL" and doc["reason"] is None

@@ -7,6 +7,7 @@ import click
 from rich.table import Table
 
 from csagate import console
+from csagate.commands.build import existing_parent
 from csagate.exitcodes import ExitCode
 
 
@@ -25,50 +26,60 @@ def _need_gpu() -> None:
         console.abort(f"{why}; install it with `make setup`", ExitCode.COULD_NOT_EVALUATE)
 
 
-def _shape_table(rows, copy_bw: float) -> Table:
-    t = Table(title=f"ratio=128 fused vs eager fp32 (copy roofline {copy_bw / 1e12:.2f} TB/s; "
-                    "kernel = graph replay per launch, call = events around one call)")
-    for col in ("config", "tokens", "fwd kernel", "fwd us", "fwd call us", "eager fwd us",
-                "fwd x", "fwd TB/s", "fwd %roof", "bwd kernel", "bwd us", "bwd call us",
-                "bwd TB/s", "bwd %roof", "eager f+b us", "f+b x"):
-        t.add_column(col, justify="left" if "kernel" in col or col == "config" else "right")
+def shape_tables(rows, copy_bw: float) -> tuple[Table, Table]:
+    """The forward table and the backward (+ forward-and-backward totals) table."""
+    note = (f"copy roofline {copy_bw / 1e12:.2f} TB/s; graph us = graph replay per launch, "
+            "call us = events around one call")
+    fwd_cols = ("config", "tokens", "kernel", "graph\nus", "call\nus", "eager\nus", "x",
+                "TB/s", "%\nroof")
+    fwd = console.new_table(f"ratio=128 forward, fused vs eager fp32 ({note})", fwd_cols,
+                            marks=fwd_cols[3:], right=(fwd_cols[1], *fwd_cols[3:]))
+    bwd_cols = ("config", "tokens", "kernel", "graph\nus", "call\nus", "TB/s", "%\nroof",
+                "eager f+b\nus", "f+b\nx")
+    bwd = console.new_table("ratio=128 backward, and forward+backward vs eager", bwd_cols,
+                            marks=bwd_cols[3:], right=(bwd_cols[1], *bwd_cols[3:]))
     for r in rows:
-        t.add_row(r.config, str(r.tokens), r.fwd_kernel, f"{r.fused_fwd_graph_us:.1f}",
-                  f"{r.fused_fwd_us:.1f}", f"{r.eager_fwd_us:.1f}", f"{r.fwd_speedup:.1f}",
-                  f"{r.bw('fwd') / 1e12:.2f}", f"{100 * r.roofline('fwd'):.0f}%",
-                  r.bwd_kernel, f"{r.fused_bwd_graph_us:.1f}", f"{r.fused_bwd_us:.1f}",
-                  f"{r.bw('bwd') / 1e12:.2f}", f"{100 * r.roofline('bwd'):.0f}%",
-                  f"{r.eager_total_us:.1f}", f"{r.total_speedup:.1f}")
-    return t
+        fwd.add_row(r.config, str(r.tokens), r.fwd_kernel, f"{r.fused_fwd_graph_us:.1f}",
+                    f"{r.fused_fwd_us:.1f}", f"{r.eager_fwd_us:.1f}", f"{r.fwd_speedup:.1f}",
+                    f"{r.bw('fwd') / 1e12:.2f}", f"{100 * r.roofline('fwd'):.0f}%")
+        bwd.add_row(r.config, str(r.tokens), r.bwd_kernel, f"{r.fused_bwd_graph_us:.1f}",
+                    f"{r.fused_bwd_us:.1f}", f"{r.bw('bwd') / 1e12:.2f}",
+                    f"{100 * r.roofline('bwd'):.0f}%", f"{r.eager_total_us:.1f}",
+                    f"{r.total_speedup:.1f}")
+    return fwd, bwd
 
 
-def _ab_table(rows) -> Table:
-    t = Table(title="A/B: base -> variant, graph replay per launch (us), interleaved, "
-                    "order 1 base first, order 2 variant first")
-    for col in ("dir", "config", "bucket", "tokens", "base", "variant", "order 1 us",
-                "order 2 us", "delta 1", "delta 2", "noise", "decision"):
-        t.add_column(col)
+def _where(r) -> str:
+    return f"{r.direction} {r.config} {r.bucket} @{r.tokens}"
+
+
+def ab_table(rows) -> Table:
+    cols = ("bucket", "base", "variant", "order 1 us", "order 2 us", "delta\n1 / 2", "noise",
+            "decision")
+    t = console.new_table("A/B: base -> variant, graph replay per launch (us), interleaved, "
+                          "order 1 base first, order 2 variant first", cols,
+                          marks=("noise",), right=("noise",))
     for r in rows:
-        t.add_row(r.direction, r.config, r.bucket, str(r.tokens), r.base, r.variant,
+        t.add_row(_where(r), r.base, r.variant,
                   f"{r.base_us[0]:.2f} -> {r.variant_us[0]:.2f}",
                   f"{r.base_us[1]:.2f} -> {r.variant_us[1]:.2f}",
-                  f"{100 * r.delta(0):+.1f}%", f"{100 * r.delta(1):+.1f}%",
+                  f"{100 * r.delta(0):+.1f}% / {100 * r.delta(1):+.1f}%",
                   f"{100 * r.noise:.1f}%", r.decision)
     return t
 
 
-def _sweep_table(rows) -> Table:
-    t = Table(title="schedule sweep per bucket: fastest candidate passing G2, then an interleaved "
-                    "A/B (both orders) against the shipped table entry; graph replay us/launch")
-    for col in ("dir", "config", "bucket", "tokens", "table entry", "best", "order 1 us",
-                "order 2 us", "delta 1", "delta 2", "tried", "decision"):
-        t.add_column(col)
+def sweep_table(rows) -> Table:
+    cols = ("bucket", "table entry", "best", "order 1 us", "order 2 us", "delta\n1 / 2",
+            "tried", "decision")
+    t = console.new_table("schedule sweep per bucket: fastest candidate passing G2, then an "
+                          "interleaved A/B (both orders) against the shipped table entry; graph "
+                          "replay us/launch", cols, marks=("tried",), right=("tried",))
     for r in rows:
         ok = sum(1 for c in r.candidates if c.ok)
-        t.add_row(r.direction, r.config, r.bucket, str(r.tokens), r.base, r.best,
+        t.add_row(_where(r), r.base, r.best,
                   f"{r.base_us[0]:.2f} -> {r.best_us[0]:.2f}",
                   f"{r.base_us[1]:.2f} -> {r.best_us[1]:.2f}",
-                  f"{100 * r.delta(0):+.1f}%", f"{100 * r.delta(1):+.1f}%",
+                  f"{100 * r.delta(0):+.1f}% / {100 * r.delta(1):+.1f}%",
                   f"{ok}/{len(r.candidates)}", r.decision)
     return t
 
@@ -99,7 +110,7 @@ def _sweep_json(rows) -> list[dict]:
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(1))
 @click.option("--warmup", default=30, show_default=True, type=click.IntRange(0))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write every number to this JSON file.")
+              callback=existing_parent, help="Also write every number to this JSON file.")
 def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> None:
     from csagate.kernels import bench
     from csagate.kernels import schedule as S
@@ -130,14 +141,14 @@ def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> N
         with err.status("sweeping") as status:
             rows = bench.sweep(dirs, iters=min(iters, 60), warmup=min(warmup, 10),
                                progress=lambda what: status.update(f"sweep {what}"))
-        console.print_table(_sweep_table(rows))
+        console.print_table(sweep_table(rows))
         report["sweep"] = _sweep_json(rows)
     elif ab_fields:
         rows = []
         for name in ab_fields:
             with err.status(f"A/B {name}"):
                 rows += bench.ab_field(name, iters=iters, warmup=warmup)
-        console.print_table(_ab_table(rows))
+        console.print_table(ab_table(rows))
         report["ab"] = [dataclasses.asdict(r) | {"decision": r.decision} for r in rows]
     else:
         rows = []
@@ -146,7 +157,8 @@ def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> N
                 rows.append(bench.bench_shape(coff, d, tokens, copy_bw=copy_bw, iters=iters,
                                               warmup=warmup))
             torch.cuda.empty_cache()
-        console.print_table(_shape_table(rows, copy_bw))
+        for table in shape_tables(rows, copy_bw):
+            console.print_table(table)
         report["shapes"] = [dataclasses.asdict(r) | {
             "fwd_roofline": r.roofline("fwd"), "bwd_roofline": r.roofline("bwd"),
             "fwd_speedup": r.fwd_speedup, "total_speedup": r.total_speedup} for r in rows]

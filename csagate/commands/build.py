@@ -1,15 +1,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
-from rich.table import Table
 
 from csagate import console
+from csagate.console import one_line
 from csagate.exitcodes import ExitCode
 
 RATIO_CHOICES = ("4", "128", "all")
-ARCH_CHOICES = ("auto", "sm_90a", "sm_100a")
+ARCH_CHOICES = ("sm_90a", "sm_100a")
+FALLBACK_ARCH = "sm_100a"
+ARCH_HELP = ("Build target [default: this machine's GPU (sm_90a on an H200, sm_100a on a B200); "
+             f"with no supported GPU, {FALLBACK_ARCH}]. No GPU is needed to cross-compile.")
+KERNELS_SCHEMA = "csagate.kernels/1"
 
 
 def ratios_of(choice: str) -> tuple[int, ...]:
@@ -37,9 +42,41 @@ def gpu_arch() -> str | None:
     return arch if arch in ARCHES else None
 
 
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+def resolve_arch(arch: str | None) -> str:
+    """``--arch`` of `build` and `probe`: as given, else this machine's GPU's, else sm_100a
+    (said on stderr, so a cross-compile is never silent)."""
+    if arch is not None:
+        return arch
+    found = gpu_arch()
+    if found is not None:
+        return found
+    console.err().print(f"no supported GPU here: cross-compiling for {FALLBACK_ARCH} "
+                        "(--arch sm_90a for the H200)")
+    return FALLBACK_ARCH
+
+
+def arch_option(fn):
+    return click.option("--arch", type=click.Choice(ARCH_CHOICES), default=None,
+                        help=ARCH_HELP)(fn)
+
+
+def kernel_json(key) -> dict:
+    """The fields `build --json` and `probe --json` share for one kernel."""
+    import dataclasses
+
+    sched = key.schedule
+    schedule = {"tag": getattr(sched, "tag", str(sched))}
+    if dataclasses.is_dataclass(sched):
+        schedule |= dataclasses.asdict(sched)
+    return {"tag": key.tag, "kind": key.kind, "direction": key.direction, "ratio": key.ratio,
+            "config": key.config, "coff": key.coff, "d": key.d, "arch": key.arch,
+            "schedule": schedule}
+
+
+def kernels_doc(command: str, ratio: str, arch: str, kernels: list[dict], **extra) -> str:
+    """The one JSON shape of `build --json` and `probe --json`."""
+    return json.dumps({"schema": KERNELS_SCHEMA, "command": command, "ratio": ratio,
+                       "arch": arch, **extra, "kernels": kernels})
 
 
 def print_table(table) -> None:
@@ -58,22 +95,28 @@ def progress_bar(total: int, what: str):
                     disable=not err.is_terminal)
 
 
+def build_table(records, arch: str):
+    """One row per kernel: its tag, every field of its schedule, the compile seconds."""
+    table = console.new_table(f"csagate build: {len(records)} kernels for {arch}",
+                              ("kernel", "schedule", "compile s"), marks=("compile s",),
+                              right=("compile s",))
+    for rec in records:
+        table.add_row(rec.key.tag, console.schedule_text(rec.key.schedule), f"{rec.seconds:.2f}")
+    return table
+
+
 @click.command("build", help="Compile (or cross-compile) every kernel a ratio can select, "
-               "and show compile time and cache hits.")
+               "and show each kernel's schedule and compile time. Compiled kernels live in "
+               "this process only: every run compiles.")
 @click.option("--ratio", type=click.Choice(RATIO_CHOICES), default="all", show_default=True,
               help="ratio=4: coff 1/2 x d 65/128/512 (vec=1, vec=2, drift d); ratio=128: the "
                    "16 kernels of the dispatch tables.")
-@click.option("--arch", type=click.Choice(ARCH_CHOICES), default="auto", show_default=True,
-              help="Build target; auto = this machine's GPU (needs one).")
-@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON on stdout.")
-def command(ratio: str, arch: str, as_json: bool) -> None:
+@arch_option
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the kernels as JSON on stdout (the shape of `probe --json`).")
+def command(ratio: str, arch: str | None, as_json: bool) -> None:
     require_dsl()
-    if arch == "auto":
-        arch = gpu_arch()
-        if arch is None:
-            console.abort("--arch auto needs a CUDA GPU (sm_90a or sm_100a) here: pass "
-                          "--arch sm_90a or --arch sm_100a to cross-compile",
-                          ExitCode.COULD_NOT_EVALUATE)
+    arch = resolve_arch(arch)
     from csagate.kernels import api
     from csagate.kernels.cache import keys_for
 
@@ -91,24 +134,26 @@ def command(ratio: str, arch: str, as_json: bool) -> None:
         except Exception as exc:  # a compile error: nothing was built to judge
             console.abort(f"build failed: {one_line(exc)}", ExitCode.COULD_NOT_EVALUATE)
 
-    if as_json:
-        console.out().print_json(json.dumps([
-            {"kernel": rec.key.tag, "kind": rec.key.kind, "ratio": rec.key.ratio,
-             "coff": rec.key.coff, "d": rec.key.d, "schedule": list(rec.key.schedule.astuple()),
-             "arch": rec.key.arch, "compile_s": round(rec.seconds, 4), "cache_hit": rec.hit}
-            for rec in records]))
-        return
-    table = Table(title=f"csagate build: {len(records)} kernels for {arch}")
-    for col, just in (("kernel", "left"), ("schedule", "left"), ("arch", "left"),
-                      ("compile s", "right"), ("cache hit", "left")):
-        table.add_column(col, justify=just, no_wrap=True)
-    for rec in records:
-        sched = ",".join(("T" if v else "F") if isinstance(v, bool) else str(v)
-                         for v in rec.key.schedule.astuple())
-        table.add_row(rec.key.tag, sched, rec.key.arch, f"{rec.seconds:.2f}",
-                      "yes" if rec.hit else "no")
-    print_table(table)
     compiled = [rec for rec in records if not rec.hit]
-    console.out().print(f"{len(records)} kernels: {len(compiled)} compiled in "
-              f"{sum(rec.seconds for rec in compiled):.1f} s, {len(records) - len(compiled)} "
-              "cached", soft_wrap=True)
+    if as_json:
+        console.out().print_json(kernels_doc(
+            "build", ratio, arch,
+            [kernel_json(rec.key) | {"compile_s": round(rec.seconds, 4),
+                                     "cache_hit": rec.hit} for rec in records],
+            cache="in-process: cache_hit means this process had already compiled the kernel",
+            compile_s=round(sum(rec.seconds for rec in compiled), 4)))
+        return
+    print_table(build_table(records, arch))
+    line = (f"{len(records)} kernels: {len(compiled)} compiled in "
+            f"{sum(rec.seconds for rec in compiled):.1f} s")
+    if len(compiled) < len(records):
+        line += f", {len(records) - len(compiled)} already compiled by this process"
+    console.out().print(line, soft_wrap=True)
+
+
+def existing_parent(ctx, param, value):
+    """A path option whose parent directory must exist (exit 2 otherwise, like --json)."""
+    if value is not None and not Path(value).resolve().parent.is_dir():
+        raise click.BadParameter(f"directory {str(Path(value).resolve().parent)!r} does not "
+                                 "exist")
+    return value

@@ -1,4 +1,4 @@
-"""``csagate run``: build, drift check, the 21 named gates, coverage, verdict.
+"""``csagate run``: build, drift check, the 21 named cases through the gates, coverage, verdict.
 
 Status and progress go to stderr, the verdict table to stdout. Exit 0 pass, 1 contract failure,
 2 usage error, 3 could not evaluate (no GPU, no nvidia-cutlass-dsl, a build failure): the
@@ -12,6 +12,7 @@ functions so the CLI tests can stand in for the GPU.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 from time import perf_counter
@@ -129,8 +130,64 @@ def _select(cases, names, quick):
     return tuple(cases)
 
 
-@click.command("run", help="Run the ratio=128 numerics gate on this GPU: drift check, the 21 "
-               "named gates (G1 determinism, G2 tolerance, G3 fp64 parity), schedule coverage.",
+class Reports:
+    """The ``--json`` / ``--junit-xml`` files of one run, written on every exit path: the verdict
+    (exit 0/1), or "could not evaluate" with the one-line reason (exit 3)."""
+
+    def __init__(self, json_path: Path | None, junit_path: Path | None, *, selection: dict,
+                 total: int, full: bool):
+        self.json_path, self.junit_path = json_path, junit_path
+        self.selection, self.total, self.full = selection, total, full
+        self.started = perf_counter()
+        self.env: dict = _known_env()
+
+    def _wrote(self, path: Path) -> None:
+        console.err().print(f"wrote {path}")
+
+    def verdict(self, verdict, extra: dict) -> None:
+        from csagate import render
+
+        if self.json_path is not None:
+            render.write_json(self.json_path, verdict, extra)
+            self._wrote(self.json_path)
+        if self.junit_path is not None:
+            render.write_junit(self.junit_path, verdict)
+            self._wrote(self.junit_path)
+
+    def could_not_evaluate(self, reason: str) -> None:
+        from csagate import render
+
+        seconds = perf_counter() - self.started
+        if self.json_path is not None:
+            render.write_error_json(
+                self.json_path, reason, env=self.env, total=self.total, full=self.full,
+                extra={"csagate_version": __version__, "selection": self.selection,
+                       "wall_seconds": {"total": seconds}})
+            self._wrote(self.json_path)
+        if self.junit_path is not None:
+            render.write_error_junit(self.junit_path, reason, self.env, seconds)
+            self._wrote(self.junit_path)
+
+
+def _known_env() -> dict:
+    """What is known before a backend exists (no torch/cutlass import: both may be missing)."""
+    import platform
+    from importlib import metadata
+
+    env = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for dist, key in (("torch", "torch"), ("nvidia-cutlass-dsl", "nvidia_cutlass_dsl")):
+        try:
+            env[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            env[key] = "not installed"
+    return env
+
+
+@click.command("run", help="Run the ratio=128 numerics gate on this GPU: the drift check, the 21 "
+               "named cases through the gates (G1 determinism, G2 tolerance, G3 fp64 parity, "
+               "zeros) and schedule coverage. The verdict has one mark per gate and case; -v "
+               "adds the numbers. --json/--junit-xml are written on every exit path (exit 3: "
+               "a \"could not evaluate\" report with the reason).",
                epilog=ExitCode.help_text())
 @click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True,
               help="The contract family (the gate is defined for ratio=128).")
@@ -141,11 +198,14 @@ def _select(cases, names, quick):
               help=f"Drift check and the first {QUICK_CASES} cases only (coverage not asserted).")
 @click.option("--device", "device_index", type=click.IntRange(min=0), default=0,
               show_default=True, help="CUDA device index.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also print the detail tables: schedules, differing elements / max |diff| "
+                   "per tensor, dAPE max, seconds per case.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every recorded number, per case, and the environment to this file.")
 @click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a JUnit XML report (one testcase per named gate) to this file.")
-def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int,
+              help="Write a JUnit XML report (one testcase per named case) to this file.")
+def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, verbose: bool,
             json_path: Path | None, junit_path: Path | None) -> None:
     if quick and names:
         raise click.UsageError("--quick and --case are exclusive: --quick already picks the "
@@ -158,16 +218,45 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int,
     drift, all_cases = contract()
     cases = _select(all_cases, names, quick)
     full = len(cases) == len(all_cases)
-
-    preflight(device_index)
+    selection = {"ratio": int(ratio), "quick": quick, "cases": list(names),
+                 "device": device_index}
+    reports = Reports(json_path, junit_path, selection=selection, total=len(cases), full=full)
+    try:
+        verdict, extra = _evaluate(drift, cases, full, device_index, reports)
+    except console.Aborted as exc:
+        if exc.exit_code == ExitCode.COULD_NOT_EVALUATE:
+            reports.could_not_evaluate(exc.message)
+        raise
+    except (click.ClickException, click.exceptions.Exit):
+        raise  # a usage error (--device out of range): no report, exit 2
+    except Exception as exc:  # anything else: still a report, still exit 3
+        if os.environ.get("CSAGATE_DEBUG"):
+            console.err().print_exception()
+        message = f"could not evaluate: {console.one_line(exc)}"
+        console.err().print(f"csagate: {message}", style="bold red")
+        reports.could_not_evaluate(message)
+        raise click.exceptions.Exit(int(ExitCode.COULD_NOT_EVALUATE)) from exc
 
     from csagate import render
+
+    render.print_verdict(verdict, console.out(), verbose=verbose)
+    extra["selection"] = selection
+    extra["wall_seconds"]["total"] = perf_counter() - started
+    reports.verdict(verdict, extra)
+    raise click.exceptions.Exit(int(ExitCode.PASS if verdict.ok else ExitCode.CONTRACT_FAILURE))
+
+
+def _evaluate(drift, cases, full: bool, device_index: int, reports: Reports):
+    """Preflight, build, gate: ``(verdict, report extras)``; exit 3 through ``console.abort``."""
+    preflight(device_index)
+
     from csagate.gates.backend import BuildError, one_line
     from csagate.gates.runner import build_targets, run_gate
 
     err = console.err()
     backend = kernel_backend(device_index)
     env = backend.describe()
+    reports.env.update(env)
     err.print(f"csagate {__version__}: {env.get('gpu', env.get('device', '?'))} "
               f"({env.get('arch', '?')}), torch {env.get('torch', '?')}, "
               f"nvidia-cutlass-dsl {env.get('nvidia_cutlass_dsl', '?')}")
@@ -191,25 +280,15 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int,
         console.abort(f"the gate could not finish: {one_line(exc)}",
                       ExitCode.COULD_NOT_EVALUATE)
 
-    render.print_verdict(verdict, console.out())
     extra = {
         "csagate_version": __version__,
-        "selection": {"ratio": int(ratio), "quick": quick, "cases": list(names),
-                      "device": device_index},
         "env": {"python": sys.version.split()[0]},
         "seeds": _seeds(),
         "build": {"targets": [list(t) for t in targets], "kernels": len(records),
                   "cache_hits": hits, "seconds": build_seconds, "records": records},
-        "wall_seconds": {"build": build_seconds, "gate": verdict.seconds,
-                         "total": perf_counter() - started},
+        "wall_seconds": {"build": build_seconds, "gate": verdict.seconds},
     }
-    if json_path is not None:
-        render.write_json(json_path, verdict, extra)
-        err.print(f"wrote {json_path}")
-    if junit_path is not None:
-        render.write_junit(junit_path, verdict)
-        err.print(f"wrote {junit_path}")
-    raise click.exceptions.Exit(int(ExitCode.PASS if verdict.ok else ExitCode.CONTRACT_FAILURE))
+    return verdict, extra
 
 
 def _seeds() -> dict[str, int]:

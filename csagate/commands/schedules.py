@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from csagate import console
 
@@ -16,15 +15,11 @@ def command(arch: str) -> None:
     out.print(f"bucket constants: small N <= {S.SMALL_NB_MAX}, large N >= {S.LARGE_NB_MIN}, "
               f"backward small N <= {S.BWD_SMALL_NB_MAX}")
     for table_arch in S.TABLE_ARCHES if arch == "all" else (arch,):
-        for direction, tables, fields in (
-            ("forward", S.FWD_TABLES[table_arch],
-             ("vec", "tchunks", "thr_x", "2phase", "fastexp", "unroll", "prefetch", "oneexp")),
-            ("backward", S.BWD_TABLES[table_arch],
-             ("vec", "tchunks", "thr_x", "fastexp", "goreuse", "regwin")),
-        ):
-            table = Table(title=f"{table_arch} ratio=128 {direction} table")
-            for col in ("config", "bucket", *fields, "tag", "smem B", "valid"):
-                table.add_column(col, no_wrap=True)
+        for direction, tables in (("forward", S.FWD_TABLES[table_arch]),
+                                  ("backward", S.BWD_TABLES[table_arch])):
+            table = console.new_table(f"{table_arch} ratio=128 {direction} table",
+                                      ("config", "bucket", "tag", "schedule", "smem B", "valid"),
+                                      marks=("smem B",), right=("smem B",))
             for coff, d in S.CONFIGS:
                 for bucket, entries in tables.items():
                     sched = entries.get((coff, d))
@@ -33,11 +28,8 @@ def command(arch: str) -> None:
                     smem = (S.fwd_smem_bytes(sched) if direction == "forward"
                             else S.bwd_smem_bytes(coff, sched))
                     problems = S.config_problems(coff, d, sched)
-                    values = [getattr(sched, f) for f in sched.__dataclass_fields__]
-                    table.add_row(S.config_name(coff, d), bucket,
-                                  *(("T" if v else "F") if isinstance(v, bool) else str(v)
-                                    for v in values),
-                                  sched.tag, str(smem),
+                    table.add_row(S.config_name(coff, d), bucket, sched.tag,
+                                  console.schedule_text(sched), str(smem),
                                   "yes" if not problems else "; ".join(problems))
             console.print_table(table, out)
         n_fwd = len(S.selectable("fwd", table_arch))
