@@ -106,7 +106,7 @@ def _coverage_row(cov: CoverageResult) -> list:
 def verdict_table(verdict: Verdict) -> Table:
     env = verdict.env
     where = ", ".join(str(env[k]) for k in ("gpu", "arch") if env.get(k))
-    title = "csagate ratio=128 gate" + (f" on {where}" if where else "")
+    title = f"csagate ratio={verdict.ratio} gate" + (f" on {where}" if where else "")
     table = Table(title=title, title_justify="left")
     for col in COLUMNS:
         right = col in ("#", "s") or "diff" in col or "max" in col
@@ -190,6 +190,7 @@ def case_json(result: CaseResult) -> dict:
         "name": c.name, "kind": c.kind, "why": c.why, "config": c.config, "ratio": c.ratio,
         "coff": c.coff, "d": c.d, "lens": list(c.lens), "tokens": c.tokens, "rows": c.rows,
         "scale": c.scale, "pad_rows": c.pad_rows, "pad_tokens": c.pad_tokens,
+        "inputs": c.inputs,
         "seeds": {"input": c.input_seed, "grad": c.grad_seed, "pad_token": c.pad_seed},
         "status": result.status, "error": result.error, "seconds": result.seconds,
         "gate_status": {g: result.gate_status(g) or None for g in ("G1", "G2", "G3", "zeros")},
@@ -213,6 +214,9 @@ def coverage_json(cov: CoverageResult) -> dict:
             "missing": [s.name for s in cov.missing(d)],
             "unexpected": [s.name for s in cov.unexpected(d)],
         }
+        if d in cov.table:
+            out[d]["table"] = dataclasses.asdict(cov.table[d])
+    out["edges"] = None if cov.edges is None else dataclasses.asdict(cov.edges)
     return out
 
 
@@ -222,8 +226,11 @@ def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
         "schema": SCHEMA,
         "verdict": "PASS" if verdict.ok else "FAIL",
         "headline": verdict.headline,
+        "ratio": verdict.ratio,
         "passed": verdict.passed,
         "total": verdict.total,
+        "hardening_passed": verdict.hardening_passed,
+        "hardening_total": verdict.hardening_total,
         "full_contract": verdict.full,
         "reasons": list(verdict.reasons),
         "env": dict(verdict.env),
@@ -273,7 +280,7 @@ def _case_testcase(suite: ET.Element, result: CaseResult) -> str:
 def junit_xml(verdict: Verdict) -> ET.ElementTree:
     """One testcase per named gate: the drift check, every case, coverage."""
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    suite = ET.Element("testsuite", name="csagate.ratio128")
+    suite = ET.Element("testsuite", name=f"csagate.ratio{verdict.ratio}")
     props = ET.SubElement(suite, "properties")
     for key, value in sorted(verdict.env.items()):
         ET.SubElement(props, "property", name=str(key), value=str(value))

@@ -20,7 +20,11 @@ import torch
 from click.testing import CliRunner
 from gate_backends import (
     SMALL_CASES,
+    SMALL_CONTRACT,
     SMALL_DRIFT,
+    SMALL_HARDENING,
+    SMALL_R4_CASES,
+    SMALL_R4_CONTRACT,
     FailingBuildBackend,
     FaultyBackend,
     RefBackend,
@@ -30,7 +34,10 @@ from csagate.cli import cli
 from csagate.commands import run as run_cmd
 
 REPO = Path(__file__).resolve().parents[1]
-N = len(SMALL_CASES)
+N, H, N4 = len(SMALL_CASES), len(SMALL_HARDENING), len(SMALL_R4_CASES)
+HEAD = f"{N}/{N} + {H}/{H} hardening"
+SMALL = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
+         "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
 
 
 def invoke(*args, env=None):
@@ -41,7 +48,7 @@ def invoke(*args, env=None):
 def cpu_gate(monkeypatch):
     """Route the run command to the small cases and a reference backend (test double)."""
     state = {"backend": RefBackend()}
-    monkeypatch.setattr(run_cmd, "contract", lambda: (SMALL_DRIFT, SMALL_CASES))
+    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
     monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
     monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: state["backend"])
     return state
@@ -127,8 +134,7 @@ def test_build_failure_exits_3(cpu_gate):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["run", "--ratio", "7"], "'7' is not '128'"),
-    (["run", "--ratio", "4"], "'4' is not '128'"),
+    (["run", "--ratio", "7"], "'7' is not one of '128', '4', 'all'"),
     (["run", "--device", "-1"], "--device"),
     (["run", "--bogus"], "No such option"),
     (["run", "--quick", "--case", "c1d128/1x8192"], "exclusive"),
@@ -147,7 +153,7 @@ def test_report_path_in_a_missing_directory_is_a_usage_error(tmp_path):
 
 def test_a_broken_gate_exits_3(cpu_gate):
     class Broken(RefBackend):
-        def selectable(self, direction):
+        def entries(self, ratio, direction, configs=None):
             raise KeyError("tables")
 
     cpu_gate["backend"] = Broken()
@@ -163,10 +169,13 @@ def test_unknown_case_exits_2_with_the_valid_names_hinted():
     assert result.exit_code == 2
     assert "unknown case 'c1d128/1x819'" in result.stderr
     assert "Did you mean 'c1d128/1x8192'" in result.stderr
-    from csagate.gates.cases import CASES
+    from csagate.gates.cases import CASES, HARDENING, R4_CASES
 
-    for case in CASES:
+    for case in CASES + HARDENING:
         assert case.name in result.stderr
+    assert R4_CASES[0].name not in result.stderr   # --ratio 128: its own names only
+    r4 = invoke("run", "--ratio", "4", "--case", "r4/c1d128/ragged")
+    assert r4.exit_code == 2 and "Did you mean 'r4/c1d128/ragged3'" in r4.stderr
 
 
 def test_help_names_the_exit_codes():
@@ -186,13 +195,13 @@ def test_passing_run_prints_the_table_and_exits_0(cpu_gate):
     out = result.stdout
     assert "\x1b[" not in out
     lines = out.splitlines()
-    assert lines[-1] == f"GATE PASS {N}/{N}"
+    assert lines[-1] == f"GATE PASS {HEAD}"
     rows = [ln for ln in lines if ln.startswith("│")]
-    names = [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES), "coverage"]
+    names = [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES + SMALL_HARDENING), "coverage"]
     # one row per named gate, in order: drift first, coverage last
     order = [next(i for i, r in enumerate(rows) if f" {name} " in r) for name in names]
     assert order == sorted(order) and len(set(order)) == len(order)
-    assert "fwd 9/9, bwd 6/6" in rows[order[-1]]
+    assert "fwd 9/9, bwd 6/6, edges 36/36" in rows[order[-1]]
     # status and progress on stderr, not stdout
     assert "built 3 kernel(s)" not in out and "built" in result.stderr
     assert "gate [" in result.stderr and "gate [" not in out
@@ -204,7 +213,7 @@ def test_failing_run_exits_1_and_names_the_gate(cpu_gate):
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("GATE "))
-    assert lines[head] == f"GATE FAIL {N - 1}/{N}"
+    assert lines[head] == f"GATE FAIL {N - 1}/{N} + {H}/{H} hardening"
     assert lines[head + 1].startswith("  - c1d16/edge: G2 dape: max_abs 2.")
 
 
@@ -232,6 +241,7 @@ def test_json_report_schema(cpu_gate, tmp_path):
     doc = json.loads(path.read_text())
     assert doc["schema"] == "csagate.verdict/1"
     assert doc["verdict"] == "PASS" and doc["passed"] == N and doc["total"] == N
+    assert doc["hardening_passed"] == H and doc["hardening_total"] == H
     assert doc["full_contract"] is True and doc["reasons"] == []
     from csagate import __version__
 
@@ -242,7 +252,7 @@ def test_json_report_schema(cpu_gate, tmp_path):
     assert set(doc["wall_seconds"]) == {"build", "gate", "total"}
     assert doc["build"]["targets"][0] == [4, 2, 16]
     assert doc["drift"]["name"] == SMALL_DRIFT.name and doc["drift"]["status"] == "pass"
-    assert [c["name"] for c in doc["cases"]] == [c.name for c in SMALL_CASES]
+    assert [c["name"] for c in doc["cases"]] == [c.name for c in SMALL_CASES + SMALL_HARDENING]
     case = doc["cases"][0]
     for key in ("kind", "config", "lens", "tokens", "rows", "scale", "seeds", "status",
                 "seconds", "schedules", "selections", "gates", "recorded", "gate_status"):
@@ -253,11 +263,15 @@ def test_json_report_schema(cpu_gate, tmp_path):
         assert key in g2["numbers"]
     for key in ("bitwise_equal_to_eager", "err_fused", "err_eager", "dape_replay_delta"):
         assert key in case["recorded"]
-    overflow = doc["cases"][-1]
+    overflow = next(c for c in doc["cases"] if c["kind"] == "overflow")
     assert overflow["recorded"]["err_eager"]["out"] == "inf"   # non-finite -> string
     assert overflow["gate_status"]["G3"] == "skip"
     cov = doc["coverage"]
     assert cov["status"] == "pass" and cov["fwd"]["covered"] == 9 and cov["bwd"]["missing"] == []
+    assert cov["fwd"]["table"]["n_entries"] == 9
+    assert cov["edges"]["n_probes"] == 36 and cov["edges"]["n_mismatch"] == 0
+    partial = next(c for c in doc["cases"] if c["inputs"] == "partial_overflow")
+    assert partial["kind"] == "hardening" and partial["recorded"]["eager_nan"]["out"] == 3
 
 
 def test_json_report_of_a_failure(cpu_gate, tmp_path):
@@ -268,7 +282,8 @@ def test_json_report_of_a_failure(cpu_gate, tmp_path):
     doc = json.loads(path.read_text())
     assert doc["verdict"] == "FAIL"
     assert doc["coverage"]["fwd"]["missing"] == ["fwd c2d32 large"]
-    assert doc["reasons"] == ["coverage: no case selects fwd c2d32 large"]
+    assert doc["reasons"][0] == "coverage (table entries): no case selects fwd c2d32 large"
+    assert doc["reasons"][1].startswith("bucket edges: ")
 
 
 def test_junit_xml_one_testcase_per_named_gate(cpu_gate, tmp_path):
@@ -277,14 +292,14 @@ def test_junit_xml_one_testcase_per_named_gate(cpu_gate, tmp_path):
     result = invoke("run", "--junit-xml", str(path), "--json", str(tmp_path / "v.json"))
     assert result.exit_code == 1
     assert "FAIL: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in result.stdout
-    assert f"GATE FAIL {N - 1}/{N}" in result.stdout
+    assert f"GATE FAIL {N - 1}/{N} + {H}/{H} hardening" in result.stdout
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
     assert [c.get("name") for c in cases] == [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES),
-                                              "coverage"]
-    assert suite.get("tests") == str(N + 2)
+                                              *(c.name for c in SMALL_HARDENING), "coverage"]
+    assert suite.get("tests") == str(N + H + 2)
     assert suite.get("errors") == "1" and suite.get("failures") == "0"
     errored = next(c for c in cases if c.get("name") == "c1d16/edge")
     assert errored.find("error").get("message").startswith("RuntimeError: CUDA out of memory")

@@ -1,12 +1,15 @@
-"""``csagate run``: build, drift check, the 21 named gates, coverage, verdict.
+"""``csagate run``: build, drift check, the named gates, coverage, verdict.
 
-Status and progress go to stderr, the verdict table to stdout. Exit 0 pass, 1 contract failure,
-2 usage error, 3 could not evaluate (no GPU, no nvidia-cutlass-dsl, a build failure): the
-exit-3 checks run before cutlass is imported and each prints one line.
+``--ratio 128`` (default) runs the ratio=128 contract (21 cases + 3 hardening cases),
+``--ratio 4`` the production ratio=4 kernels' contract, ``--ratio all`` both, one after the
+other, and exits with the worse code. Status and progress go to stderr, the verdict table to
+stdout. Exit 0 pass, 1 contract failure, 2 usage error, 3 could not evaluate (no GPU, no
+nvidia-cutlass-dsl, a build failure): the exit-3 checks run before cutlass is imported and
+each prints one line.
 
-The gate only ever judges the real kernels (``csagate.gates.backend.KernelBackend``): no option here
-selects anything else. ``contract``, ``preflight`` and ``kernel_backend`` are module-level
-functions so the CLI tests can stand in for the GPU.
+The gate only ever judges the real kernels (``csagate.gates.backend.KernelBackend``): no option
+here selects anything else. ``contracts``, ``preflight`` and ``kernel_backend`` are
+module-level functions so the CLI tests can stand in for the GPU.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ QUICK_CASES = 2
 DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
 
 
-def contract():
-    """The drift case and the 21 named cases, in the contract's order."""
-    from csagate.gates.cases import CASES, DRIFT
+RATIOS = ("128", "4", "all")
 
-    return DRIFT, CASES
+
+def contracts(ratio: str):
+    """The contract families ``--ratio`` names (``all``: ratio=128, then ratio=4)."""
+    from csagate.gates.contracts import R4, R128
+
+    return {"128": (R128,), "4": (R4,), "all": (R128, R4)}[ratio]
 
 
 def preflight(device_index: int) -> None:
@@ -109,8 +115,7 @@ class StderrProgress:
 def _check_names(ctx, param, names):
     if not names:
         return names
-    _, cases = contract()
-    valid = [c.name for c in cases]
+    valid = [c.name for k in contracts(ctx.params.get("ratio", "128")) for c in k.all_cases]
     for name in names:
         if name not in valid:
             close = difflib.get_close_matches(name, valid, n=3)
@@ -129,11 +134,20 @@ def _select(cases, names, quick):
     return tuple(cases)
 
 
-@click.command("run", help="Run the ratio=128 numerics gate on this GPU: drift check, the 21 "
-               "named gates (G1 determinism, G2 tolerance, G3 fp64 parity), schedule coverage.",
+def _report_path(path: Path | None, ratio: int, several: bool) -> Path | None:
+    """With ``--ratio all`` each family writes its own report: ``v.json`` -> ``v.r4.json``."""
+    if path is None or not several:
+        return path
+    return path.with_name(f"{path.stem}.r{ratio}{path.suffix}")
+
+
+@click.command("run", help="Run the numerics gate on this GPU: drift check, the named cases "
+               "(G1 determinism, G2 tolerance, G3 fp64 parity, exact zeros), the hardening "
+               "cases, schedule coverage and bucket edges.",
                epilog=ExitCode.help_text())
-@click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True,
-              help="The contract family (the gate is defined for ratio=128).")
+@click.option("--ratio", type=click.Choice(RATIOS), default="128", show_default=True,
+              help="The contract family: 128 (21 cases + 3 hardening), 4 (the production "
+                   "ratio=4 kernels), or all (both; the worse exit code).")
 @click.option("--case", "names", multiple=True, metavar="NAME", callback=_check_names,
               help="Run only this named case (repeatable; `csagate cases` lists them). "
                    "Coverage is then not asserted.")
@@ -155,9 +169,8 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int,
             raise click.BadParameter(f"directory {str(path.resolve().parent)!r} does not exist",
                                      param_hint=hint)
     started = perf_counter()
-    drift, all_cases = contract()
-    cases = _select(all_cases, names, quick)
-    full = len(cases) == len(all_cases)
+    families = [(k, _select(k.all_cases, names, quick)) for k in contracts(ratio)]
+    families = [(k, cases) for k, cases in families if cases or not names]
 
     preflight(device_index)
 
@@ -172,10 +185,12 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int,
               f"({env.get('arch', '?')}), torch {env.get('torch', '?')}, "
               f"nvidia-cutlass-dsl {env.get('nvidia_cutlass_dsl', '?')}")
     build_start = perf_counter()
-    targets = build_targets(cases, drift)
+    targets: list = []
+    for k, cases in families:
+        targets += [t for t in build_targets(cases, k.drift) if t not in targets]
     try:
         with StderrProgress("build") as progress:
-            records = backend.build(targets, progress=progress)
+            records = backend.build(tuple(targets), progress=progress)
     except BuildError as exc:
         console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
     build_seconds = perf_counter() - build_start
@@ -183,33 +198,40 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int,
     err.print(f"built {len(records)} kernel(s) ({hits} from the cache) for {len(targets)} "
               f"config(s) in {build_seconds:.1f} s")
 
-    try:
-        with StderrProgress("gate") as progress:
-            verdict = run_gate(backend, cases, drift=drift, full=full, progress=progress)
-    except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
-        err.print_exception()
-        console.abort(f"the gate could not finish: {one_line(exc)}",
-                      ExitCode.COULD_NOT_EVALUATE)
+    code = ExitCode.PASS
+    several = len(families) > 1
+    for k, cases in families:
+        try:
+            with StderrProgress(f"gate ratio={k.ratio}" if several else "gate") as progress:
+                verdict = run_gate(backend, k, cases=cases, progress=progress)
+        except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
+            err.print_exception()
+            console.abort(f"the gate could not finish: {one_line(exc)}",
+                          ExitCode.COULD_NOT_EVALUATE)
 
-    render.print_verdict(verdict, console.out())
-    extra = {
-        "csagate_version": __version__,
-        "selection": {"ratio": int(ratio), "quick": quick, "cases": list(names),
-                      "device": device_index},
-        "env": {"python": sys.version.split()[0]},
-        "seeds": _seeds(),
-        "build": {"targets": [list(t) for t in targets], "kernels": len(records),
-                  "cache_hits": hits, "seconds": build_seconds, "records": records},
-        "wall_seconds": {"build": build_seconds, "gate": verdict.seconds,
-                         "total": perf_counter() - started},
-    }
-    if json_path is not None:
-        render.write_json(json_path, verdict, extra)
-        err.print(f"wrote {json_path}")
-    if junit_path is not None:
-        render.write_junit(junit_path, verdict)
-        err.print(f"wrote {junit_path}")
-    raise click.exceptions.Exit(int(ExitCode.PASS if verdict.ok else ExitCode.CONTRACT_FAILURE))
+        render.print_verdict(verdict, console.out())
+        extra = {
+            "csagate_version": __version__,
+            "selection": {"ratio": k.ratio, "requested": ratio, "quick": quick,
+                          "cases": list(names), "device": device_index},
+            "env": {"python": sys.version.split()[0]},
+            "seeds": _seeds(),
+            "build": {"targets": [list(t) for t in targets], "kernels": len(records),
+                      "cache_hits": hits, "seconds": build_seconds, "records": records},
+            "wall_seconds": {"build": build_seconds, "gate": verdict.seconds,
+                             "total": perf_counter() - started},
+        }
+        json_out = _report_path(json_path, k.ratio, several)
+        if json_out is not None:
+            render.write_json(json_out, verdict, extra)
+            err.print(f"wrote {json_out}")
+        junit_out = _report_path(junit_path, k.ratio, several)
+        if junit_out is not None:
+            render.write_junit(junit_out, verdict)
+            err.print(f"wrote {junit_out}")
+        if not verdict.ok:
+            code = ExitCode.CONTRACT_FAILURE
+    raise click.exceptions.Exit(int(code))
 
 
 def _seeds() -> dict[str, int]:
