@@ -342,3 +342,44 @@ def test_reference_check_pass_and_fail(cpu_gate):
     assert bad.exit_code == 1
     assert "DRIFT FAIL" in bad.stdout
     assert f"{SMALL_DRIFT.name}: drift dscore: 1 differing > 0 allowed" in bad.stdout
+
+
+# --- --ratio 4 and --ratio all -------------------------------------------------------------------
+
+
+def test_ratio4_run_passes_with_its_own_cases(cpu_gate, tmp_path):
+    path = tmp_path / "r4.json"
+    result = invoke("run", "--ratio", "4", "--json", str(path), env={"NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == f"GATE PASS {N4}/{N4}"
+    assert "ratio=4 gate" in result.stdout
+    doc = json.loads(path.read_text())
+    assert doc["ratio"] == 4 and doc["selection"]["ratio"] == 4
+    assert [c["name"] for c in doc["cases"]] == [c.name for c in SMALL_R4_CASES]
+    assert doc["coverage"]["edges"] is None and doc["coverage"]["summary"] == "fwd 4/4, bwd 4/4"
+
+
+def test_ratio_all_runs_both_and_exits_with_the_worse_code(cpu_gate, tmp_path):
+    cpu_gate["backend"] = FaultyBackend("count", "r4/c1d16/ragged", n=1)
+    junit = tmp_path / "j.xml"
+    result = invoke("run", "--ratio", "all", "--json", str(tmp_path / "v.json"),
+                    "--junit-xml", str(junit))
+    assert result.exit_code == 1
+    heads = [ln for ln in result.stdout.splitlines() if ln.startswith("GATE ")]
+    assert heads == [f"GATE PASS {HEAD}", f"GATE FAIL {N4 - 1}/{N4}"]
+    assert "r4/c1d16/ragged: G2 dkv: 1 differing > 0 allowed" in result.stdout
+    # one report per family, named by its ratio
+    small = SMALL_CONTRACT.ratio
+    assert json.loads((tmp_path / f"v.r{small}.json").read_text())["verdict"] == "PASS"
+    assert json.loads((tmp_path / "v.r4.json").read_text())["verdict"] == "FAIL"
+    suite = ET.parse(tmp_path / "j.r4.xml").getroot().find("testsuite")
+    assert suite.get("name") == "csagate.ratio4" and suite.get("failures") == "1"
+    assert not junit.exists()
+
+
+def test_ratio_all_with_a_case_runs_only_the_family_that_has_it(cpu_gate):
+    result = invoke("run", "--ratio", "all", "--case", "r4/c2d16/edge")
+    assert result.exit_code == 0, result.output
+    heads = [ln for ln in result.stdout.splitlines() if ln.startswith("GATE ")]
+    assert heads == ["GATE PASS 1/1 (subset run: schedule coverage not asserted, not the full "
+                     "contract)"]

@@ -20,6 +20,8 @@ from gate_backends import (
     SMALL_CASES,
     SMALL_CONTRACT,
     SMALL_HARDENING,
+    SMALL_R4_CASES,
+    SMALL_R4_CONTRACT,
     FaultyBackend,
     RefBackend,
     case_named,
@@ -544,3 +546,153 @@ class _Null:
 
     def __exit__(self, *exc):
         return False
+
+
+# --- hardening cases (CONTRACT.md 7.2) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["c2d16/ragged/partial-overflow",
+                                  "c1d32/ragged/partial-overflow"])
+def test_partial_overflow_rules(clean, name):
+    r = row(clean, name)
+    assert r.status == PASS and r.case.kind == "hardening"
+    assert r.recorded["eager_nan"]["out"] == 3      # three windows, one column each
+    assert len(r.recorded["nonfinite_slots"]) == 4
+    for tensor in ("out", "dkv", "dscore", "dape"):
+        mask = r.result("G2", f"{tensor}[NaN mask]").numbers
+        assert mask["n_mismatch"] == 0 and not mask["require_full"]
+        assert mask["eager_nan"] == r.recorded["eager_nan"][tensor] > 0
+        g2 = r.result("G2", tensor).numbers        # judged on eager's finite positions only
+        assert g2["numel"] + mask["eager_nan"] == mask["numel"]
+        assert r.result("G3", tensor).status == PASS
+    for tensor in ("out", "dkv", "dscore"):
+        g1 = r.result("G1", tensor).numbers
+        assert g1["allow_nan"] and g1["nan_count"] == 3 * r.recorded["eager_nan"][tensor]
+
+
+def test_padding_only_nonfinite_rules(clean):
+    r = row(clean, "c2d16/edge+pad3r5t/pad-nonfinite")
+    assert r.status == PASS
+    assert r.recorded["eager_nan"] == {"out": 9, "dkv": 0, "dscore": 0, "dape": 0}
+    assert r.result("G2", "out[NaN mask]").numbers["fused_nan"] == 9
+    for tensor in ("dkv", "dscore"):
+        assert not r.result("G1", tensor).numbers["allow_nan"]
+        iso = r.result("isolation", tensor).numbers
+        assert iso["n_diff"] == 0 and iso["allowed"] == 0 and iso["bound"] == 0.0
+    assert r.result("isolation", "dape").numbers["bound"] == checks.DAPE_MAX_ABS
+    assert r.result("isolation", "eager").status == PASS
+    assert r.recorded["pad_rows_grad_out_nonzero"] is True
+
+
+@pytest.mark.parametrize("name", ["c2d16/ragged/partial-overflow",
+                                  "c1d32/ragged/partial-overflow"])
+def test_a_merge_that_drops_a_nan_chunk_fails_the_nan_mask(name):
+    """The issue's first hole: a late chunk's NaN partial dropped from the merge."""
+    v = faulted("drop_nan_chunk", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("G2", "out[NaN mask]")}
+    mask = r.result("G2", "out[NaN mask]").numbers
+    assert mask["n_mismatch"] == 3 and mask["fused_nan"] == 0 and mask["eager_nan"] == 3
+    assert "NaN masks differ at 3" in r.result("G2", "out[NaN mask]").reason
+
+
+def test_the_same_fault_passes_every_finite_case():
+    """Without the hardening cases nothing would see it: every other case has finite inputs."""
+    v = gate(FaultyBackend("drop_nan_chunk", "c2d16/ragged/partial-overflow"),
+             cases=SMALL_CASES)
+    assert all(r.status == PASS for r in v.cases)
+
+
+def test_padding_rows_multiplied_by_zero_fail_the_padding_only_nonfinite_case():
+    """The issue's third hole: 0 * inf = NaN from a value only a padding row reads."""
+    name = "c2d16/edge+pad3r5t/pad-nonfinite"
+    v = faulted("pad_leak", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    failed = failed_gates(r)
+    assert {("G1", "dkv"), ("G1", "dscore"), ("isolation", "dkv"), ("isolation", "dscore"),
+            ("isolation", "dape"), ("G2", "dape[NaN mask]")} <= failed
+    assert r.result("isolation", "eager").status == PASS    # the reference excludes them
+    assert r.result("G1", "dkv").numbers["nan_count"] > 0
+    # ... and a finite padding case cannot tell the two rules apart
+    ok = faulted("pad_leak", "c1d32/ragged+pad3r5t")
+    assert row(ok, "c1d32/ragged+pad3r5t").status == PASS
+
+
+# --- the ratio=4 contract ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clean_r4():
+    return gate(RefBackend(), contract=SMALL_R4_CONTRACT)
+
+
+def r4_faulted(fault, name, **opts):
+    return faulted(fault, name, contract=SMALL_R4_CONTRACT, **opts)
+
+
+def test_r4_unfaulted_passes_with_its_own_rules(clean_r4):
+    v = clean_r4
+    assert v.ok, v.reasons
+    assert v.headline == f"GATE PASS {len(SMALL_R4_CASES)}/{len(SMALL_R4_CASES)}"
+    assert v.ratio == 4 and v.hardening_total == 0
+    assert v.coverage.summary == "fwd 4/4, bwd 4/4" and v.coverage.edges is None
+    r = row(v, "r4/c1d16/ragged")
+    for tensor in ("dkv", "dscore"):   # bitwise
+        g2 = r.result("G2", tensor).numbers
+        assert (g2["allowed"], g2["bound"], g2["n_diff"]) == (0, 0.0, 0)
+    out = r.result("G2", "out").numbers   # one bf16 step on at most 1e-4 of the elements
+    assert out["allowed"] == checks.count_allowance(out["numel"], checks.R4_FWD_FRACTION)
+    assert out["noise_atol"] == 8e-6 and out["n_beyond"] == 0
+    assert r.result("G2", "dape").numbers["bound"] == checks.DAPE_MAX_ABS
+    assert r.recorded["parity_ref"] == "upstream"      # TESTS.md 1.3: G3 vs upstream eager
+    assert set(r.recorded["err_parity_ref"]) == {"out", "dkv", "dscore", "dape"}
+    over = row(v, "r4/c1d16/overflow")
+    assert over.result("G3", "out").status == SKIP
+    partial = row(v, "r4/c2d16/ragged/partial-overflow")
+    assert partial.result("G2", "out[NaN mask]").numbers["eager_nan"] == 3
+
+
+def test_r4_one_ulp_dkv_change_fails_bitwise():
+    name = "r4/c1d16/ragged"
+    v = r4_faulted("count", name, n=1)
+    assert_only_case_failed(v, name, SMALL_R4_CONTRACT)
+    r = row(v, name)
+    assert ("G2", "dkv") in failed_gates(r) and failed_gates(r) <= {("G2", "dkv"), ("G3", "dkv")}
+    assert "1 differing > 0 allowed" in r.result("G2", "dkv").reason
+
+
+def test_r4_forward_count_and_step_boundaries():
+    name = "r4/c1d32/1x64"
+    case = case_named(name)
+    allowed = checks.count_allowance(case.rows * case.d, checks.R4_FWD_FRACTION)
+    at = r4_faulted("count_out", name, n=allowed)
+    assert row(at, name).result("G2", "out").status == PASS
+    over = r4_faulted("count_out", name, n=allowed + 1)
+    assert_only_case_failed(over, name, SMALL_R4_CONTRACT)
+    assert failed_gates(row(over, name)) - {("G3", "out")} == {("G2", "out")}
+    two = r4_faulted("count_out", name, n=1, steps=2)
+    g2 = row(two, name).result("G2", "out")
+    assert g2.status == FAIL and g2.numbers["max_steps"] == 2 and g2.numbers["n_beyond"] == 1
+    assert "more than one bf16 step off" in g2.reason
+
+
+def test_r4_dropped_nan_chunk_and_padding_grad_out_fail():
+    name = "r4/c2d16/ragged/partial-overflow"
+    v = r4_faulted("drop_nan_chunk", name)
+    assert_only_case_failed(v, name, SMALL_R4_CONTRACT)
+    assert failed_gates(row(v, name)) == {("G2", "out[NaN mask]")}
+    pad = "r4/c2d16/ragged+pad3r5t"
+    p = r4_faulted("pad_grad_out", pad)
+    assert_only_case_failed(p, pad, SMALL_R4_CONTRACT)
+    assert {("G2", "dkv"), ("G2", "dscore")} <= failed_gates(row(p, pad))
+
+
+def test_r4_coverage_names_a_config_no_case_has():
+    contract = replace(SMALL_R4_CONTRACT, coverage_configs=SMALL_R4_CONTRACT.coverage_configs
+                       + ((1, 64),))
+    v = gate(RefBackend(), contract=contract)
+    assert not v.ok and all(r.status == PASS for r in v.cases)
+    assert v.reasons == ("coverage (table entries): no case selects fwd c1d64 r4",
+                         "coverage (table entries): no case selects bwd c1d64 r4")

@@ -265,3 +265,49 @@ def test_non_finite_values_only_padding_rows_read_reach_no_gradient(coff):
     old = _multiply_by_zero_backward(kv, score, pack.ape, pack.cu, pack.cuc, go, ratio=128,
                                      coff=coff, precision="fp32")
     assert not torch.isfinite(old[3]).all()   # 0 * inf = NaN reached dAPE before 7.1
+
+
+# --- non-finite placements of the hardening cases (CONTRACT.md 7.2) ---------------------------
+
+
+@pytest.mark.parametrize("ratio,coff,d", [(128, 2, 8), (128, 1, 8), (4, 2, 8), (8, 1, 16)])
+def test_partial_overflow_placements(ratio, coff, d):
+    """Every value sits in a consumed slot, at a window position outside chunk 0 for every
+    tchunks of the tables, and poisons exactly its own window's column."""
+    lens = (1023, 2048, 509) if ratio != 8 else (23, 40, 9)
+    slots = R.partial_overflow_slots(lens, ratio=ratio, coff=coff, d=d)
+    pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d)
+    mask = R.never_consumed_mask(pack.cu, ratio=ratio, coff=coff, d=d, n_tokens=pack.n_tokens)
+    assert [(name, v != v) for name, *_, v in slots] == \
+        [("score", False)] * 3 + [("kv", True)]
+    late = ratio - 1 - ratio // 8
+    for _, token, column, _ in slots:
+        assert not mask[token, column]
+    if ratio == 128:   # window position >= late: outside chunk 0 for 4, 8 and 16 chunks
+        assert all(late >= coff * ratio // tchunks for tchunks in (4, 8, 16))
+    go = R.make_grad_out(pack.n_rows, d)
+    g = R.backward(*R.with_values(pack, slots).inputs(), go, ratio=ratio, coff=coff)
+    assert int(g.out.isnan().sum()) == 3        # three windows, one column each
+    assert not g.out.isinf().any()
+    if coff == 2:                               # W2: +inf in both halves of one window
+        (_, t_prev, c_prev, _), (_, t_own, c_own, _) = slots[1], slots[2]
+        assert t_own - t_prev == ratio and c_own - c_prev == d
+    o = R.backward(*R.with_values(pack, slots).inputs(), go, ratio=ratio, coff=coff,
+                   precision="fp64")
+    for a, b in ((g.out, o.out), (g.dkv, o.dkv), (g.dscore, o.dscore), (g.dape, o.dape)):
+        assert torch.equal(a.isnan(), b.isnan())   # the oracle is NaN at the same positions
+
+
+def test_pad_nonfinite_placements_are_read_by_padding_rows_only():
+    lens = (127, 8192, 0, 129)
+    for coff in (1, 2):
+        slots = R.pad_nonfinite_slots(lens, ratio=128, coff=coff, d=8)
+        pack = R.make_pack(lens, ratio=128, coff=coff, d=8, pad_rows=3)
+        mask = R.never_consumed_mask(pack.cu, ratio=128, coff=coff, d=8,
+                                     n_tokens=pack.n_tokens)
+        assert all(mask[t, c] for _, t, c, _ in slots)   # no valid row reads them
+        assert all(c >= 8 * (coff - 1) for _, _, c, _ in slots)   # the columns padding rows read
+        values = sorted(str(v) for *_, v in slots)
+        assert values == ["-inf", "inf", "nan", "nan"]
+    with pytest.raises(ValueError, match="segment 0"):
+        R.pad_nonfinite_slots((128, 5), ratio=128, coff=1, d=8)
