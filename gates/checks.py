@@ -148,7 +148,7 @@ def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
     f, r = fused.float(), ref.float()
     differs = (f != r) & judged
     n_diff = int(differs.sum())
-    diff = torch.where(judged, (f - r).abs(), torch.zeros((), device=f.device))
+    diff = torch.where(differs, (f - r).abs(), torch.zeros((), device=f.device))  # inf == inf
     max_abs = _max(diff)
     beyond = ~(diff <= bound)  # NaN counts as beyond
     flat = _flat_index(beyond)
@@ -215,7 +215,7 @@ def bf16_steps(fused: torch.Tensor, ref: torch.Tensor, *, fraction: float = R4_F
     differs = (f != r) & judged
     steps = (bf16_ordinal(fused) - bf16_ordinal(ref)).abs()
     nan = torch.isnan(f) | torch.isnan(r)
-    diff = torch.where(judged, (f - r).abs(), torch.zeros((), device=f.device))
+    diff = torch.where(differs, (f - r).abs(), torch.zeros((), device=f.device))
     far = differs & ((steps > 1) | nan)
     noise = far & ~nan & (diff <= noise_atol)
     beyond = far & ~noise

@@ -373,14 +373,16 @@ def _g3(case: Case, fused, eager, oracle, masks=None) -> list[GateResult]:
 
 def _finite_g2_g3(contract: Contract, case: Case, fused, eager, parity_ref,
                   oracle) -> list[GateResult]:
-    """Some inputs non-finite: NaN masks equal eager's on all four outputs, and G2/G3 on the
-    positions where eager is finite (CONTRACT.md 7.2)."""
+    """Some inputs non-finite: NaN masks equal eager's on all four outputs, G2 where eager is
+    not NaN (an infinity, e.g. from a -inf kv a padding row reads, must be matched exactly)
+    and G3 where eager is finite (CONTRACT.md 7.2)."""
     out = [_gate("G2", f"{name}[NaN mask]",
                  checks.nan_mask(fused[name], eager[name], require_full=False))
            for name in TENSORS]
-    masks = {name: torch.isfinite(eager[name]) for name in TENSORS}
-    return out + _g2(contract, case, fused, eager, masks) + _g3(case, fused, parity_ref, oracle,
-                                                              masks)
+    not_nan = {name: ~torch.isnan(eager[name]) for name in TENSORS}
+    finite = {name: torch.isfinite(eager[name]) for name in TENSORS}
+    return out + _g2(contract, case, fused, eager, not_nan) + _g3(case, fused, parity_ref,
+                                                                oracle, finite)
 
 
 def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:

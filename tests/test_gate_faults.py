@@ -575,6 +575,10 @@ def test_padding_only_nonfinite_rules(clean):
     assert r.status == PASS
     assert r.recorded["eager_nan"] == {"out": 9, "dkv": 0, "dscore": 0, "dape": 0}
     assert r.result("G2", "out[NaN mask]").numbers["fused_nan"] == 9
+    # the -inf kv a padding row reads makes -inf outputs: G2 judges them (equal, not NaN)
+    g2 = r.result("G2", "out").numbers
+    assert g2["numel"] == r.recorded["n_rows"] * 16 - 9 and g2["n_diff"] == 0
+    assert r.result("G3", "out").status == PASS
     for tensor in ("dkv", "dscore"):
         assert not r.result("G1", tensor).numbers["allow_nan"]
         iso = r.result("isolation", tensor).numbers
