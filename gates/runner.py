@@ -19,8 +19,8 @@ Per case:
 * G2 (the contract's rule per tensor) and G3 judge run 1 against the fp32 eager reference and
   the fp64 oracle, with the scaled case's bounds; the overflow case replaces them by full
   NaN-mask equality and a recorded G3 skip; cases with some non-finite inputs (partial
-  overflow, padding-only inf/NaN) add NaN-mask equality (``X[NaN mask]``) and judge G2/G3 on
-  eager's finite positions only;
+  overflow, padding-only inf/NaN) add NaN-mask equality (``X[NaN mask]``) and judge G2 where
+  eager is not NaN and G3 where it is finite;
 * ``isolation`` (padding-only inf/NaN): the gradients equal a backward of the same pack
   without the non-finite values, and the reference itself keeps them out (CONTRACT.md 7.1).
 
