@@ -146,6 +146,7 @@ def _report_path(path: Path | None, ratio: int, several: bool) -> Path | None:
                "cases, schedule coverage and bucket edges.",
                epilog=ExitCode.help_text())
 @click.option("--ratio", type=click.Choice(RATIOS), default="128", show_default=True,
+              is_eager=True,  # --case names are checked against the ratio's cases
               help="The contract family: 128 (21 cases + 3 hardening), 4 (the production "
                    "ratio=4 kernels), or all (both; the worse exit code).")
 @click.option("--case", "names", multiple=True, metavar="NAME", callback=_check_names,
