@@ -25,7 +25,7 @@ the masked elements only, indices stay those of the full tensor.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -493,12 +493,13 @@ class BucketEdge:
         return f"{self.direction} {self.bucket} {'<=' if self.upper else '>='} {self.edge}"
 
 
-def declared_bucket(edges: Sequence[BucketEdge], direction: str, config: Any, n_rows: int,
-                    has_entry: Callable[[str, Any], bool]) -> str:
+def declared_bucket(edges: Sequence[BucketEdge], entries: Mapping[tuple[str, str, Any], Any],
+                    direction: str, config: Any, n_rows: int) -> str:
     """The bucket the declaration gives N: the first edge of ``direction`` that holds N and
-    whose bucket has an entry for ``config``; else ``default``."""
+    whose bucket has an entry for ``config`` in ``entries``; else ``default``."""
     for edge in edges:
-        if edge.direction == direction and edge.holds(n_rows) and has_entry(edge.bucket, config):
+        if (edge.direction == direction and edge.holds(n_rows)
+                and (direction, edge.bucket, config) in entries):
             return edge.bucket
     return "default"
 
@@ -565,10 +566,7 @@ def bucket_edges(edges: Sequence[BucketEdge], entries: Mapping[tuple[str, str, A
     configs = entry_configs(entries)
     found, blind = [], 0
     for direction, config, n, label in edge_probes(edges, configs):
-        def has(bucket, cfg, direction=direction):
-            return (direction, bucket, cfg) in entries
-
-        bucket = declared_bucket(edges, direction, config, n, has)
+        bucket = declared_bucket(edges, entries, direction, config, n)
         expected = entries.get((direction, bucket, config))
         selected = dispatched.get((direction, config, n))
         found.append(EdgeProbe(direction=direction, config=_config_name(config), n_rows=n,
@@ -576,15 +574,13 @@ def bucket_edges(edges: Sequence[BucketEdge], entries: Mapping[tuple[str, str, A
                                expected=None if expected is None else _name(expected),
                                selected=None if selected is None else _name(selected),
                                ok=expected is not None and selected == expected))
-    for edge in edges:
+    for edge in edges:   # the pairs whose two sides are one kernel: a moved edge is moot there
         for config in configs.get(edge.direction, ()):
-            def has(bucket, cfg, direction=edge.direction):
-                return (direction, bucket, cfg) in entries
-
-            inside, outside = (declared_bucket(edges, edge.direction, config, m, has)
-                               for m in (edge.edge, edge.edge + (1 if edge.upper else -1)))
-            blind += (entries.get((edge.direction, inside, config))
-                      == entries.get((edge.direction, outside, config)))
+            inside, outside = (
+                entries.get((edge.direction,
+                             declared_bucket(edges, entries, edge.direction, config, m), config))
+                for m in (edge.edge, edge.edge + (1 if edge.upper else -1)))
+            blind += inside == outside
     bad = [p for p in found if not p.ok]
     return BucketEdges(edges=tuple(e.label for e in edges), n_probes=len(found),
                        n_mismatch=len(bad), n_blind=blind, first=bad[0] if bad else None,
