@@ -13,8 +13,8 @@ from csagate import __version__, console
 from csagate.exitcodes import ExitCode
 
 COMMANDS = {
-    "run": "Run the ratio=128 numerics gate on this GPU and report the verdict.",
-    "cases": "List the drift check and the 21 named cases.",
+    "run": "Run the numerics gate (--ratio 128, 4 or all) on this GPU; report the verdict.",
+    "cases": "List the drift check and the named gate cases (--ratio 128, 4 or all).",
     "build": "Compile (or cross-compile) every kernel a ratio can select.",
     "probe": "Register probe: ptxas -v on every kernel's PTX (spills, stack, ex2.approx).",
     "schedules": "Print the ratio=128 dispatch tables and the kernels they can select.",

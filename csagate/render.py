@@ -118,7 +118,7 @@ def verdict_table(verdict: Verdict) -> Table:
     mark per gate and the result."""
     env = verdict.env
     where = ", ".join(str(env[k]) for k in ("gpu", "arch") if env.get(k))
-    title = "csagate ratio=128 gate" + (f" on {where}" if where else "")
+    title = f"csagate ratio={verdict.ratio} gate" + (f" on {where}" if where else "")
     table = new_table(title, COLUMNS, marks=MARKS, right=("#",))
     table.add_row(*_case_row(0, verdict.drift))
     for i, result in enumerate(verdict.cases, start=1):
@@ -236,6 +236,7 @@ def case_json(result: CaseResult) -> dict:
         "name": c.name, "kind": c.kind, "why": c.why, "config": c.config, "ratio": c.ratio,
         "coff": c.coff, "d": c.d, "lens": list(c.lens), "tokens": c.tokens, "rows": c.rows,
         "scale": c.scale, "pad_rows": c.pad_rows, "pad_tokens": c.pad_tokens,
+        "inputs": c.inputs,
         "seeds": {"input": c.input_seed, "grad": c.grad_seed, "pad_token": c.pad_seed},
         "status": result.status, "error": result.error, "seconds": result.seconds,
         "gate_status": {g: result.gate_status(g) or None for g in ("G1", "G2", "G3", "zeros")},
@@ -259,6 +260,9 @@ def coverage_json(cov: CoverageResult) -> dict:
             "missing": [s.name for s in cov.missing(d)],
             "unexpected": [s.name for s in cov.unexpected(d)],
         }
+        if d in cov.table:
+            out[d]["table"] = dataclasses.asdict(cov.table[d])
+    out["edges"] = None if cov.edges is None else dataclasses.asdict(cov.edges)
     return out
 
 
@@ -270,8 +274,11 @@ def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
         "exit_code": int(ExitCode.PASS if verdict.ok else ExitCode.CONTRACT_FAILURE),
         "reason": None,
         "headline": verdict.headline,
+        "ratio": verdict.ratio,
         "passed": verdict.passed,
         "total": verdict.total,
+        "hardening_passed": verdict.hardening_passed,
+        "hardening_total": verdict.hardening_total,
         "full_contract": verdict.full,
         "reasons": list(verdict.reasons),
         "env": dict(verdict.env),
@@ -351,7 +358,7 @@ def _case_testcase(suite: ET.Element, result: CaseResult) -> str:
 def junit_xml(verdict: Verdict) -> ET.ElementTree:
     """One testcase per named case: the drift check, every case, and coverage."""
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    suite = ET.Element("testsuite", name="csagate.ratio128")
+    suite = ET.Element("testsuite", name=f"csagate.ratio{verdict.ratio}")
     props = ET.SubElement(suite, "properties")
     for key, value in sorted(verdict.env.items()):
         ET.SubElement(props, "property", name=str(key), value=str(value))

@@ -42,8 +42,15 @@ class Backend(Protocol):
                  coff: int) -> Selection | None:
         """Write ``dkv``/``dscore``, accumulate into the zeroed ``dape``; return the kernel."""
 
-    def selectable(self, direction: str) -> set[Selection]:
-        """Every (config, schedule) the ratio=128 dispatch tables can select."""
+    def entries(self, ratio: int, direction: str,
+                configs: Sequence[tuple[int, int]] | None = None
+                ) -> dict[tuple[str, int, int], Selection]:
+        """Every (bucket, coff, d) entry of the device's dispatch tables and its kernel, read
+        from the tables themselves; ``configs`` narrows the configs (ratio=4 needs them)."""
+
+    def dispatch(self, ratio: int, direction: str, coff: int, d: int,
+                 n_rows: int) -> Selection | None:
+        """The kernel the dispatcher selects for N rows (no launch); None when N == 0."""
 
     def describe(self) -> dict[str, Any]:
         """Where the kernels run: device, arch, versions (for the report)."""
@@ -118,11 +125,35 @@ class KernelBackend:
         return _selection("bwd", api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv,
                                                   dscore, dape, ratio=ratio, coff=coff))
 
-    def selectable(self, direction: str) -> set[Selection]:
-        from csagate.kernels.schedule import selectable
+    def entries(self, ratio: int, direction: str,
+                configs: Sequence[tuple[int, int]] | None = None
+                ) -> dict[tuple[str, int, int], Selection]:
+        """ratio=128: the arch's FWD_TABLES/BWD_TABLES, bucket by bucket (not through the
+        dispatcher's bucket constants); ratio=4: one schedule per config, no buckets
+        (``kernels.cache.keys_for``), bucket ``any``."""
+        if ratio == 128:
+            from csagate.kernels.schedule import BWD_TABLES, FWD_TABLES
 
-        return {Selection(direction, coff, d, sched)
-                for (coff, d), sched in selectable(direction, self.arch)}
+            tables = (FWD_TABLES if direction == "fwd" else BWD_TABLES)[self.arch]
+            return {(bucket, coff, d): Selection(direction, coff, d, sched)
+                    for bucket, table in tables.items() for (coff, d), sched in table.items()
+                    if configs is None or (coff, d) in configs}
+        from csagate.kernels.cache import R4_COFFS, R4_HEAD_DIMS, keys_for
+
+        if configs is None:
+            configs = [(c, hd) for c in R4_COFFS for hd in R4_HEAD_DIMS]
+        found = {}
+        for coff, d in configs:
+            for key in keys_for(ratio, self.arch, coff=coff, d=d):
+                if key.direction == direction:
+                    found[("any", coff, d)] = _selection(direction, key)
+        return found
+
+    def dispatch(self, ratio: int, direction: str, coff: int, d: int,
+                 n_rows: int) -> Selection | None:
+        from csagate.kernels.api import kernel_for
+
+        return _selection(direction, kernel_for(direction, ratio, coff, d, n_rows, self.arch))
 
     def describe(self) -> dict[str, Any]:
         import torch

@@ -1,8 +1,15 @@
-"""The drift-check case and the 21 named cases of the ratio=128 gate, in the contract's order.
+"""The named cases of both gates, in the contract's order: data, not code.
 
-Data, not code (docs/CONTRACT.md section 5.2). The odd packs are the point: ``ragged3`` has tails in
-every segment, ``edgepack`` has a short first segment, an empty segment, a 3-token segment,
-exact multiples and one-token tails; the padding cases add capacity rows and token rows.
+* ``DRIFT``: the reference drift check (docs/CONTRACT.md section 5, step 0).
+* ``CASES``: the 21 upstream cases of the ratio=128 gate (section 5).
+* ``HARDENING``: the three hardening cases run after them (section 7.2).
+* ``R4_CASES``: the production ratio=4 kernels' own cases (section 7.4).
+
+The odd packs are the point: ``ragged3`` has tails in every segment, ``edgepack`` has a short
+first segment, an empty segment, a 3-token segment, exact multiples and one-token tails; the
+padding cases add capacity rows and token rows. ``Case.inputs`` names how a case's inputs are
+made (``csagate.reference.inputs``): random draws, the all-overflow pack, the partial-overflow
+placements, or non-finite values only the capacity padding rows read.
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ from csagate.reference.inputs import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_T
 
 RAGGED3 = (1023, 2048, 509)
 EDGEPACK = (127, 8192, 0, 129, 128, 3, 515, 1024)
+SHORT4 = (3, 515, 1024, 129)   # ratio=4: a first segment shorter than ratio
 
-KINDS = ("drift", "union", "scaled", "padding", "overflow")
+KINDS = ("drift", "union", "scaled", "padding", "overflow", "partial-overflow", "hardening")
+INPUTS = ("random", "overflow", "partial_overflow", "pad_nonfinite")
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,7 @@ class Case:
     scale: float = 1.0
     pad_rows: int = 0
     pad_tokens: int = 0
+    inputs: str = "random"
 
     @property
     def config(self) -> str:
@@ -51,6 +61,8 @@ def _pack_name(lens: tuple[int, ...]) -> str:
         return "ragged3"
     if lens == EDGEPACK:
         return "edgepack"
+    if lens == SHORT4:
+        return "short4"
     if len(set(lens)) == 1:
         return f"{len(lens)}x{lens[0]}"
     return "+".join(map(str, lens))
@@ -92,12 +104,66 @@ CASES: tuple[Case, ...] = (
     _padding(1, 128, 5, 37),
     _padding(2, 128, 5, 21),
     Case("c1d128/overflow", 1, 128, (128,), "overflow",
-         "fp32 score+ape overflows: NaN patterns must match eager, the fp64 oracle stays finite"),
+         "fp32 score+ape overflows: NaN patterns must match eager, the fp64 oracle stays finite",
+         inputs="overflow"),
+)
+
+_PARTIAL = ("+inf scores in late chunks of three windows (both halves of one at coff=2) and "
+            "one NaN kv: NaN masks equal eager, finite positions pass G2/G3")
+
+HARDENING: tuple[Case, ...] = (
+    Case("c2d128/ragged3/partial-overflow", 2, 128, RAGGED3, "hardening", _PARTIAL,
+         inputs="partial_overflow"),
+    Case("c1d512/ragged3/partial-overflow", 1, 512, RAGGED3, "hardening",
+         _PARTIAL.replace(" (both halves of one at coff=2)", "") + " (wide-head chunking)",
+         inputs="partial_overflow"),
+    Case("c2d128/edgepack+pad5r21t/pad-nonfinite", 2, 128, EDGEPACK, "hardening",
+         "inf/NaN only capacity padding rows read: gradients finite and equal to the clean "
+         "pack's", grad_seed=PAD_GRAD_SEED, pad_rows=5, pad_tokens=21, inputs="pad_nonfinite"),
+)
+
+
+def _r4(coff: int, d: int, lens: tuple[int, ...], why: str, kind: str = "union",
+        suffix: str = "", **kw) -> Case:
+    return Case(f"r4/c{coff}d{d}/{_pack_name(lens)}{suffix}", coff, d, lens, kind, why,
+                ratio=4, **kw)
+
+
+def _r4_padding(coff: int, d: int, lens: tuple[int, ...], rows: int, toks: int,
+                why: str) -> Case:
+    return _r4(coff, d, lens, why, "padding", f"+pad{rows}r{toks}t", grad_seed=PAD_GRAD_SEED,
+               pad_rows=rows, pad_tokens=toks)
+
+
+R4_CASES: tuple[Case, ...] = (
+    _r4(1, 128, (8192,), "one segment"),
+    _r4(1, 128, RAGGED3, "tails in every segment"),
+    _r4(1, 128, EDGEPACK, "short, empty, 3-token and exact-multiple segments"),
+    _r4(2, 128, (8192,), "overlap windows"),
+    _r4(2, 128, RAGGED3, "overlap windows, tails in every segment"),
+    _r4(2, 128, EDGEPACK, "first-block rule across short and empty segments"),
+    _r4(2, 128, (65536,), "long context, overlap windows"),
+    _r4(1, 512, (8192,), "wide head"),
+    _r4(1, 512, RAGGED3, "wide head, tails"),
+    _r4(1, 512, EDGEPACK, "wide head, short and empty segments"),
+    _r4(2, 512, (8192,), "widest window"),
+    _r4(2, 512, RAGGED3, "widest window, tails"),
+    _r4(2, 512, EDGEPACK, "widest window, first-block rule"),
+    _r4(2, 512, (65536,), "long context, widest window"),
+    _r4_padding(2, 128, RAGGED3, 8, 21,
+                "capacity rows get nonzero grad_out on the fused side; token rows stay zero"),
+    _r4_padding(1, 512, SHORT4, 8, 37,
+                "a first segment shorter than ratio: padding rows read across its boundary"),
+    Case("r4/c1d128/overflow", 1, 128, (128,), "overflow",
+         "fp32 score+ape overflows: NaN patterns must match eager, the fp64 oracle stays finite",
+         ratio=4, inputs="overflow"),
+    _r4(2, 128, RAGGED3, _PARTIAL, "partial-overflow", "/partial-overflow",
+        inputs="partial_overflow"),
 )
 
 
 def case_by_name(name: str) -> Case:
-    for case in (DRIFT, *CASES):
+    for case in (DRIFT, *CASES, *HARDENING, *R4_CASES):
         if case.name == name:
             return case
     raise KeyError(name)

@@ -12,12 +12,22 @@ The contract's numbers (docs/CONTRACT.md section 4.2) are the defaults:
   ``nan_mask`` replaces it on the overflow case.
 * G3 ``oracle_parity``: ``max|fused - fp64| <= max|eager - fp64| * (1 + 1e-6) + 1e-4``.
 * ``exact_zeros``: the never-consumed slots hold exact zeros.
+* ``bf16_steps`` (ratio=4 forward): at most ``fraction`` of the elements differ, each by one
+  bf16 step (docs/CONTRACT.md section 7.4).
+* ``table_coverage`` and ``bucket_edges``: every kernel of every dispatch-table entry is
+  selected by some case, and the dispatcher's buckets start and end at the declared rows
+  (docs/CONTRACT.md section 7.3).
+
+``tolerance``, ``bf16_steps`` and ``oracle_parity`` take an optional ``mask``: the positions
+judged (the finite positions of a partial-overflow case); counts and allowances are then over
+the masked elements only, indices stay those of the full tensor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,6 +36,7 @@ MAX_ABS = 1.6e-2         # G2: out, dKV, dScore
 DAPE_MAX_ABS = 1e-3      # G2: dAPE (fp32 atomics)
 PARITY_RTOL = 1e-6       # G3
 PARITY_ATOL = 1e-4       # G3
+R4_FWD_FRACTION = 1e-4   # ratio=4 forward: at most 0.01% of the elements one bf16 step off
 
 _INT_VIEW = {
     torch.bfloat16: torch.int16,
@@ -114,19 +125,30 @@ class Tolerance:
         return ", ".join(parts) + where
 
 
+def _judged(fused: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The positions a check judges: all, or ``mask`` (same shape)."""
+    if fused.shape != ref.shape:
+        raise ValueError(f"shape mismatch: fused {tuple(fused.shape)} vs ref {tuple(ref.shape)}")
+    if mask is None:
+        return torch.ones(fused.shape, dtype=torch.bool, device=fused.device)
+    if mask.shape != fused.shape:
+        raise ValueError(f"shape mismatch: mask {tuple(mask.shape)} vs {tuple(fused.shape)}")
+    return mask
+
+
 def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
-              allowed: int | None) -> Tolerance:
+              allowed: int | None, mask: torch.Tensor | None = None) -> Tolerance:
     """G2: ``n_diff <= allowed`` (skipped when None) and ``max_abs <= bound``.
 
     Elements are compared by value in fp32 (NaN differs from everything, and makes max_abs
-    +inf). ``allowed=0, bound=0.0`` is ``torch.equal`` with its numbers.
+    +inf). ``allowed=0, bound=0.0`` is ``torch.equal`` with its numbers. With ``mask`` only
+    the masked elements are compared (``numel`` counts them).
     """
-    if fused.shape != ref.shape:
-        raise ValueError(f"shape mismatch: fused {tuple(fused.shape)} vs ref {tuple(ref.shape)}")
+    judged = _judged(fused, ref, mask)
     f, r = fused.float(), ref.float()
-    differs = f != r
+    differs = (f != r) & judged
     n_diff = int(differs.sum())
-    diff = (f - r).abs()
+    diff = torch.where(differs, (f - r).abs(), torch.zeros((), device=f.device))  # inf == inf
     max_abs = _max(diff)
     beyond = ~(diff <= bound)  # NaN counts as beyond
     flat = _flat_index(beyond)
@@ -134,9 +156,82 @@ def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
         flat = _flat_index(differs)
     ok = max_abs <= bound and (allowed is None or n_diff <= allowed)
     return Tolerance(
-        numel=fused.numel(), n_diff=n_diff, allowed=allowed, max_abs=max_abs, bound=bound,
+        numel=int(judged.sum()), n_diff=n_diff, allowed=allowed, max_abs=max_abs, bound=bound,
         first_index=_unravel(flat, fused.shape), fused_value=_value(fused, flat),
         ref_value=_value(ref, flat), ok=ok)
+
+
+# --- ratio=4 forward: one bf16 step on a tiny fraction ---------------------------------------
+
+
+def bf16_ordinal(t: torch.Tensor) -> torch.Tensor:
+    """A monotone integer image of bf16 values: adjacent representable values differ by 1."""
+    bits = t.to(torch.bfloat16).contiguous().view(torch.int16).to(torch.int32)
+    mag = bits & 0x7FFF
+    return torch.where(bits < 0, -mag, mag)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How many elements differ from ``ref`` and by how many bf16 steps."""
+
+    numel: int
+    n_diff: int                # elements not equal to ref
+    allowed: int               # max(1, int(fraction * numel))
+    max_steps: int             # the most bf16 steps any element is off
+    max_abs: float
+    noise_atol: float          # an element > 1 step off still passes within this (see Rule)
+    n_within_noise: int        # elements > 1 step off that passed only through noise_atol
+    n_beyond: int              # elements > 1 step off and beyond noise_atol
+    first_index: Index | None  # first element beyond, else the first differing one
+    fused_value: float | None
+    ref_value: float | None
+    ok: bool
+
+    def summary(self) -> str:
+        count_ok = self.n_diff <= self.allowed
+        parts = [f"{self.n_diff} differing {'<=' if count_ok else '>'} {self.allowed} allowed",
+                 f"max {self.max_steps} bf16 step(s), max_abs {self.max_abs:.3e}"]
+        if self.n_beyond:
+            parts.insert(0, f"{self.n_beyond} element(s) more than one bf16 step off"
+                         + (f" and beyond {self.noise_atol:g}" if self.noise_atol else ""))
+        if self.n_within_noise:
+            parts.append(f"{self.n_within_noise} more than one step off within "
+                         f"{self.noise_atol:g} (summation-order noise)")
+        where = ""
+        if self.first_index is not None:
+            where = (f"; first at {list(self.first_index)}: fused {self.fused_value!r} "
+                     f"vs ref {self.ref_value!r}")
+        return ", ".join(parts) + where
+
+
+def bf16_steps(fused: torch.Tensor, ref: torch.Tensor, *, fraction: float = R4_FWD_FRACTION,
+               noise_atol: float = 0.0, mask: torch.Tensor | None = None) -> Steps:
+    """At most ``max(1, int(fraction * numel))`` elements differ, each by one bf16 step (or,
+    with ``noise_atol``, by any number of steps within ``noise_atol`` absolute). NaN on either
+    side counts as beyond."""
+    judged = _judged(fused, ref, mask)
+    f, r = fused.float(), ref.float()
+    differs = (f != r) & judged
+    steps = (bf16_ordinal(fused) - bf16_ordinal(ref)).abs()
+    nan = torch.isnan(f) | torch.isnan(r)
+    diff = torch.where(differs, (f - r).abs(), torch.zeros((), device=f.device))
+    far = differs & ((steps > 1) | nan)
+    noise = far & ~nan & (diff <= noise_atol)
+    beyond = far & ~noise
+    numel = int(judged.sum())
+    allowed = count_allowance(numel, fraction)
+    n_diff, n_beyond = int(differs.sum()), int(beyond.sum())
+    flat = _flat_index(beyond)
+    if flat is None:
+        flat = _flat_index(differs)
+    judged_steps = torch.where(judged & ~nan, steps, torch.zeros_like(steps))
+    return Steps(
+        numel=numel, n_diff=n_diff, allowed=allowed,
+        max_steps=int(judged_steps.max()) if numel else 0, max_abs=_max(diff),
+        noise_atol=noise_atol, n_within_noise=int(noise.sum()), n_beyond=n_beyond,
+        first_index=_unravel(flat, fused.shape), fused_value=_value(fused, flat),
+        ref_value=_value(ref, flat), ok=n_diff <= allowed and n_beyond == 0)
 
 
 # --- G3: fp64-oracle parity --------------------------------------------------------------
@@ -158,8 +253,13 @@ class Parity:
 
 
 def oracle_parity(fused: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor, *,
-                  rtol: float = PARITY_RTOL, atol: float = PARITY_ATOL) -> Parity:
-    """G3 for one tensor. A non-finite eager error makes the bound meaningless: that fails."""
+                  rtol: float = PARITY_RTOL, atol: float = PARITY_ATOL,
+                  mask: torch.Tensor | None = None) -> Parity:
+    """G3 for one tensor (on the ``mask`` positions only, if given). A non-finite eager error
+    makes the bound meaningless: that fails."""
+    if mask is not None:
+        judged = _judged(fused, eager, mask)
+        fused, eager, oracle = fused[judged], eager[judged], oracle[judged]
     err_fused = max_abs_error(fused, oracle)
     err_eager = max_abs_error(eager, oracle)
     bound = err_eager * (1.0 + rtol) + atol
@@ -324,3 +424,164 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     exactly; bit patterns, so NaN == NaN of the same payload and -0.0 != +0.0)."""
     return (a.dtype == b.dtype and a.shape == b.shape
             and bool(torch.equal(bit_view(a), bit_view(b))))
+
+
+# --- coverage over the dispatch tables' entries (docs/CONTRACT.md section 7.3) --------------------
+
+
+def _name(kernel: Any) -> str:
+    return str(getattr(kernel, "name", kernel))
+
+
+def _config_name(config: Any) -> str:
+    if isinstance(config, tuple) and len(config) == 2:
+        return f"c{config[0]}d{config[1]}"
+    return str(config)
+
+
+@dataclass(frozen=True)
+class TableCoverage:
+    """The distinct kernels of every (bucket, config) table entry against those cases selected."""
+
+    direction: str
+    n_entries: int                  # (bucket, config) entries in the tables
+    n_expected: int                 # distinct kernels among them
+    n_covered: int                  # of those, selected by some case
+    missing: tuple[str, ...]        # table kernels no case selects
+    unexpected: tuple[str, ...]     # selected kernels that are in no table entry
+    ok: bool
+
+    def summary(self) -> str:
+        text = (f"{self.direction} {self.n_covered}/{self.n_expected} kernels of "
+                f"{self.n_entries} table entries")
+        if self.missing:
+            text += "; no case selects " + ", ".join(self.missing)
+        if self.unexpected:
+            text += "; selected but in no table entry: " + ", ".join(self.unexpected)
+        return text
+
+
+def table_coverage(direction: str, entries: Mapping[Any, Any],
+                   selected: Iterable[Any]) -> TableCoverage:
+    """Every distinct kernel of ``entries`` (table entry -> kernel) is in ``selected``."""
+    expected = list(dict.fromkeys(entries.values()))
+    got = list(dict.fromkeys(selected))
+    missing = tuple(_name(k) for k in expected if k not in set(got))
+    unexpected = tuple(_name(k) for k in got if k not in set(expected))
+    return TableCoverage(direction=direction, n_entries=len(entries), n_expected=len(expected),
+                         n_covered=len(expected) - len(missing), missing=missing,
+                         unexpected=unexpected, ok=not missing and not unexpected)
+
+
+# --- pinned bucket edges (docs/CONTRACT.md section 7.3) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class BucketEdge:
+    """A declared bucket boundary: ``bucket`` holds N <= edge (``upper``) or N >= edge."""
+
+    direction: str
+    bucket: str
+    edge: int
+    upper: bool
+
+    def holds(self, n_rows: int) -> bool:
+        return n_rows <= self.edge if self.upper else n_rows >= self.edge
+
+    @property
+    def label(self) -> str:
+        return f"{self.direction} {self.bucket} {'<=' if self.upper else '>='} {self.edge}"
+
+
+def declared_bucket(edges: Sequence[BucketEdge], entries: Mapping[tuple[str, str, Any], Any],
+                    direction: str, config: Any, n_rows: int) -> str:
+    """The bucket the declaration gives N: the first edge of ``direction`` that holds N and
+    whose bucket has an entry for ``config`` in ``entries``; else ``default``."""
+    for edge in edges:
+        if (edge.direction == direction and edge.holds(n_rows)
+                and (direction, edge.bucket, config) in entries):
+            return edge.bucket
+    return "default"
+
+
+def edge_probes(edges: Sequence[BucketEdge], configs: Mapping[str, Iterable[Any]]
+                ) -> tuple[tuple[str, Any, int, str], ...]:
+    """(direction, config, N, edge label) at edge-1, edge, edge+1 for every config."""
+    probes = []
+    for edge in edges:
+        for config in configs.get(edge.direction, ()):
+            for n in (edge.edge - 1, edge.edge, edge.edge + 1):
+                probes.append((edge.direction, config, n, edge.label))
+    return tuple(probes)
+
+
+@dataclass(frozen=True)
+class EdgeProbe:
+    direction: str
+    config: str
+    n_rows: int
+    edge: str                  # the declared edge probed, e.g. "fwd large >= 1024"
+    bucket: str                # the declared bucket of N
+    expected: str | None       # that bucket's table entry (None: the table has none)
+    selected: str | None       # what the dispatcher chose
+    ok: bool
+
+
+@dataclass(frozen=True)
+class BucketEdges:
+    """The dispatcher's choice at edge-1, edge, edge+1 against the declared bucket's entry."""
+
+    edges: tuple[str, ...]     # the declared edges, as labels
+    n_probes: int
+    n_mismatch: int
+    n_blind: int               # (edge, config) pairs with one kernel on both sides
+    first: EdgeProbe | None    # the first mismatch
+    probes: tuple[EdgeProbe, ...]
+    ok: bool
+
+    def summary(self) -> str:
+        if self.first is None:
+            return (f"{self.n_probes - self.n_mismatch}/{self.n_probes} probes at "
+                    f"{', '.join(self.edges)} select the declared bucket's entry")
+        p = self.first
+        return (f"{self.n_mismatch} of {self.n_probes} probes off the declared edges, first "
+                f"{p.direction} {p.config} at N={p.n_rows} ({p.edge}): the dispatcher selects "
+                f"{p.selected}, the declared {p.bucket} bucket's entry is {p.expected}")
+
+
+def entry_configs(entries: Mapping[tuple[str, str, Any], Any]) -> dict[str, list]:
+    """The configs of each direction's table entries, in first-seen order."""
+    configs: dict[str, list] = {}
+    for direction, _, config in entries:
+        configs.setdefault(direction, [])
+        if config not in configs[direction]:
+            configs[direction].append(config)
+    return configs
+
+
+def bucket_edges(edges: Sequence[BucketEdge], entries: Mapping[tuple[str, str, Any], Any],
+                 dispatched: Mapping[tuple[str, Any, int], Any]) -> BucketEdges:
+    """``entries``: (direction, bucket, config) -> kernel; ``dispatched``: (direction,
+    config, N) -> the kernel the dispatcher selects, for every probe of ``edge_probes``."""
+    configs = entry_configs(entries)
+    found, blind = [], 0
+    for direction, config, n, label in edge_probes(edges, configs):
+        bucket = declared_bucket(edges, entries, direction, config, n)
+        expected = entries.get((direction, bucket, config))
+        selected = dispatched.get((direction, config, n))
+        found.append(EdgeProbe(direction=direction, config=_config_name(config), n_rows=n,
+                               edge=label, bucket=bucket,
+                               expected=None if expected is None else _name(expected),
+                               selected=None if selected is None else _name(selected),
+                               ok=expected is not None and selected == expected))
+    for edge in edges:   # the pairs whose two sides are one kernel: a moved edge is moot there
+        for config in configs.get(edge.direction, ()):
+            inside, outside = (
+                entries.get((edge.direction,
+                             declared_bucket(edges, entries, edge.direction, config, m), config))
+                for m in (edge.edge, edge.edge + (1 if edge.upper else -1)))
+            blind += inside == outside
+    bad = [p for p in found if not p.ok]
+    return BucketEdges(edges=tuple(e.label for e in edges), n_probes=len(found),
+                       n_mismatch=len(bad), n_blind=blind, first=bad[0] if bad else None,
+                       probes=tuple(found), ok=not bad)

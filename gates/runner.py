@@ -1,20 +1,29 @@
-"""The gate run (docs/CONTRACT.md section 5): drift check, the cases in order, schedule coverage.
+"""The gate run (docs/CONTRACT.md sections 5 and 7): drift check, the cases in order, coverage.
 
-:func:`run_gate` takes the backend and the cases as arguments (the CLI passes the real
-kernels and the 21 contract cases; the CPU tests pass small cases and faulty reference
-backends) and returns a :class:`~csagate.gates.verdict.Verdict`. Inputs and references are built on
-the backend's device, so in production the fp32 eager and the fp64 oracle run on the GPU.
+:func:`run_gate` takes the backend and a :class:`~csagate.gates.contracts.Contract` (the CLI
+passes the real kernels and ``R128`` or ``R4``; the CPU tests pass small contracts and faulty
+reference backends) and returns a :class:`~csagate.gates.verdict.Verdict`. Everything that
+differs between the ratio=128 and ratio=4 families (cases, G2 rule per tensor, G3's eager
+path, coverage source, bucket edges) is the contract's data. Inputs and references are built
+on the backend's device, so in production the fp32 eager and the fp64 oracle run on the GPU.
 
 Per case:
 
 * the forward and the backward run 3 times each into fresh buffers: run 1 zero-filled,
   runs 2 and 3 NaN-filled (``dape`` is always zero-filled: it accumulates);
-* G1 compares the runs' bit patterns (out, dKV, dScore) and forbids NaN (except overflow);
+* G1 compares the runs' bit patterns (out, dKV, dScore) and forbids NaN, except in the
+  tensors where the case's inputs make eager NaN too (``NAN_EXPECTED``);
 * ``zeros``: every never-consumed slot of dKV/dScore is exactly zero in every run (a slot
   the kernel leaves unwritten shows up as NaN in runs 2-3); padding cases also report the
   token-padding rows [cu[B], T) on their own;
-* G2 and G3 judge run 1 against the fp32 eager reference and the fp64 oracle, with the
-  scaled case's bounds, or (overflow) NaN-mask equality and a recorded G3 skip.
+* G2 (the contract's rule per tensor) and G3 judge run 1 against the fp32 eager reference and
+  the fp64 oracle, with the scaled case's bounds; the overflow case replaces them by full
+  NaN-mask equality and a recorded G3 skip; cases with some non-finite inputs (partial
+  overflow, padding-only inf/NaN) add NaN-mask equality (``X[NaN mask]``) and judge G2 where
+  eager is not NaN and G3 where it is finite;
+* ``isolation`` (padding-only inf/NaN): the gradients equal a backward of the same pack
+  without the non-finite values, and the reference itself keeps them out (docs/CONTRACT.md
+  section 7.1).
 
 A case that raises is an ``error`` row with the exception's one-line text; the run goes on.
 """
@@ -32,6 +41,7 @@ import torch
 from csagate.gates import checks
 from csagate.gates.backend import Backend, ProgressFn, Target, one_line
 from csagate.gates.cases import Case
+from csagate.gates.contracts import Contract
 from csagate.gates.verdict import (
     ERROR,
     FAIL,
@@ -52,12 +62,19 @@ from csagate.reference import (
     make_pack,
     never_consumed_mask,
     overflow_pack,
+    pad_nonfinite_slots,
+    partial_overflow_slots,
+    with_values,
 )
 
 RUNS = 3
 GRADS = ("dkv", "dscore")
 OUTPUTS = ("out", "dkv", "dscore")
 DIRECTIONS = ("fwd", "bwd")
+TENSORS = ("out", "dkv", "dscore", "dape")
+# The tensors in which a case's inputs make eager NaN too: G1 allows NaN there only.
+NAN_EXPECTED = {"random": (), "overflow": OUTPUTS, "partial_overflow": OUTPUTS,
+                "pad_nonfinite": ("out",)}
 
 
 def build_targets(cases: Sequence[Case], drift: Case | None) -> tuple[Target, ...]:
@@ -70,17 +87,20 @@ def build_targets(cases: Sequence[Case], drift: Case | None) -> tuple[Target, ..
     return tuple(targets)
 
 
-def run_gate(backend: Backend, cases: Sequence[Case], *, drift: Case, full: bool,
+def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | None = None,
              progress: ProgressFn | None = None) -> Verdict:
     """Drift check, then every case (a failure never hides the others), then coverage.
 
-    ``full`` says that ``cases`` is the whole contract: only then is coverage asserted.
-    If the drift check fails, the cases are reported as untrusted and not run.
+    ``cases`` (default: the contract's cases and hardening cases) may be a subset, in the
+    contract's order; coverage is then not asserted. If the drift check fails, the cases are
+    reported as untrusted and not run.
     """
     start = perf_counter()
+    cases = contract.all_cases if cases is None else tuple(cases)
+    full = set(cases) == set(contract.all_cases)
     total = len(cases) + 2
-    _tick(progress, 0, total, f"drift check {drift.name}")
-    drift_result = run_drift(backend, drift)
+    _tick(progress, 0, total, f"drift check {contract.drift.name}")
+    drift_result = run_drift(backend, contract.drift)
     results = []
     for i, case in enumerate(cases, start=1):
         if not drift_result.ok:
@@ -88,17 +108,18 @@ def run_gate(backend: Backend, cases: Sequence[Case], *, drift: Case, full: bool
                                       error="not run: the reference drift check failed"))
             continue
         _tick(progress, i, total, case.name)
-        results.append(run_case(backend, case))
+        results.append(run_case(backend, case, contract))
     results = _compare_scaled(results)
     _tick(progress, total - 1, total, "schedule coverage")
     if not drift_result.ok:
         status = UNTRUSTED
     else:
         status = None if full else NOT_ASSERTED
-    cov = coverage(backend, results, status=status)
+    cov = coverage(backend, contract, results, status=status)
     _tick(progress, total, total, "done")
     return Verdict(drift=drift_result, cases=tuple(results), coverage=cov, full=full,
-                   env=backend.describe(), seconds=perf_counter() - start)
+                   env=backend.describe(), seconds=perf_counter() - start,
+                   ratio=contract.ratio)
 
 
 def _compare_scaled(results: list[CaseResult]) -> list[CaseResult]:
@@ -167,12 +188,12 @@ def run_drift(backend: Backend, drift: Case) -> CaseResult:
 # --- one case --------------------------------------------------------------------------------
 
 
-def run_case(backend: Backend, case: Case) -> CaseResult:
+def run_case(backend: Backend, case: Case, contract: Contract) -> CaseResult:
     """All gates of one case; an exception becomes an ``error`` row with its one-line text."""
     start = perf_counter()
     selections: list[Selection] = []  # filled as kernels run: kept even if the case raises
     try:
-        gates, recorded = _evaluate(backend, case, selections)
+        gates, recorded = _evaluate(backend, case, contract, selections)
         _sync(backend.device)
     except Exception as exc:  # out of memory, a launch error: report it, keep going
         return CaseResult(case, ERROR, selections=tuple(selections),
@@ -184,18 +205,25 @@ def run_case(backend: Backend, case: Case) -> CaseResult:
                       seconds=perf_counter() - start)
 
 
-def _inputs(case: Case, device) -> tuple[Any, torch.Tensor]:
-    if case.kind == "overflow":
-        return overflow_pack(case.lens, ratio=case.ratio, coff=case.coff, d=case.d,
-                             device=device)
+def _inputs(case: Case, device):
+    """(pack, grad_out, the clean pack of a non-finite case or None, the non-finite slots)."""
+    if case.inputs == "overflow":
+        pack, go = overflow_pack(case.lens, ratio=case.ratio, coff=case.coff, d=case.d,
+                                 device=device)
+        return pack, go, None, ()
     pack = make_pack(case.lens, ratio=case.ratio, coff=case.coff, d=case.d,
                      seed=case.input_seed, pad_rows=case.pad_rows, pad_tokens=case.pad_tokens,
                      scale=case.scale, pad_seed=case.pad_seed, device=device)
     # All N rows get grad_out, capacity padding rows included: nonzero there on the fused
-    # side; the reference ignores those rows by construction.
+    # side; the reference excludes those rows by construction.
     go = make_grad_out(pack.n_rows, case.d, seed=case.grad_seed, scale=case.scale,
                        device=device)
-    return pack, go
+    if case.inputs == "random":
+        return pack, go, None, ()
+    place = {"partial_overflow": partial_overflow_slots,
+             "pad_nonfinite": pad_nonfinite_slots}[case.inputs]
+    slots = place(case.lens, ratio=case.ratio, coff=case.coff, d=case.d)
+    return with_values(pack, slots), go, pack, slots
 
 
 def _fill(run: int) -> float:
@@ -207,12 +235,25 @@ def _record(selections: list[Selection], sel: Selection | None) -> None:
         selections.append(sel)
 
 
-def _evaluate(backend: Backend, case: Case, selections: list[Selection]):
+def _fused_backward(backend: Backend, case: Case, ins, go, fill: float):
     dev = backend.device
-    pack, go = _inputs(case, dev)
+    n_tokens, width = ins[0].shape
+    dkv = torch.full((n_tokens, width), fill, dtype=torch.bfloat16, device=dev)
+    dscore = torch.full_like(dkv, fill)
+    dape = torch.zeros((case.ratio, width), dtype=torch.float32, device=dev)
+    sel = backend.backward(*ins, go, dkv, dscore, dape, ratio=case.ratio, coff=case.coff)
+    return sel, {"dkv": dkv, "dscore": dscore, "dape": dape}
+
+
+def _as_dict(g) -> dict[str, torch.Tensor]:
+    return {"out": g.out, "dkv": g.dkv, "dscore": g.dscore, "dape": g.dape}
+
+
+def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list[Selection]):
+    dev = backend.device
+    pack, go, clean, slots = _inputs(case, dev)
     ins = pack.inputs()
-    n_rows, n_tokens, width = pack.n_rows, pack.n_tokens, case.coff * case.d
-    overflow = case.kind == "overflow"
+    n_rows, n_tokens = pack.n_rows, pack.n_tokens
 
     fused: dict[str, list[torch.Tensor]] = {"out": [], "dkv": [], "dscore": [], "dape": []}
     for run in range(RUNS):
@@ -220,25 +261,23 @@ def _evaluate(backend: Backend, case: Case, selections: list[Selection]):
         _record(selections, backend.forward(*ins, out, ratio=case.ratio, coff=case.coff))
         fused["out"].append(out)
     for run in range(RUNS):
-        dkv = torch.full((n_tokens, width), _fill(run), dtype=torch.bfloat16, device=dev)
-        dscore = torch.full_like(dkv, _fill(run))
-        dape = torch.zeros((case.ratio, width), dtype=torch.float32, device=dev)
-        _record(selections, backend.backward(*ins, go, dkv, dscore, dape, ratio=case.ratio,
-                                             coff=case.coff))
-        fused["dkv"].append(dkv)
-        fused["dscore"].append(dscore)
-        fused["dape"].append(dape)
+        sel, grads = _fused_backward(backend, case, ins, go, _fill(run))
+        _record(selections, sel)
+        for name, t in grads.items():
+            fused[name].append(t)
 
-    eager = backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp32")
-    oracle = backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp64")
-    eager_t = {"out": eager.out, "dkv": eager.dkv, "dscore": eager.dscore, "dape": eager.dape}
-    oracle_t = {"out": oracle.out, "dkv": oracle.dkv, "dscore": oracle.dscore,
-                "dape": oracle.dape}
+    eager_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp32"))
+    oracle_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff,
+                                 precision="fp64"))
+    parity_t = eager_t if contract.parity_ref == "fp32" else _as_dict(
+        backward(*ins, go, ratio=case.ratio, coff=case.coff, precision=contract.parity_ref))
     first = {name: runs[0] for name, runs in fused.items()}
 
     gates: list[GateResult] = []
+    nan_ok = NAN_EXPECTED[case.inputs]
     for name in OUTPUTS:
-        gates.append(_gate("G1", name, checks.bitwise_replay(fused[name], allow_nan=overflow)))
+        gates.append(_gate("G1", name, checks.bitwise_replay(fused[name],
+                                                             allow_nan=name in nan_ok)))
 
     mask = never_consumed_mask(pack.cu, ratio=case.ratio, coff=case.coff, d=case.d,
                                n_tokens=n_tokens)
@@ -250,13 +289,21 @@ def _evaluate(backend: Backend, case: Case, selections: list[Selection]):
         for name in GRADS:
             gates.append(_zeros(f"{name}[token pad]", fused[name], pad_mask))
 
-    if overflow:
+    if case.inputs == "overflow":
         gates.extend(_overflow_g2_g3(first, eager_t, oracle_t))
+    elif case.inputs == "random":
+        gates.extend(_g2(contract, case, first, eager_t))
+        gates.extend(_g3(case, first, parity_t, oracle_t))
     else:
-        gates.extend(_g2(case, first, eager_t))
-        gates.extend(_g3(case, first, eager_t, oracle_t))
+        gates.extend(_finite_g2_g3(contract, case, first, eager_t, parity_t, oracle_t))
+    if case.inputs == "pad_nonfinite":
+        sel, clean_grads = _fused_backward(backend, case, clean.inputs(), go, 0.0)
+        _record(selections, sel)
+        clean_eager = backward(*clean.inputs(), go, ratio=case.ratio, coff=case.coff,
+                               precision="fp32")
+        gates.extend(_isolation(first, clean_grads, eager_t, _as_dict(clean_eager)))
 
-    recorded = {
+    recorded: dict[str, Any] = {
         "n_rows": n_rows,
         "n_tokens": n_tokens,
         "bitwise_equal_to_eager": {n: checks.bitwise_equal(first[n], eager_t[n])
@@ -265,6 +312,14 @@ def _evaluate(backend: Backend, case: Case, selections: list[Selection]):
         "err_eager": {n: checks.max_abs_error(eager_t[n], oracle_t[n]) for n in fused},
         "dape_replay_delta": checks.replay_delta(fused["dape"]),
     }
+    if contract.parity_ref != "fp32":
+        recorded["parity_ref"] = contract.parity_ref
+        recorded["err_parity_ref"] = {n: checks.max_abs_error(parity_t[n], oracle_t[n])
+                                      for n in fused}
+    if slots:
+        recorded["nonfinite_slots"] = [{"tensor": t, "token": tok, "column": col,
+                                        "value": str(v)} for t, tok, col, v in slots]
+        recorded["eager_nan"] = {n: int(torch.isnan(eager_t[n]).sum()) for n in TENSORS}
     if case.pad_rows:
         valid = int(pack.cuc[-1])
         recorded["pad_rows_grad_out_nonzero"] = bool((go[valid:] != 0).any())
@@ -289,33 +344,66 @@ def _zeros(name: str, runs: Sequence[torch.Tensor], mask: torch.Tensor) -> GateR
     return GateResult("zeros", name, PASS if z.ok else FAIL, numbers, reason)
 
 
-def _g2(case: Case, fused, eager) -> list[GateResult]:
-    """Tolerance vs fp32 eager; the scaled case keeps the counts and scales the bounds."""
-    s = case.scale
-    bounds = {"out": checks.MAX_ABS * s, "dkv": checks.MAX_ABS * s,
-              "dscore": checks.MAX_ABS * s * s}
+def _g2(contract: Contract, case: Case, fused, eager, masks=None) -> list[GateResult]:
+    """The contract's rule per tensor vs fp32 eager; the scaled case scales the bounds.
+
+    ``masks`` (tensor -> bool mask): judge those positions only (eager's finite positions)."""
     out = []
-    for name in OUTPUTS:
-        allowed = checks.count_allowance(fused[name].numel())
-        out.append(_gate("G2", name, checks.tolerance(fused[name], eager[name],
-                                                      bound=bounds[name], allowed=allowed)))
-    out.append(_gate("G2", "dape", checks.tolerance(fused["dape"], eager["dape"],
-                                                    bound=checks.DAPE_MAX_ABS * s * s,
-                                                    allowed=None)))
+    for name, rule in contract.g2:
+        mask = None if masks is None else masks[name]
+        out.append(_gate("G2", name, rule.apply(fused[name], eager[name], scale=case.scale,
+                                                mask=mask)))
     return out
 
 
-def _g3(case: Case, fused, eager, oracle) -> list[GateResult]:
-    """fp64-oracle parity; dAPE is gated on unit-scale cases only and recorded on scaled ones."""
+def _g3(case: Case, fused, eager, oracle, masks=None) -> list[GateResult]:
+    """fp64-oracle parity against the contract's eager path; dAPE is gated on unit-scale cases
+    only and recorded on scaled ones."""
     out = []
-    for name in ("out", "dkv", "dscore", "dape"):
-        parity = checks.oracle_parity(fused[name], eager[name], oracle[name])
+    for name in TENSORS:
+        mask = None if masks is None else masks[name]
+        parity = checks.oracle_parity(fused[name], eager[name], oracle[name], mask=mask)
         if name == "dape" and case.scale != 1.0:
             out.append(_gate("G3", name, parity, status=RECORDED,
                              reason="recorded, not gated on a scaled case (atomic-order "
                                     f"noise): {parity.summary()}"))
         else:
             out.append(_gate("G3", name, parity))
+    return out
+
+
+def _finite_g2_g3(contract: Contract, case: Case, fused, eager, parity_ref,
+                  oracle) -> list[GateResult]:
+    """Some inputs non-finite: NaN masks equal eager's on all four outputs, G2 where eager is
+    not NaN (an infinity, e.g. from a -inf kv a padding row reads, must be matched exactly)
+    and G3 where eager is finite (docs/CONTRACT.md section 7.2)."""
+    out = [_gate("G2", f"{name}[NaN mask]",
+                 checks.nan_mask(fused[name], eager[name], require_full=False))
+           for name in TENSORS]
+    not_nan = {name: ~torch.isnan(eager[name]) for name in TENSORS}
+    finite = {name: torch.isfinite(eager[name]) for name in TENSORS}
+    return out + _g2(contract, case, fused, eager, not_nan) + _g3(case, fused, parity_ref,
+                                                                oracle, finite)
+
+
+def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:
+    """Non-finite values only the padding rows read reach no gradient: the fused gradients are
+    finite and equal to the same pack's without them (dKV/dScore bitwise, as G1 makes them
+    deterministic; dAPE, accumulated with atomics in another order, within G2's dAPE bound),
+    and the reference keeps them out too (else the case is not what it claims)."""
+    out = [_gate("isolation", name, checks.tolerance(fused[name], clean[name], bound=0.0,
+                                                     allowed=0))
+           for name in GRADS]
+    out.append(_gate("isolation", "dape", checks.tolerance(
+        fused["dape"], clean["dape"], bound=checks.DAPE_MAX_ABS, allowed=None)))
+    same = {name: bool(torch.isfinite(eager[name]).all()) and checks.bitwise_equal(
+        eager[name], clean_eager[name]) for name in ("dkv", "dscore", "dape")}
+    ok = all(same.values())
+    out.append(GateResult(
+        "isolation", "eager", PASS if ok else FAIL, {"finite_and_equal": same},
+        "the reference's gradients are finite and bitwise those of the clean pack" if ok else
+        "the reference lets a padding-only value reach a gradient: the case is not what it "
+        "claims"))
     return out
 
 
@@ -351,14 +439,21 @@ def _order(sel: Selection):
     return (sel.direction, sel.d, sel.coff, sel.tag)
 
 
-def coverage(backend: Backend, results: Sequence[CaseResult], *,
+def coverage(backend: Backend, contract: Contract, results: Sequence[CaseResult], *,
              status: str | None = None) -> CoverageResult:
-    """Selected pairs per direction vs every pair the tables can select.
+    """Every kernel of every table entry selected by some case, and the bucket edges pinned.
 
-    ``status`` overrides the verdict (``not asserted`` for subset runs, ``untrusted`` when the
-    drift check failed); the pairs are reported either way.
+    The expected set is read from the tables (``backend.entries``), not derived from the
+    dispatcher's bucket constants; the edges are probed through the dispatcher
+    (``backend.dispatch``) at the contract's declared values. ``status`` overrides the verdict
+    (``not asserted`` for subset runs, ``untrusted`` when the drift check failed); the numbers
+    are reported either way.
     """
-    expected = {d: tuple(sorted(backend.selectable(d), key=_order)) for d in DIRECTIONS}
+    entries: dict[tuple[str, str, tuple[int, int]], Selection] = {}
+    for direction in DIRECTIONS:
+        found = backend.entries(contract.ratio, direction, contract.coverage_configs)
+        for (bucket, coff, d), sel in found.items():
+            entries[(direction, bucket, (coff, d))] = sel
     selected: dict[str, tuple[Selection, ...]] = {}
     for direction in DIRECTIONS:
         seen: list[Selection] = []
@@ -367,10 +462,22 @@ def coverage(backend: Backend, results: Sequence[CaseResult], *,
                 if sel.direction == direction and sel not in seen:
                     seen.append(sel)
         selected[direction] = tuple(sorted(seen, key=_order))
+    table = {d: checks.table_coverage(d, {k: v for k, v in entries.items() if k[0] == d},
+                                      selected[d]) for d in DIRECTIONS}
+    expected = {d: tuple(sorted({v for k, v in entries.items() if k[0] == d}, key=_order))
+                for d in DIRECTIONS}
+    edges = None
+    if contract.edges:
+        probes = checks.edge_probes(contract.edges, checks.entry_configs(entries))
+        dispatched = {(direction, config, n): backend.dispatch(contract.ratio, direction,
+                                                               config[0], config[1], n)
+                      for direction, config, n, _ in probes}
+        edges = checks.bucket_edges(contract.edges, entries, dispatched)
     if status is None:
-        equal = all(set(expected[d]) == set(selected[d]) for d in DIRECTIONS)
-        status = PASS if equal else FAIL
-    return CoverageResult(status=status, expected=expected, selected=selected)
+        ok = all(t.ok for t in table.values()) and (edges is None or edges.ok)
+        status = PASS if ok else FAIL
+    return CoverageResult(status=status, expected=expected, selected=selected, table=table,
+                          edges=edges)
 
 
 # --- device housekeeping ----------------------------------------------------------------------

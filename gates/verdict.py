@@ -22,7 +22,7 @@ ERROR = "error"            # the case raised; its one-line error is the reason
 UNTRUSTED = "untrusted"    # not run: the reference drift check failed
 NOT_ASSERTED = "not asserted"  # coverage of a subset run
 
-GATES = ("G1", "G2", "G3", "zeros")
+GATES = ("G1", "G2", "G3", "zeros", "isolation")
 TENSORS = ("out", "dkv", "dscore", "dape")
 
 
@@ -30,8 +30,9 @@ TENSORS = ("out", "dkv", "dscore", "dape")
 class GateResult:
     """One check on one tensor: e.g. G2 on dkv, with the check's numbers."""
 
-    gate: str                  # "G1" | "G2" | "G3" | "zeros" | "drift"
-    tensor: str                # "out" | "dkv" | "dscore" | "dape" | "dkv[token pad]" ...
+    gate: str                  # "G1" | "G2" | "G3" | "zeros" | "isolation" | "drift"
+    tensor: str                # "out" | "dkv" | "dscore" | "dape" | "dkv[token pad]" |
+    #                            "out[NaN mask]" ...
     status: str
     numbers: dict[str, Any]
     reason: str = ""           # the check's one-line summary
@@ -124,11 +125,15 @@ class CaseResult:
 
 @dataclass(frozen=True)
 class CoverageResult:
-    """Selected (config, schedule) pairs per direction against every pair the tables can select."""
+    """Selected kernels per direction against every kernel of the tables' entries, and the
+    bucket-edge probes (docs/CONTRACT.md section 7.3); ``table``/``edges`` are the checks' own
+    records."""
 
     status: str
     expected: dict[str, tuple[Selection, ...]]
     selected: dict[str, tuple[Selection, ...]]
+    table: dict[str, Any] = field(default_factory=dict)  # direction -> checks.TableCoverage
+    edges: Any = None          # checks.BucketEdges; None when the contract declares no buckets
 
     def missing(self, direction: str) -> tuple[Selection, ...]:
         got = set(self.selected.get(direction, ()))
@@ -148,8 +153,11 @@ class CoverageResult:
 
     @property
     def summary(self) -> str:
-        return ", ".join(f"{d} {self.covered(d)}/{len(self.expected.get(d, ()))}"
+        text = ", ".join(f"{d} {self.covered(d)}/{len(self.expected.get(d, ()))}"
                          for d in ("fwd", "bwd"))
+        if self.edges is not None:
+            text += f", edges {self.edges.n_probes - self.edges.n_mismatch}/{self.edges.n_probes}"
+        return text
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -159,11 +167,14 @@ class CoverageResult:
         for d in ("fwd", "bwd"):
             missing = self.missing(d)
             if missing:
-                out.append("coverage: no case selects " + ", ".join(s.name for s in missing))
+                out.append("coverage (table entries): no case selects "
+                           + ", ".join(s.name for s in missing))
             extra = self.unexpected(d)
             if extra:
-                out.append("coverage: selected but not in the tables: "
+                out.append("coverage (table entries): selected but in no table entry: "
                            + ", ".join(s.name for s in extra))
+        if self.edges is not None and not self.edges.ok:
+            out.append("bucket edges: " + self.edges.summary())
         return tuple(out)
 
 
@@ -172,29 +183,45 @@ class Verdict:
     """The drift check, the cases in order, coverage; PASS only if all of them pass."""
 
     drift: CaseResult
-    cases: tuple[CaseResult, ...]
+    cases: tuple[CaseResult, ...]  # the named cases, then the hardening cases
     coverage: CoverageResult
     full: bool                 # False for a --case / --quick subset: coverage is not asserted
     env: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    ratio: int = 128           # the contract family
+
+    def _of(self, hardening: bool) -> tuple[CaseResult, ...]:
+        return tuple(c for c in self.cases if (c.case.kind == "hardening") == hardening)
 
     @property
     def passed(self) -> int:
-        return sum(1 for c in self.cases if c.ok)
+        """Named (upstream) cases passed; the hardening cases are counted apart."""
+        return sum(1 for c in self._of(False) if c.ok)
 
     @property
     def total(self) -> int:
-        return len(self.cases)
+        return len(self._of(False))
+
+    @property
+    def hardening_passed(self) -> int:
+        return sum(1 for c in self._of(True) if c.ok)
+
+    @property
+    def hardening_total(self) -> int:
+        return len(self._of(True))
 
     @property
     def ok(self) -> bool:
-        return (self.drift.ok and self.passed == self.total and self.coverage.ok
+        return (self.drift.ok and all(c.ok for c in self.cases) and self.coverage.ok
                 and (self.coverage.status == PASS or not self.full))
 
     @property
     def headline(self) -> str:
+        """``GATE PASS 21/21 + 3/3 hardening``: the upstream count stays visible."""
         word = "PASS" if self.ok else "FAIL"
         line = f"GATE {word} {self.passed}/{self.total}"
+        if self.hardening_total:
+            line += f" + {self.hardening_passed}/{self.hardening_total} hardening"
         if not self.full:
             line += " (subset run: schedule coverage not asserted, not the full contract)"
         return line
@@ -204,8 +231,8 @@ class Verdict:
         out = []
         if not self.drift.ok:
             out.extend(self.drift.reasons)
-            out.append(f"the reference drift check failed: the {self.total} cases are not "
-                       "trusted and were not run")
+            out.append(f"the reference drift check failed: the {len(self.cases)} cases are "
+                       "not trusted and were not run")
         for case in self.cases:
             out.extend(case.reasons)
         out.extend(self.coverage.reasons)

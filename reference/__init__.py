@@ -12,7 +12,15 @@ from csagate.reference.compressor import (
     forward,
     never_consumed_mask,
 )
-from csagate.reference.inputs import Pack, make_grad_out, make_pack, overflow_pack
+from csagate.reference.inputs import (
+    Pack,
+    make_grad_out,
+    make_pack,
+    overflow_pack,
+    pad_nonfinite_slots,
+    partial_overflow_slots,
+    with_values,
+)
 
 __all__ = [
     "PRECISIONS",
@@ -24,4 +32,7 @@ __all__ = [
     "make_pack",
     "never_consumed_mask",
     "overflow_pack",
+    "pad_nonfinite_slots",
+    "partial_overflow_slots",
+    "with_values",
 ]

@@ -23,10 +23,12 @@ Layout is THD (packed sequences). For output row ``b`` of segment ``s`` with blo
   previous block: that half is filled with kv 0 and score -inf (weight exactly 0).
 
 Rows ``cuc[B] <= b < N`` are capacity padding rows (a static CUDA-graph capacity). The eager
-gather computes them as a first block starting at token 0; the backward ignores their
-grad_out. Tokens beyond a segment's last full block (tails) and tokens ``[cu[B], T)`` are
-never read. ``never_consumed_mask`` names every (token, column) slot no window reads: the
-gradients there are exact zeros.
+gather computes them as a first block starting at token 0; the backward excludes them: their
+windows are cut from the graph, so neither their grad_out nor a non-finite value only they
+read (0 * inf = NaN) reaches a gradient (docs/CONTRACT.md section 7.1). Tokens beyond a
+segment's last full block (tails) and tokens ``[cu[B], T)`` are never read.
+``never_consumed_mask`` names every (token, column) slot no window reads: the gradients there
+are exact zeros.
 """
 
 from __future__ import annotations
@@ -66,11 +68,18 @@ def _row_geometry(cu: torch.Tensor, cuc: torch.Tensor, n_rows: int, ratio: int):
     return tok0, local == 0, valid
 
 
-def _region(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int, precision: str):
-    """The eager region: gather, add APE, overlap transform, softmax, weighted sum."""
+def _region(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int, precision: str,
+            cut_padding: bool = False):
+    """The eager region: gather, add APE, overlap transform, softmax, weighted sum.
+
+    ``cut_padding``: the capacity padding rows' windows keep their values but lose their path
+    back to kv, score and ape (``where(valid, x, x.detach())``; where's backward selects, it
+    does not multiply), so the backward excludes those rows. Every other value, shape and
+    reduction is the same, so finite gradients are unchanged bitwise.
+    """
     width = kv.shape[1]
     d = width // coff
-    tok0, first_block, _ = _row_geometry(cu, cuc, n_rows, ratio)
+    tok0, first_block, valid = _row_geometry(cu, cuc, n_rows, ratio)
     idx = tok0[:, None] + torch.arange(ratio, device=kv.device)  # (N, ratio) token ids
 
     if precision == "fp32":
@@ -80,6 +89,10 @@ def _region(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int, prec
 
     kv_w = kv[idx]                   # (N, ratio, coff*d)
     s_w = score[idx] + ape[None]     # upstream: bf16 + fp32 promotes to fp32
+    if cut_padding:
+        keep = valid[:, None, None]
+        kv_w = torch.where(keep, kv_w, kv_w.detach())
+        s_w = torch.where(keep, s_w, s_w.detach())
 
     if coff == 2:
         # Own half: columns [d, 2d) of the own tokens. Previous half: columns [0, d) of the
@@ -127,7 +140,11 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
 
 def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
              precision: str = "fp32") -> Grads:
-    """Forward and autograd backward; grad_out rows of capacity padding rows are ignored."""
+    """Forward and autograd backward; capacity padding rows are excluded from the backward.
+
+    Their windows are cut from the graph (``_region(cut_padding=True)``) and their grad_out is
+    zeroed, so no value of theirs, finite or not, reaches dKV, dScore or dAPE.
+    """
     _check(kv, score, ape, cu, cuc, ratio, coff, precision)
     n_rows = grad_out.shape[0]
     if precision == "fp64":
@@ -137,7 +154,7 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
     leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
     with torch.enable_grad():
         out = _region(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows,
-                      precision=precision)
+                      precision=precision, cut_padding=True)
         _, _, valid = _row_geometry(cu, cuc, n_rows, ratio)
         go = torch.where(valid[:, None], grad_out.to(out.dtype), torch.zeros((), dtype=out.dtype,
                                                                                device=out.device))

@@ -110,3 +110,73 @@ def overflow_pack(lens=(128,), *, ratio: int = 128, coff: int = 1, d: int = 128,
                 int(cuc[-1]), ratio, coff, d, lens)
     go = torch.ones(pack.n_rows, d, dtype=torch.bfloat16, device=device)
     return pack, go
+
+
+# --- non-finite placements of the hardening cases (docs/CONTRACT.md section 7.2) ------------------
+
+Slot = tuple[str, int, int, float]   # (tensor "kv"/"score", token, column, value)
+
+
+def _starts(lens) -> list[int]:
+    starts, t = [], 0
+    for n in lens:
+        starts.append(t)
+        t += n
+    return starts
+
+
+def partial_overflow_slots(lens, *, ratio: int, coff: int, d: int) -> tuple[Slot, ...]:
+    """Where the partial-overflow cases put +inf scores and one NaN kv value.
+
+    ``late = ratio - 1 - ratio // 8`` is a window position outside chunk 0 however the kernel
+    splits the window (ratio 128: 111, chunk 3 of 4 / 6 of 8 / 13 of 16 of a half), so a merge
+    that drops a NaN chunk partial shows. Segments 0, 1, 2 of ``lens`` (>= 2, 2, 1 blocks):
+
+    * W1, segment 0, block 1: +inf score at the own half's ``late`` position, column 3.
+    * W2, segment 1, block ``nb // 2``, column d-1: coff=2, +inf in BOTH halves of the window
+      (the previous block's token at ``late``, columns [0, d); the own token at ``late``);
+      coff=1, +inf at ``late`` and at ``ratio // 2`` of the one window.
+    * W3, segment 2, last block: NaN kv at the own half's ``late`` position, column d // 2.
+
+    Each value is read by exactly one (row, column) window: out is NaN at three elements,
+    dKV/dScore on those windows' slots, dAPE on their columns; everything else is finite.
+    """
+    lens = tuple(int(n) for n in lens)
+    nbs = [n // ratio for n in lens]
+    if len(lens) < 3 or nbs[0] < 2 or nbs[1] < 2 or nbs[2] < 1:
+        raise ValueError(f"partial overflow needs segments 0, 1, 2 with >= 2, 2, 1 blocks: {lens}")
+    s0, s1, s2 = _starts(lens)[:3]
+    late, own, inf = ratio - 1 - ratio // 8, d * (coff - 1), float("inf")
+    i = nbs[1] // 2
+    slots: list[Slot] = [("score", s0 + ratio + late, own + min(3, d - 1), inf)]
+    if coff == 2:
+        slots += [("score", s1 + (i - 1) * ratio + late, d - 1, inf),
+                  ("score", s1 + i * ratio + late, own + d - 1, inf)]
+    else:
+        slots += [("score", s1 + i * ratio + late, d - 1, inf),
+                  ("score", s1 + i * ratio + ratio // 2, d - 1, inf)]
+    slots.append(("kv", s2 + (nbs[2] - 1) * ratio + late, own + d // 2, float("nan")))
+    return tuple(slots)
+
+
+def pad_nonfinite_slots(lens, *, ratio: int, coff: int, d: int) -> tuple[Slot, ...]:
+    """Non-finite values only the capacity padding rows read: segment 0 is shorter than ratio,
+    so its tokens belong to no block, and padding rows (first blocks at token 0) read them in
+    the own-half columns. +inf score, NaN kv, -inf kv, NaN score, spread over the segment."""
+    n0 = int(lens[0])
+    if not 4 <= n0 < ratio:
+        raise ValueError(f"segment 0 must hold 4..ratio-1 tokens, got {n0}")
+    own = d * (coff - 1)
+    toks = (0, n0 // 3, 2 * n0 // 3, n0 - 1)
+    values = (("score", float("inf")), ("kv", float("nan")), ("kv", float("-inf")),
+              ("score", float("nan")))
+    return tuple((name, t, own + k % d, v) for k, (t, (name, v)) in enumerate(zip(toks, values)))
+
+
+def with_values(pack: Pack, slots) -> Pack:
+    """A copy of ``pack`` with ``slots`` written into kv/score (bf16 holds inf and NaN)."""
+    kv, score = pack.kv.clone(), pack.score.clone()
+    for name, token, column, value in slots:
+        (kv if name == "kv" else score)[token, column] = value
+    return Pack(kv, score, pack.ape, pack.cu, pack.cuc, pack.n_rows, pack.ratio, pack.coff,
+                pack.d, pack.lens)

@@ -2,19 +2,26 @@
 
 ``RefBackend`` computes "fused" results with the reference itself (fp32, on CPU), so the
 unfaulted gate must PASS; ``FaultyBackend`` plants exactly one fault into exactly one case
-(matched by its inputs' shape and segment lengths), so the gate must FAIL that case at the
-right gate and still run the others. ``SMALL_CASES`` mirrors the contract's case kinds
-(union, scaled, padding, overflow) at ratio 8 and d 16/32 so a whole gate run takes well
-under a second. None of this is reachable from the ``csagate`` CLI.
+(matched by its inputs' shape, coff and segment lengths), so the gate must FAIL that case at
+the right gate and still run the others. ``SMALL_CONTRACT`` mirrors the ratio=128 contract's
+case kinds (union, scaled, padding, overflow, and the three hardening cases) at ratio 8 and
+d 16/32 with a mini dispatch table and declared bucket edges; ``SMALL_R4_CONTRACT`` mirrors
+the ratio=4 contract at d 16/32. A whole gate run takes about a second. None of this is
+reachable from the ``csagate`` CLI.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
+from csagate.gates import contracts
 from csagate.gates.backend import BuildError
 from csagate.gates.cases import Case
+from csagate.gates.checks import BucketEdge
 from csagate.gates.verdict import Selection
 from csagate.reference import backward, forward, never_consumed_mask
+from csagate.reference.compressor import _region, _row_geometry
 from csagate.reference.inputs import PAD_GRAD_SEED
 
 RATIO = 8
@@ -42,13 +49,49 @@ SMALL_CASES: tuple[Case, ...] = (
           pad_rows=3, pad_tokens=5),
     _case("c2d32/ragged+pad2r3t", 2, 32, RAGGED, "padding", grad_seed=PAD_GRAD_SEED,
           pad_rows=2, pad_tokens=3),
-    _case("c1d16/overflow", 1, 16, (RATIO,), "overflow"),
+    _case("c1d16/overflow", 1, 16, (RATIO,), "overflow", inputs="overflow"),
+)
+
+SMALL_HARDENING: tuple[Case, ...] = (
+    _case("c2d16/ragged/partial-overflow", 2, 16, RAGGED, "hardening",
+          inputs="partial_overflow"),
+    _case("c1d32/ragged/partial-overflow", 1, 32, RAGGED, "hardening",
+          inputs="partial_overflow"),
+    _case("c2d16/edge+pad3r5t/pad-nonfinite", 2, 16, EDGE, "hardening",
+          grad_seed=PAD_GRAD_SEED, pad_rows=3, pad_tokens=5, inputs="pad_nonfinite"),
 )
 
 CONFIGS = ((1, 16), (2, 16), (1, 32), (2, 32))
 FWD_SMALL_MAX, FWD_LARGE_MIN, BWD_SMALL_MAX = 8, 32, 12
 FWD_LARGE = {(1, 16)}
 BWD_SMALL = {(1, 16), (2, 16)}
+
+SMALL_EDGES = (BucketEdge("fwd", "small", FWD_SMALL_MAX, upper=True),
+               BucketEdge("fwd", "large", FWD_LARGE_MIN, upper=False),
+               BucketEdge("bwd", "small", BWD_SMALL_MAX, upper=True))
+
+SMALL_CONTRACT = replace(contracts.R128, ratio=RATIO, drift=SMALL_DRIFT, cases=SMALL_CASES,
+                         hardening=SMALL_HARDENING, edges=SMALL_EDGES)
+
+
+def _r4(name, coff, d, lens, kind="union", **kw) -> Case:
+    return Case(f"r4/{name}", coff, d, tuple(lens), kind, "small CPU stand-in", ratio=4, **kw)
+
+
+R4_RAGGED = (23, 40, 9)                # ratio 4: 5, 10, 2 blocks
+SMALL_R4_CASES: tuple[Case, ...] = (
+    _r4("c1d16/ragged", 1, 16, R4_RAGGED),
+    _r4("c2d16/edge", 2, 16, EDGE),
+    _r4("c1d32/1x64", 1, 32, (64,)),
+    _r4("c2d32/ragged", 2, 32, R4_RAGGED),
+    _r4("c2d16/ragged+pad3r5t", 2, 16, R4_RAGGED, "padding", grad_seed=PAD_GRAD_SEED,
+        pad_rows=3, pad_tokens=5),
+    _r4("c1d16/overflow", 1, 16, (16,), "overflow", inputs="overflow"),
+    _r4("c2d16/ragged/partial-overflow", 2, 16, R4_RAGGED, "partial-overflow",
+        inputs="partial_overflow"),
+)
+SMALL_R4_CONTRACT = replace(contracts.R4, drift=SMALL_DRIFT, cases=SMALL_R4_CASES,
+                            coverage_configs=CONFIGS)
 
 
 def fwd_schedule(coff: int, d: int, n: int) -> str:
@@ -63,11 +106,11 @@ def bwd_schedule(coff: int, d: int, n: int) -> str:
     return "small" if n <= BWD_SMALL_MAX and (coff, d) in BWD_SMALL else "default"
 
 
-def matches(case: Case, kv: torch.Tensor, cu: torch.Tensor, ratio: int) -> bool:
-    """Whether these inputs are ``case``'s (shapes and segment lengths identify every case
-    except the scaled case and its unit-scale twin, which no fault targets)."""
+def matches(case: Case, kv: torch.Tensor, cu: torch.Tensor, ratio: int, coff: int) -> bool:
+    """Whether these inputs are ``case``'s (shapes, coff and segment lengths identify every
+    case except the scaled case and its unit-scale twin, which no fault targets)."""
     lens = tuple(int(x) for x in torch.diff(cu.long()).tolist())
-    return (ratio == case.ratio and lens == case.lens
+    return (ratio == case.ratio and coff == case.coff and lens == case.lens
             and tuple(kv.shape) == (case.tokens, case.coff * case.d))
 
 
@@ -91,10 +134,8 @@ class RefBackend:
     def forward(self, kv, score, ape, cu, cuc, out, *, ratio, coff):
         d = out.shape[1]
         out.copy_(forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=out.shape[0]))
-        self.after_forward(kv, cu, out, ratio=ratio, coff=coff)
-        if ratio != RATIO:
-            return None
-        return Selection("fwd", coff, d, fwd_schedule(coff, d, out.shape[0]))
+        self.after_forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+        return self.dispatch(ratio, "fwd", coff, d, out.shape[0])
 
     def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio, coff):
         d = grad_out.shape[1]
@@ -106,23 +147,39 @@ class RefBackend:
         dape += res.dape
         self.after_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, prefill,
                             ratio=ratio, coff=coff)
-        if ratio != RATIO:
-            return None
-        return Selection("bwd", coff, d, bwd_schedule(coff, d, grad_out.shape[0]))
+        return self.dispatch(ratio, "bwd", coff, d, grad_out.shape[0])
 
-    def after_forward(self, kv, cu, out, *, ratio, coff) -> None:
+    def after_forward(self, kv, score, ape, cu, cuc, out, *, ratio, coff) -> None:
         """Where a fault edits the forward's output."""
 
     def after_backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, prefill, *,
                        ratio, coff) -> None:
         """Where a fault edits the backward's outputs (``prefill``: the buffers as given)."""
 
-    def selectable(self, direction: str) -> set[Selection]:
+    def tables(self, direction: str) -> dict[str, dict[tuple[int, int], str]]:
+        """The mini dispatch tables, bucket -> config -> schedule (the schedule is its name)."""
+        if direction == "fwd":
+            return {"small": {c: "small" for c in CONFIGS},
+                    "default": {c: "default" for c in CONFIGS},
+                    "large": {c: "large" for c in FWD_LARGE}}
+        return {"small": {c: "small" for c in BWD_SMALL},
+                "default": {c: "default" for c in CONFIGS}}
+
+    def entries(self, ratio, direction, configs=None):
+        if ratio == 4:   # one schedule per config, no buckets
+            return {("any", coff, d): Selection(direction, coff, d, "r4")
+                    for coff, d in (configs or CONFIGS)}
+        return {(bucket, coff, d): Selection(direction, coff, d, sched)
+                for bucket, table in self.tables(direction).items()
+                for (coff, d), sched in table.items() if configs is None or (coff, d) in configs}
+
+    def dispatch(self, ratio, direction, coff, d, n_rows):
+        if n_rows == 0:
+            return None
+        if ratio == 4:
+            return Selection(direction, coff, d, "r4")
         pick = fwd_schedule if direction == "fwd" else bwd_schedule
-        probes = (1, FWD_SMALL_MAX + 1, FWD_LARGE_MIN) if direction == "fwd" else \
-            (1, BWD_SMALL_MAX + 1)
-        return {Selection(direction, coff, d, pick(coff, d, n))
-                for coff, d in CONFIGS for n in probes}
+        return Selection(direction, coff, d, pick(coff, d, n_rows))
 
     def describe(self) -> dict:
         return {"backend": "reference (CPU test stand-in)", "device": "cpu", "gpu": "none",
@@ -139,7 +196,7 @@ def bump(t: torch.Tensor, index, steps: int = 1) -> None:
 
 
 def case_named(name: str) -> Case:
-    return next(c for c in SMALL_CASES if c.name == name)
+    return next(c for c in SMALL_CASES + SMALL_HARDENING + SMALL_R4_CASES if c.name == name)
 
 
 class FaultyBackend(RefBackend):
@@ -153,11 +210,11 @@ class FaultyBackend(RefBackend):
         self.fwd_calls = 0
         self.bwd_calls = 0
 
-    def _hit(self, kv, cu, ratio) -> bool:
-        return self.case is not None and matches(self.case, kv, cu, ratio)
+    def _hit(self, kv, cu, ratio, coff) -> bool:
+        return self.case is not None and matches(self.case, kv, cu, ratio, coff)
 
-    def after_forward(self, kv, cu, out, *, ratio, coff):
-        if not self._hit(kv, cu, ratio):
+    def after_forward(self, kv, score, ape, cu, cuc, out, *, ratio, coff):
+        if not self._hit(kv, cu, ratio, coff):
             return
         self.fwd_calls += 1
         if self.fault == "large_error":
@@ -166,15 +223,26 @@ class FaultyBackend(RefBackend):
             bump(out, (0, 0))
         elif self.fault == "nan_mask":
             out[0, 0] = 1.0
+        elif self.fault == "count_out":
+            for i in range(self.opts["n"]):
+                bump(out, (i, 0), self.opts.get("steps", 1))
+        elif self.fault == "drop_nan_chunk":
+            # A merge that drops a chunk whose partial is NaN: the window's output is what it
+            # would be without the non-finite slots (their weight gone, their values unread).
+            bad_kv, bad_s = ~torch.isfinite(kv), ~torch.isfinite(score)
+            dropped = forward(torch.where(bad_kv, torch.zeros_like(kv), kv),
+                              torch.where(bad_s | bad_kv, torch.full_like(score, -1e4), score),
+                              ape, cu, cuc, ratio=ratio, coff=coff, n_rows=out.shape[0])
+            out.copy_(torch.where(torch.isnan(out), dropped, out))
 
     def after_backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, prefill, *,
                        ratio, coff):
         if self.fault == "drift" and ratio == 4:
             bump(dscore, (5, 7))
             return
-        if self.fault == "raises" and self._hit(kv, cu, ratio):
+        if self.fault == "raises" and self._hit(kv, cu, ratio, coff):
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(details)")
-        if not self._hit(kv, cu, ratio):
+        if not self._hit(kv, cu, ratio, coff):
             return
         self.bwd_calls += 1
         if self.fault == "count":
@@ -204,12 +272,34 @@ class FaultyBackend(RefBackend):
             dkv[-1, 0] = 2.0 ** -100  # tiny: no tolerance notices, exact zeros must
         elif self.fault == "dape":
             dape[0, 0] += 2e-3
+        elif self.fault == "pad_leak":
+            # Padding rows multiplied by zero instead of excluded: 0 * inf = NaN leaks.
+            leaked = leaky_backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
+            dkv.copy_(leaked[0])
+            dscore.copy_(leaked[1])
+            dape.copy_(leaked[2])
 
-    def selectable(self, direction):
-        found = super().selectable(direction)
+    def tables(self, direction):
+        found = super().tables(direction)
         if self.fault == "coverage" and direction == "fwd":
-            found.add(Selection("fwd", 2, 32, "large"))
+            found["large"] = {**found["large"], (2, 32): "large"}
         return found
+
+    def dispatch(self, ratio, direction, coff, d, n_rows):
+        if self.fault == "moved_edge" and ratio == RATIO and direction == "fwd" \
+                and n_rows == FWD_LARGE_MIN and (coff, d) in FWD_LARGE:
+            return Selection("fwd", coff, d, "default")   # ``>`` where ``>=`` was declared
+        return super().dispatch(ratio, direction, coff, d, n_rows)
+
+
+def leaky_backward(kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+    """The backward before CONTRACT.md 7.1: padding rows in the graph, grad_out times zero."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
+    out = _region(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=grad_out.shape[0],
+                  precision="fp32")
+    _, _, valid = _row_geometry(cu, cuc, grad_out.shape[0], ratio)
+    out.backward(torch.where(valid[:, None], grad_out, torch.zeros((), dtype=grad_out.dtype)))
+    return tuple(t.grad for t in leaves)
 
 
 class FailingBuildBackend(RefBackend):

@@ -45,3 +45,50 @@ def test_cases_cover_every_selectable_kernel_of_every_arch():
         for direction, select in (("fwd", S.select_fwd), ("bwd", S.select_bwd)):
             chosen = {((c.coff, c.d), select(c.coff, c.d, c.rows, arch)) for c in CASES}
             assert chosen == S.selectable(direction, arch), (arch, direction)
+
+
+def test_three_hardening_cases_after_the_21():
+    from csagate.gates.cases import HARDENING
+    from csagate.gates.contracts import R128
+
+    assert R128.all_cases == CASES + HARDENING
+    assert [(c.config, c.lens, c.inputs, c.kind) for c in HARDENING] == [
+        ("c2d128", RAGGED3, "partial_overflow", "hardening"),
+        ("c1d512", RAGGED3, "partial_overflow", "hardening"),
+        ("c2d128", EDGEPACK, "pad_nonfinite", "hardening"),
+    ]
+    pad = HARDENING[2]
+    assert (pad.pad_rows, pad.pad_tokens, pad.grad_seed) == (5, 21, 11)
+    assert EDGEPACK[0] < pad.ratio   # segment 0 is read by the padding rows only
+    assert {c.name for c in HARDENING}.isdisjoint(c.name for c in CASES)
+
+
+def test_r4_cases_are_the_contracts():
+    from csagate.gates.cases import R4_CASES, SHORT4
+    from csagate.gates.contracts import R4
+
+    assert R4.all_cases == R4_CASES and len(R4_CASES) == 18
+    assert all(c.ratio == 4 and c.name.startswith("r4/") for c in R4_CASES)
+    union = [(c.config, c.lens) for c in R4_CASES if c.kind == "union"]
+    for config in ("c1d128", "c2d128", "c1d512", "c2d512"):
+        for lens in ((8192,), RAGGED3, EDGEPACK):
+            assert (config, lens) in union
+    assert [u for u in union if u[1] == (65536,)] == [("c2d128", (65536,)),
+                                                      ("c2d512", (65536,))]
+    assert len(union) == 14
+    padding = [(c.config, c.lens, c.pad_rows, c.pad_tokens) for c in R4_CASES
+               if c.kind == "padding"]
+    assert padding == [("c2d128", RAGGED3, 8, 21), ("c1d512", SHORT4, 8, 37)]
+    assert SHORT4[0] < 4    # the padding rows read across the first segment's boundary
+    kinds = {c.kind: c for c in R4_CASES}
+    assert kinds["overflow"].inputs == "overflow" and kinds["overflow"].lens == (128,)
+    assert kinds["partial-overflow"].inputs == "partial_overflow"
+    assert len({c.name for c in R4_CASES}) == 18
+
+
+def test_case_names_are_unique_across_both_contracts():
+    from csagate.gates.cases import DRIFT, HARDENING, R4_CASES, case_by_name
+
+    names = [c.name for c in (DRIFT, *CASES, *HARDENING, *R4_CASES)]
+    assert len(names) == len(set(names))
+    assert case_by_name("r4/c2d128/ragged3/partial-overflow").ratio == 4

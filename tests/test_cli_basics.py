@@ -31,9 +31,25 @@ def test_cases_table():
     r = run("cases", "--ratio", "128")
     assert r.exit_code == 0, r.output
     lines = [line for line in r.output.splitlines() if "│" in line]
-    assert len(lines) == 22
-    assert "drift/r4-c2d128/1x2048" in lines[0] and "c1d128/overflow" in lines[-1]
+    assert len(lines) == 25
+    assert "drift/r4-c2d128/1x2048" in lines[0] and "c1d128/overflow" in lines[21]
+    assert all("hardening" in line for line in lines[22:])
+    assert "pad-nonfinite" in lines[-1]
+    assert "drift check + 21 named cases + 3 hardening" in r.output
     assert "131072" in r.output and "padding" in r.output
+
+
+def test_cases_table_ratio4_and_all():
+    r = run("cases", "--ratio", "4")
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.output.splitlines() if "│" in line]
+    assert len(lines) == 19 and "drift check + 18 named cases" in r.output
+    assert "r4/c1d128/1x8192" in lines[1] and "r4/c2d128/ragged3/partial-overflow" in lines[-1]
+    assert "r4/c2d512/1x65536" in r.output and "r4/c1d512/short4+pad8r37t" in r.output
+    both = run("cases", "--ratio", "all")
+    assert both.exit_code == 0
+    assert "ratio=128 gate" in both.output and "ratio=4 gate" in both.output
+    assert len([line for line in both.output.splitlines() if "│" in line]) == 25 + 19
 
 
 def test_bad_ratio_is_a_usage_error():

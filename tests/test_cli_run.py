@@ -20,7 +20,11 @@ import torch
 from click.testing import CliRunner
 from gate_backends import (
     SMALL_CASES,
+    SMALL_CONTRACT,
     SMALL_DRIFT,
+    SMALL_HARDENING,
+    SMALL_R4_CASES,
+    SMALL_R4_CONTRACT,
     FailingBuildBackend,
     FaultyBackend,
     RefBackend,
@@ -30,7 +34,10 @@ from csagate.cli import cli
 from csagate.commands import run as run_cmd
 
 REPO = Path(__file__).resolve().parents[1]
-N = len(SMALL_CASES)
+N, H, N4 = len(SMALL_CASES), len(SMALL_HARDENING), len(SMALL_R4_CASES)
+HEAD = f"{N}/{N} + {H}/{H} hardening"
+SMALL = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
+         "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
 
 
 def invoke(*args, env=None):
@@ -41,7 +48,7 @@ def invoke(*args, env=None):
 def cpu_gate(monkeypatch):
     """Route the run command to the small cases and a reference backend (test double)."""
     state = {"backend": RefBackend()}
-    monkeypatch.setattr(run_cmd, "contract", lambda: (SMALL_DRIFT, SMALL_CASES))
+    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
     monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
     monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: state["backend"])
     return state
@@ -127,8 +134,7 @@ def test_build_failure_exits_3(cpu_gate):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["run", "--ratio", "7"], "'7' is not '128'"),
-    (["run", "--ratio", "4"], "'4' is not '128'"),
+    (["run", "--ratio", "7"], "'7' is not one of '128', '4', 'all'"),
     (["run", "--device", "-1"], "--device"),
     (["run", "--bogus"], "No such option"),
     (["run", "--quick", "--case", "c1d128/1x8192"], "exclusive"),
@@ -147,7 +153,7 @@ def test_report_path_in_a_missing_directory_is_a_usage_error(tmp_path):
 
 def test_a_broken_gate_exits_3(cpu_gate):
     class Broken(RefBackend):
-        def selectable(self, direction):
+        def entries(self, ratio, direction, configs=None):
             raise KeyError("tables")
 
     cpu_gate["backend"] = Broken()
@@ -163,10 +169,13 @@ def test_unknown_case_exits_2_with_the_valid_names_hinted():
     assert result.exit_code == 2
     assert "unknown case 'c1d128/1x819'" in result.stderr
     assert "Did you mean 'c1d128/1x8192'" in result.stderr
-    from csagate.gates.cases import CASES
+    from csagate.gates.cases import CASES, HARDENING, R4_CASES
 
-    for case in CASES:
+    for case in CASES + HARDENING:
         assert case.name in result.stderr
+    assert R4_CASES[0].name not in result.stderr   # --ratio 128: its own names only
+    r4 = invoke("run", "--case", "r4/c1d128/ragged", "--ratio", "4")   # any option order
+    assert r4.exit_code == 2 and "Did you mean 'r4/c1d128/ragged3'" in r4.stderr
 
 
 def test_help_names_the_exit_codes():
@@ -186,19 +195,31 @@ def test_passing_run_prints_the_table_and_exits_0(cpu_gate):
     out = result.stdout
     assert "\x1b[" not in out
     lines = out.splitlines()
-    assert lines[-1] == f"GATE PASS {N}/{N}"
+    assert lines[-1] == f"GATE PASS {HEAD}"
     rows = [ln for ln in lines if ln.startswith("│")]
-    names = [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES), "coverage"]
-    # one row per named case, in order: drift first, coverage last
-    order = [next(i for i, r in enumerate(rows) if f" {name} " in r) for name in names]
+    names = [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES + SMALL_HARDENING), "coverage"]
+    # one row per named case, in order: drift first, hardening after the cases, coverage last;
+    # a long name folds inside its column: join each row's continuation lines
+    cells = []
+    for r in rows:
+        parts = [p.strip() for p in r.split("│")]
+        if parts[1] or parts[2].startswith("coverage") or not cells:
+            cells.append(parts[2])
+        else:
+            cells[-1] += parts[2]
+    starts = [i for i, r in enumerate(rows)
+              if r.split("│")[1].strip() or r.split("│")[2].strip().startswith("coverage")]
+    order = [starts[next(j for j, c in enumerate(cells) if c.startswith(name))]
+             for name in names]
     assert order == sorted(order) and len(set(order)) == len(order)
     assert "coverage (fwd 9/9," in rows[order[-1]] and rows[order[-1]].endswith("│ PASS   │")
-    assert out.count("│ PASS   │") == N + 2   # every result mark, whole
+    assert out.count("│ PASS   │") == N + H + 2   # every result mark, whole
     assert "detail:" not in out and "0 / 0.00e+00" not in out  # the numbers are behind -v
     verbose = invoke("run", "-v", env={"NO_COLOR": "1", "COLUMNS": "200"})
     assert verbose.exit_code == 0, verbose.output
     assert "detail: differing elements" in verbose.stdout
     assert "0 / 0.00e+00" in verbose.stdout and "large" in verbose.stdout
+    assert "fwd9/9,bwd6/6,edges36/36" in cells[-1].replace(" ", "")  # the coverage cell
     # status and progress on stderr, not stdout
     assert "built 3 kernel(s)" not in out and "built" in result.stderr
     assert "gate [" in result.stderr and "gate [" not in out
@@ -210,7 +231,7 @@ def test_failing_run_exits_1_and_names_the_gate(cpu_gate):
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("GATE "))
-    assert lines[head] == f"GATE FAIL {N - 1}/{N}"
+    assert lines[head] == f"GATE FAIL {N - 1}/{N} + {H}/{H} hardening"
     assert lines[head + 1].startswith("  - c1d16/edge: G2 dape: max_abs 2.")
 
 
@@ -238,6 +259,7 @@ def test_json_report_schema(cpu_gate, tmp_path):
     doc = json.loads(path.read_text())
     assert doc["schema"] == "csagate.verdict/1"
     assert doc["verdict"] == "PASS" and doc["passed"] == N and doc["total"] == N
+    assert doc["hardening_passed"] == H and doc["hardening_total"] == H
     assert doc["full_contract"] is True and doc["reasons"] == []
     from csagate import __version__
 
@@ -248,7 +270,7 @@ def test_json_report_schema(cpu_gate, tmp_path):
     assert set(doc["wall_seconds"]) == {"build", "gate", "total"}
     assert doc["build"]["targets"][0] == [4, 2, 16]
     assert doc["drift"]["name"] == SMALL_DRIFT.name and doc["drift"]["status"] == "pass"
-    assert [c["name"] for c in doc["cases"]] == [c.name for c in SMALL_CASES]
+    assert [c["name"] for c in doc["cases"]] == [c.name for c in SMALL_CASES + SMALL_HARDENING]
     case = doc["cases"][0]
     for key in ("kind", "config", "lens", "tokens", "rows", "scale", "seeds", "status",
                 "seconds", "schedules", "selections", "gates", "recorded", "gate_status"):
@@ -259,11 +281,15 @@ def test_json_report_schema(cpu_gate, tmp_path):
         assert key in g2["numbers"]
     for key in ("bitwise_equal_to_eager", "err_fused", "err_eager", "dape_replay_delta"):
         assert key in case["recorded"]
-    overflow = doc["cases"][-1]
+    overflow = next(c for c in doc["cases"] if c["kind"] == "overflow")
     assert overflow["recorded"]["err_eager"]["out"] == "inf"   # non-finite -> string
     assert overflow["gate_status"]["G3"] == "skip"
     cov = doc["coverage"]
     assert cov["status"] == "pass" and cov["fwd"]["covered"] == 9 and cov["bwd"]["missing"] == []
+    assert cov["fwd"]["table"]["n_entries"] == 9
+    assert cov["edges"]["n_probes"] == 36 and cov["edges"]["n_mismatch"] == 0
+    partial = next(c for c in doc["cases"] if c["inputs"] == "partial_overflow")
+    assert partial["kind"] == "hardening" and partial["recorded"]["eager_nan"]["out"] == 3
 
 
 def test_json_report_of_a_failure(cpu_gate, tmp_path):
@@ -274,7 +300,8 @@ def test_json_report_of_a_failure(cpu_gate, tmp_path):
     doc = json.loads(path.read_text())
     assert doc["verdict"] == "FAIL"
     assert doc["coverage"]["fwd"]["missing"] == ["fwd c2d32 large"]
-    assert doc["reasons"] == ["coverage: no case selects fwd c2d32 large"]
+    assert doc["reasons"][0] == "coverage (table entries): no case selects fwd c2d32 large"
+    assert doc["reasons"][1].startswith("bucket edges: ")
 
 
 def test_junit_xml_one_testcase_per_named_gate(cpu_gate, tmp_path):
@@ -286,13 +313,14 @@ def test_junit_xml_one_testcase_per_named_gate(cpu_gate, tmp_path):
     assert "  - c1d16/edge: raised RuntimeError: CUDA out of memory." in result.stdout
     row = next(ln for ln in result.stdout.splitlines() if " c1d16/edge " in ln)
     assert row.endswith("│ FAIL   │"), row
+    assert f"GATE FAIL {N - 1}/{N} + {H}/{H} hardening" in result.stdout
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
     assert [c.get("name") for c in cases] == [SMALL_DRIFT.name, *(c.name for c in SMALL_CASES),
-                                              "coverage"]
-    assert suite.get("tests") == str(N + 2)
+                                              *(c.name for c in SMALL_HARDENING), "coverage"]
+    assert suite.get("tests") == str(N + H + 2)
     assert suite.get("errors") == "1" and suite.get("failures") == "0"
     errored = next(c for c in cases if c.get("name") == "c1d16/edge")
     assert errored.find("error").get("message").startswith("RuntimeError: CUDA out of memory")
@@ -399,7 +427,7 @@ def test_build_failure_still_writes_both_reports(cpu_gate, tmp_path):
 
 def test_gate_crash_still_writes_both_reports(cpu_gate, tmp_path):
     class Broken(RefBackend):
-        def selectable(self, direction):
+        def entries(self, ratio, direction, configs):
             raise KeyError("tables")
 
     cpu_gate["backend"] = Broken()
@@ -427,3 +455,43 @@ def test_exit_code_is_in_every_json_report(cpu_gate, tmp_path):
     assert invoke("run", "--json", str(path)).exit_code == 1
     doc = json.loads(path.read_text())
     assert doc["exit_code"] == 1 and doc["verdict"] == "FAIL" and doc["reason"] is None
+# --- --ratio 4 and --ratio all -------------------------------------------------------------------
+
+
+def test_ratio4_run_passes_with_its_own_cases(cpu_gate, tmp_path):
+    path = tmp_path / "r4.json"
+    result = invoke("run", "--ratio", "4", "--json", str(path), env={"NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == f"GATE PASS {N4}/{N4}"
+    assert "ratio=4 gate" in result.stdout
+    doc = json.loads(path.read_text())
+    assert doc["ratio"] == 4 and doc["selection"]["ratio"] == 4
+    assert [c["name"] for c in doc["cases"]] == [c.name for c in SMALL_R4_CASES]
+    assert doc["coverage"]["edges"] is None and doc["coverage"]["summary"] == "fwd 4/4, bwd 4/4"
+
+
+def test_ratio_all_runs_both_and_exits_with_the_worse_code(cpu_gate, tmp_path):
+    cpu_gate["backend"] = FaultyBackend("count", "r4/c1d16/ragged", n=1)
+    junit = tmp_path / "j.xml"
+    result = invoke("run", "--ratio", "all", "--json", str(tmp_path / "v.json"),
+                    "--junit-xml", str(junit))
+    assert result.exit_code == 1
+    heads = [ln for ln in result.stdout.splitlines() if ln.startswith("GATE ")]
+    assert heads == [f"GATE PASS {HEAD}", f"GATE FAIL {N4 - 1}/{N4}"]
+    assert "r4/c1d16/ragged: G2 dkv: 1 differing > 0 allowed" in result.stdout
+    # one report per family, named by its ratio
+    small = SMALL_CONTRACT.ratio
+    assert json.loads((tmp_path / f"v.r{small}.json").read_text())["verdict"] == "PASS"
+    assert json.loads((tmp_path / "v.r4.json").read_text())["verdict"] == "FAIL"
+    suite = ET.parse(tmp_path / "j.r4.xml").getroot().find("testsuite")
+    assert suite.get("name") == "csagate.ratio4" and suite.get("failures") == "1"
+    assert not junit.exists()
+
+
+def test_ratio_all_with_a_case_runs_only_the_family_that_has_it(cpu_gate):
+    result = invoke("run", "--ratio", "all", "--case", "r4/c2d16/edge")
+    assert result.exit_code == 0, result.output
+    heads = [ln for ln in result.stdout.splitlines() if ln.startswith("GATE ")]
+    assert len(heads) == 1 and heads[0].startswith("GATE PASS 1/1 (subset run")
+    assert ("GATE PASS 1/1 (subset run: schedule coverage not asserted, not the full contract)"
+            in " ".join(result.stdout.split()))  # the headline may wrap at 80 columns

@@ -213,3 +213,118 @@ def test_eager_grads_are_exact_zeros_on_the_never_consumed_mask(coff):
     assert checks.exact_zeros(res.dkv, mask).ok
     assert checks.exact_zeros(res.dscore, mask).ok
     assert int(mask.sum()) > 0
+
+
+# --- masks: G2/G3 on the finite positions of a partial-overflow case ---------------------------
+
+
+def test_tolerance_and_parity_with_a_mask():
+    ref = torch.linspace(-1, 1, 100).reshape(10, 10)
+    fused = ref.clone()
+    fused[3, 3] = float("nan")
+    ref_nan = ref.clone()
+    ref_nan[3, 3] = float("nan")
+    mask = torch.isfinite(ref_nan)
+    t = checks.tolerance(fused, ref_nan, bound=1e-3, allowed=0, mask=mask)
+    assert t.ok and t.numel == 99 and t.n_diff == 0
+    fused[7, 2] += 0.5
+    bad = checks.tolerance(fused, ref_nan, bound=1e-3, allowed=0, mask=mask)
+    assert not bad.ok and bad.first_index == (7, 2) and bad.n_diff == 1   # full-tensor index
+    oracle = ref.double()
+    ok = checks.oracle_parity(ref, ref_nan, oracle, mask=mask)
+    assert ok.ok and ok.err_fused == 0.0
+    assert not checks.oracle_parity(fused, ref_nan, oracle, mask=mask).ok
+    assert not checks.oracle_parity(ref, ref_nan, oracle).ok      # unmasked: NaN error
+
+
+# --- ratio=4 forward: bf16 steps -----------------------------------------------------------------
+
+
+def test_bf16_ordinal_is_monotone_across_zero():
+    vals = torch.tensor([-2.0, -1.0, -2.0 ** -133, -0.0, 0.0, 2.0 ** -133, 1.0], dtype=BF16)
+    o = checks.bf16_ordinal(vals)
+    assert o.tolist() == sorted(o.tolist())
+    assert o[3] == o[4] == 0 and o[5] - o[4] == 1 and o[4] - o[2] == 1
+
+
+def test_bf16_steps_count_steps_and_noise():
+    ref = torch.linspace(0.5, 1.5, 20000).to(BF16)
+    allowed = checks.count_allowance(ref.numel(), checks.R4_FWD_FRACTION)
+    assert allowed == 2
+    one = step(step(ref, 10), 20)
+    ok = checks.bf16_steps(one, ref)
+    assert ok.ok and ok.n_diff == 2 and ok.max_steps == 1 and ok.n_beyond == 0
+    three = step(one, 30)
+    bad = checks.bf16_steps(three, ref)
+    assert not bad.ok and bad.n_diff == 3 and "3 differing > 2 allowed" in bad.summary()
+    two = step(ref, 5, 2)
+    far = checks.bf16_steps(two, ref)
+    assert not far.ok and far.n_beyond == 1 and far.first_index == (5,)
+    # near zero a few tiny steps are summation-order noise, within noise_atol
+    tiny = torch.zeros(100, dtype=BF16)
+    tiny[7] = 3e-6
+    strict = checks.bf16_steps(tiny, torch.zeros(100, dtype=BF16))
+    assert not strict.ok and strict.max_steps > 1
+    loose = checks.bf16_steps(tiny, torch.zeros(100, dtype=BF16), noise_atol=8e-6)
+    assert loose.ok and loose.n_within_noise == 1 and "within 8e-06" in loose.summary()
+    nan = tiny.clone()
+    nan[9] = float("nan")
+    assert checks.bf16_steps(nan, tiny, noise_atol=1.0).n_beyond == 1
+
+
+# --- coverage over table entries, pinned bucket edges -------------------------------------------
+
+
+def test_table_coverage_counts_distinct_kernels_of_entries():
+    entries = {("small", 1): "k1", ("default", 1): "k2", ("large", 1): "k2", ("default", 2): "k3"}
+    cov = checks.table_coverage("fwd", entries, ["k1", "k2", "k3"])
+    assert cov.ok and (cov.n_entries, cov.n_expected, cov.n_covered) == (4, 3, 3)
+    miss = checks.table_coverage("fwd", entries, ["k2", "k9"])
+    assert not miss.ok and miss.missing == ("k1", "k3") and miss.unexpected == ("k9",)
+    assert "no case selects k1, k3" in miss.summary()
+
+
+EDGES = (checks.BucketEdge("fwd", "small", 128, upper=True),
+         checks.BucketEdge("fwd", "large", 1024, upper=False))
+ENTRIES = {("fwd", "small", (1, 128)): "S", ("fwd", "default", (1, 128)): "D",
+           ("fwd", "large", (1, 128)): "L", ("fwd", "default", (1, 512)): "D5",
+           ("fwd", "large", (1, 512)): "D5"}
+
+
+def _dispatch(small_max=128, large_min=1024, large_op=">="):
+    out = {}
+    for direction, config, n, _ in checks.edge_probes(EDGES, checks.entry_configs(ENTRIES)):
+        large = n >= large_min if large_op == ">=" else n > large_min
+        if n <= small_max and ("fwd", "small", config) in ENTRIES:
+            bucket = "small"
+        elif large and ("fwd", "large", config) in ENTRIES:
+            bucket = "large"
+        else:
+            bucket = "default"
+        out[(direction, config, n)] = ENTRIES[(direction, bucket, config)]
+    return out
+
+
+def test_bucket_edges_pass_and_count_blind_pairs():
+    e = checks.bucket_edges(EDGES, ENTRIES, _dispatch())
+    assert e.ok and e.n_probes == 2 * 2 * 3 and e.n_mismatch == 0
+    assert [p.n_rows for p in e.probes[:3]] == [127, 128, 129]
+    # c1d512 has no small entry, and its default and large entries are one kernel
+    assert e.n_blind == 2
+    assert "12/12 probes at fwd small <= 128, fwd large >= 1024" in e.summary()
+
+
+@pytest.mark.parametrize("moved", [{"large_op": ">"}, {"large_min": 1023}, {"small_max": 127}])
+def test_bucket_edges_fail_on_a_moved_edge(moved):
+    e = checks.bucket_edges(EDGES, ENTRIES, _dispatch(**moved))
+    assert not e.ok and e.n_mismatch == 1
+    p = e.first
+    assert p.config == "c1d128" and not p.ok
+    assert p.n_rows in (1023, 1024, 128) and p.selected != p.expected
+    assert f"at N={p.n_rows} ({p.edge})" in e.summary()
+
+
+def test_bucket_edges_fail_when_the_declared_bucket_has_no_default():
+    entries = {k: v for k, v in ENTRIES.items() if k != ("fwd", "default", (1, 128))}
+    e = checks.bucket_edges(EDGES, entries, _dispatch())
+    assert not e.ok and e.first.expected is None and e.first.n_rows == 129

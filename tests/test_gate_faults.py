@@ -1,27 +1,42 @@
 """The gate can fail: one planted fault at a time, the real gate code must catch it.
 
-Each test runs ``csagate.gates.runner.run_gate`` over the small CPU cases with a reference-backed
-backend into which exactly one fault is planted in exactly one case, and asserts the verdict
-is FAIL, that case's row failed at the right gate (G1/G2/G3/zeros/coverage/drift), and every
-other case still ran and passed (a failing case never hides the others).
+Each test runs ``csagate.gates.runner.run_gate`` over a small CPU contract with a
+reference-backed backend into which exactly one fault is planted in exactly one case, and
+asserts the verdict is FAIL, that case's row failed at the right gate
+(G1/G2/G3/zeros/isolation/coverage/bucket edges/drift), and every other case still ran and
+passed (a failing case never hides the others).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 from csagate.gates import checks
 from csagate.gates.runner import run_gate
-from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
-from gate_backends import SMALL_CASES, SMALL_DRIFT, FaultyBackend, RefBackend, case_named
+from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP
+from gate_backends import (
+    SMALL_CASES,
+    SMALL_CONTRACT,
+    SMALL_HARDENING,
+    SMALL_R4_CASES,
+    SMALL_R4_CONTRACT,
+    FaultyBackend,
+    RefBackend,
+    case_named,
+)
+
+ALL = SMALL_CASES + SMALL_HARDENING
+N, H = len(SMALL_CASES), len(SMALL_HARDENING)
 
 
-def gate(backend, cases=SMALL_CASES, full=True):
-    return run_gate(backend, cases, drift=SMALL_DRIFT, full=full)
+def gate(backend, cases=None, contract=SMALL_CONTRACT):
+    return run_gate(backend, contract, cases=cases)
 
 
-def faulted(fault: str, case: str | None = None, **opts):
-    return gate(FaultyBackend(fault, case, **opts))
+def faulted(fault: str, case: str | None = None, contract=SMALL_CONTRACT, **opts):
+    return gate(FaultyBackend(fault, case, **opts), contract=contract)
 
 
 def row(verdict, name):
@@ -32,12 +47,17 @@ def failed_gates(result) -> set[tuple[str, str]]:
     return {(g.gate, g.tensor) for g in result.failures}
 
 
-def assert_only_case_failed(verdict, name):
+def assert_only_case_failed(verdict, name, contract=SMALL_CONTRACT):
     """FAIL, the named row failed, and every other case ran to a PASS."""
+    cases, hard = contract.cases, contract.hardening
     assert not verdict.ok
-    assert verdict.headline == f"GATE FAIL {len(SMALL_CASES) - 1}/{len(SMALL_CASES)}"
+    upstream_failed = name in {c.name for c in cases}
+    headline = f"GATE FAIL {len(cases) - upstream_failed}/{len(cases)}"
+    if hard:
+        headline += f" + {len(hard) - (not upstream_failed)}/{len(hard)} hardening"
+    assert verdict.headline == headline
     assert verdict.drift.status == PASS
-    assert [r.name for r in verdict.cases] == [c.name for c in SMALL_CASES]
+    assert [r.name for r in verdict.cases] == [c.name for c in contract.all_cases]
     for r in verdict.cases:
         if r.name == name:
             assert r.status in (FAIL, ERROR), r
@@ -58,19 +78,28 @@ def clean():
 
 def test_unfaulted_backend_passes(clean):
     assert clean.ok, clean.reasons
-    assert clean.headline == f"GATE PASS {len(SMALL_CASES)}/{len(SMALL_CASES)}"
+    assert clean.headline == f"GATE PASS {N}/{N} + {H}/{H} hardening"
     assert clean.reasons == ()
     assert clean.drift.status == PASS
     assert [g.tensor for g in clean.drift.gates] == ["dkv", "dscore", "dape"]
+    assert [r.name for r in clean.cases] == [c.name for c in ALL]
     assert all(r.status == PASS for r in clean.cases)
     assert clean.coverage.status == PASS
-    assert clean.coverage.summary == "fwd 9/9, bwd 6/6"
+    assert clean.coverage.summary == "fwd 9/9, bwd 6/6, edges 36/36"
+    table = clean.coverage.table
+    assert (table["fwd"].n_entries, table["fwd"].n_expected) == (9, 9)
+    assert (table["bwd"].n_entries, table["bwd"].n_expected) == (6, 6)
+    edges = clean.coverage.edges
+    assert edges.ok and edges.n_probes == 36 and edges.n_mismatch == 0
+    assert edges.edges == ("fwd small <= 8", "fwd large >= 32", "bwd small <= 12")
+    # the probes sit at edge-1, edge, edge+1
+    assert sorted({p.n_rows for p in edges.probes}) == [7, 8, 9, 11, 12, 13, 31, 32, 33]
 
 
 def test_every_case_runs_every_gate(clean):
     for r in clean.cases:
         assert {g.tensor for g in r.results("G1")} == {"out", "dkv", "dscore"}
-        assert {g.tensor for g in r.results("G2")} == {"out", "dkv", "dscore", "dape"}
+        assert {"out", "dkv", "dscore", "dape"} <= {g.tensor for g in r.results("G2")}
         assert {g.tensor for g in r.results("G3")} == {"out", "dkv", "dscore", "dape"}
         assert {"dkv", "dscore"} <= {g.tensor for g in r.results("zeros")}
         assert r.schedules("fwd") and r.schedules("bwd")
@@ -123,7 +152,7 @@ def test_padding_cases_feed_nonzero_pad_grad_out_and_check_token_rows(clean):
 def test_the_backend_gets_nonzero_grad_out_on_padding_rows():
     backend = RefBackend()
     case = case_named("c1d32/ragged+pad3r5t")
-    gate(backend, (case,), full=False)
+    gate(backend, (case,))
     n_valid = case.rows - case.pad_rows
     fused_go = backend.grad_outs[-1]
     assert fused_go.shape[0] == case.rows
@@ -131,7 +160,7 @@ def test_the_backend_gets_nonzero_grad_out_on_padding_rows():
 
 
 def test_subset_run_does_not_assert_coverage():
-    v = gate(RefBackend(), SMALL_CASES[:2], full=False)
+    v = gate(RefBackend(), SMALL_CASES[:2])
     assert v.ok
     assert v.coverage.status == NOT_ASSERTED
     assert "subset run" in v.headline and "coverage not asserted" in v.headline
@@ -247,27 +276,47 @@ def test_dape_off_by_2e_3_fails_g2():
     assert {g for g, _ in failed_gates(r)} <= {"G2", "G3"}
 
 
-def test_schedule_missing_from_coverage_fails_coverage():
+def test_table_entry_no_case_selects_fails_coverage():
+    """An entry in the tables that the dispatcher cannot reach: no case selects it, and the
+    declared large bucket of c2d32 now has an entry the dispatcher ignores at N >= 32."""
     v = faulted("coverage")
     assert not v.ok
     assert all(r.status == PASS for r in v.cases)
-    assert v.headline == f"GATE FAIL {len(SMALL_CASES)}/{len(SMALL_CASES)}"
+    assert v.headline == f"GATE FAIL {N}/{N} + {H}/{H} hardening"
     assert v.coverage.status == FAIL
     assert [s.name for s in v.coverage.missing("fwd")] == ["fwd c2d32 large"]
     assert v.coverage.missing("bwd") == ()
-    assert v.reasons == ("coverage: no case selects fwd c2d32 large",)
+    assert v.coverage.table["fwd"].missing == ("fwd c2d32 large",)
+    assert v.reasons[0] == "coverage (table entries): no case selects fwd c2d32 large"
+    assert v.reasons[1].startswith("bucket edges: ")
 
 
-def test_drift_between_reference_and_production_fails_and_distrusts_the_cases():
-    v = faulted("drift")
+def test_an_entry_no_case_reaches_fails_table_coverage_alone():
+    """The dispatcher and the edges are right; the one case of the large bucket is gone."""
+    cases = tuple(c for c in SMALL_CASES if c.name != "c1d16/1x256")
+    v = gate(RefBackend(), contract=replace(SMALL_CONTRACT, cases=cases))
+    assert not v.ok and v.full
+    assert all(r.status == PASS for r in v.cases)
+    assert v.coverage.status == FAIL and v.coverage.edges.ok
+    assert v.reasons == ("coverage (table entries): no case selects fwd c1d16 large",)
+    assert v.coverage.summary == "fwd 8/9, bwd 6/6, edges 36/36"
+
+
+def test_moved_bucket_edge_fails_bucket_edges():
+    """The large bucket tested with ``>`` where ``>= 32`` is declared. Its only case has
+    N = 32, so it loses the large kernel too; the edge check names the moved edge."""
+    v = faulted("moved_edge")
     assert not v.ok
-    assert v.drift.status == FAIL
-    assert {(g.gate, g.tensor) for g in v.drift.failures} == {("drift", "dscore")}
-    assert v.drift.result("drift", "dscore").numbers["first_index"] == (5, 7)
-    assert all(r.status == UNTRUSTED for r in v.cases)
-    assert v.coverage.status == UNTRUSTED
-    assert v.headline == f"GATE FAIL 0/{len(SMALL_CASES)}"
-    assert any("not trusted" in reason for reason in v.reasons)
+    assert v.coverage.status == FAIL
+    assert v.reasons[0] == "coverage (table entries): no case selects fwd c1d16 large"
+    edges = v.coverage.edges
+    assert not edges.ok and edges.n_mismatch == 1
+    first = edges.first
+    assert (first.direction, first.config, first.n_rows) == ("fwd", "c1d16", 32)
+    assert (first.bucket, first.expected, first.selected) == \
+        ("large", "fwd c1d16 large", "fwd c1d16 default")
+    assert any(r.startswith("bucket edges: 1 of 36 probes off the declared edges, first fwd "
+                            "c1d16 at N=32 (fwd large >= 32)") for r in v.reasons)
 
 
 def test_a_raising_case_is_an_error_row_and_the_run_goes_on():
@@ -309,30 +358,110 @@ def kernel_backend_without_gpu(arch: str = "sm_90a"):
     return backend
 
 
+def _routed(backend, contract):
+    """Every case of ``contract`` as a passing row with the kernels the dispatcher selects."""
+    from csagate.gates.verdict import CaseResult
+
+    return [CaseResult(case, PASS, selections=tuple(
+        sel for direction in ("fwd", "bwd")
+        if (sel := backend.dispatch(case.ratio, direction, case.coff, case.d, case.rows))))
+        for case in contract.all_cases]
+
+
+def _verdict(backend, contract, results):
+    from csagate.gates.runner import coverage
+    from csagate.gates.verdict import CaseResult, Verdict
+
+    drift = CaseResult(contract.drift, PASS)
+    return Verdict(drift=drift, cases=tuple(results), full=True, ratio=contract.ratio,
+                   coverage=coverage(backend, contract, results))
+
+
 @pytest.mark.parametrize("arch,summary,large_only", [
-    ("sm_100a", "fwd 10/10, bwd 6/6", {"c1d128", "c1d512", "c2d512"}),
+    ("sm_100a", "fwd 10/10, bwd 6/6, edges 36/36", {"c1d128", "c1d512", "c2d512"}),
     # on the H200 the c1d512 default and large buckets select one kernel: 9 forward kernels
-    ("sm_90a", "fwd 9/9, bwd 6/6", {"c1d128", "c2d512"}),
+    ("sm_90a", "fwd 9/9, bwd 6/6, edges 36/36", {"c1d128", "c2d512"}),
 ])
 def test_the_21_cases_select_every_kernel_the_tables_can_select(arch, summary, large_only):
-    """The contract's cases, routed through each arch's tables, cover every kernel."""
-    from csagate.gates.cases import CASES
+    """The contract's cases, routed through each arch's dispatcher, cover every kernel of
+    every table entry, and the dispatcher's edges are the declared ones."""
+    from csagate.gates.contracts import R128
     from csagate.gates.runner import coverage
-    from csagate.gates.verdict import CaseResult, Selection
-    from csagate.kernels.schedule import select_bwd, select_fwd
 
     backend = kernel_backend_without_gpu(arch)
-    results = [CaseResult(case, PASS, selections=(
-        Selection("fwd", case.coff, case.d, select_fwd(case.coff, case.d, case.rows, arch)),
-        Selection("bwd", case.coff, case.d, select_bwd(case.coff, case.d, case.rows, arch))))
-        for case in CASES]
-    cov = coverage(backend, results)
+    results = _routed(backend, R128)
+    cov = coverage(backend, R128, results)
     assert cov.status == PASS, cov.reasons
     assert cov.summary == summary
+    assert cov.table["fwd"].n_entries == 10 and cov.table["bwd"].n_entries == 6
     # dropping the large-bucket cases must name the kernels only they select
     without = [r for r in results if not r.name.endswith("1x131072")]
-    missing = coverage(backend, without).missing("fwd")
+    missing = coverage(backend, R128, without).missing("fwd")
     assert {s.config for s in missing} == large_only
+
+
+@pytest.mark.parametrize("how", ["constant", "operator"])
+def test_a_moved_edge_in_the_real_dispatcher_fails_the_gate(monkeypatch, how):
+    """The large bucket moved in kernels/schedule.py (a shifted constant, or ``>`` for ``>=``):
+    coverage is read from the tables, the edges from the contract, so both see it."""
+    from csagate.gates.contracts import R128
+    from csagate.kernels import schedule as S
+
+    if how == "constant":
+        monkeypatch.setattr(S, "LARGE_NB_MIN", 1025)
+    else:
+        def fwd_bucket(coff, d, n_rows):
+            if n_rows <= S.SMALL_NB_MAX and (coff, d) in S.FWD_SMALL:
+                return "small"
+            if n_rows > S.LARGE_NB_MIN and (coff, d) in S.FWD_LARGE:
+                return "large"
+            return "default"
+
+        monkeypatch.setattr(S, "fwd_bucket", fwd_bucket)
+    backend = kernel_backend_without_gpu("sm_90a")
+    v = _verdict(backend, R128, _routed(backend, R128))
+    assert not v.ok and v.coverage.status == FAIL
+    edges = v.coverage.edges
+    first = edges.first
+    assert (first.direction, first.n_rows, first.bucket) == ("fwd", 1024, "large")
+    assert first.edge == "fwd large >= 1024"
+    # c1d128 and c2d512 (c1d512's default and large entries are one kernel on the H200)
+    assert {p.config for p in edges.probes if not p.ok} == {"c1d128", "c2d512"}
+    assert any(r.startswith("bucket edges: ") and "(fwd large >= 1024)" in r for r in v.reasons)
+    # the 1x131072 cases (N = 1024) lose the large kernels: table coverage fails as well
+    assert any(r.startswith("coverage (table entries): no case selects fwd c1d128")
+               for r in v.reasons)
+
+
+def test_a_table_entry_the_dispatcher_cannot_reach_fails_the_gate(monkeypatch):
+    """An entry added to the H200 small table of a config whose dispatcher has no small bucket:
+    enumerated from the tables, it is expected, and no case can reach it."""
+    from csagate.gates.contracts import R128
+    from csagate.kernels import schedule as S
+
+    extra = S.FwdSchedule(2, 8, 32, False, True)
+    small = {**S.FWD_TABLES["sm_90a"]["small"], (1, 512): extra}
+    monkeypatch.setitem(S.FWD_TABLES["sm_90a"], "small", small)
+    backend = kernel_backend_without_gpu("sm_90a")
+    v = _verdict(backend, R128, _routed(backend, R128))
+    assert not v.ok
+    assert v.coverage.table["fwd"].missing == (f"fwd c1d512 {extra.tag}",)
+    assert v.reasons[0] == f"coverage (table entries): no case selects fwd c1d512 {extra.tag}"
+    # and the declared small bucket of c1d512 now has an entry the dispatcher never selects
+    assert v.coverage.edges.first.config == "c1d512"
+
+
+def test_r4_coverage_is_over_the_ratio4_schedules_of_the_four_configs():
+    from csagate.gates.contracts import R4
+
+    backend = kernel_backend_without_gpu("sm_90a")
+    v = _verdict(backend, R4, _routed(backend, R4))
+    assert v.coverage.status == PASS, v.reasons
+    assert v.coverage.summary == "fwd 4/4, bwd 4/4" and v.coverage.edges is None
+    assert {s.tag for s in v.coverage.expected["bwd"]} == {"v1r8"}
+    no_512 = [r for r in _routed(backend, R4) if r.case.d != 512]
+    assert {s.config for s in _verdict(backend, R4, no_512).coverage.missing("fwd")} == \
+        {"c1d512", "c2d512"}
 
 
 def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
@@ -358,11 +487,13 @@ def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
     out = torch.empty(1024, 128, dtype=torch.bfloat16)
     sel = backend.forward(None, None, None, None, None, out, ratio=128, coff=1)
     assert seen["fwd"] == (128, 1, (1024, 128))
-    assert sel in backend.selectable("fwd") and sel.tag == select_fwd(1, 128, 1024, "sm_90a").tag
+    entries = set(backend.entries(128, "fwd").values())
+    assert sel in entries and sel.tag == select_fwd(1, 128, 1024, "sm_90a").tag
+    assert sel == backend.dispatch(128, "fwd", 1, 128, 1024)
     go = torch.empty(64, 128, dtype=torch.bfloat16)
     bsel = backend.backward(None, None, None, None, None, go, None, None, None, ratio=128,
                             coff=2)
-    assert bsel in backend.selectable("bwd")
+    assert bsel in set(backend.entries(128, "bwd").values())
     assert bsel.name == f"bwd c2d128 {select_bwd(2, 128, 64, 'sm_90a').tag}"
 
 
@@ -415,3 +546,157 @@ class _Null:
 
     def __exit__(self, *exc):
         return False
+
+
+# --- hardening cases (CONTRACT.md 7.2) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["c2d16/ragged/partial-overflow",
+                                  "c1d32/ragged/partial-overflow"])
+def test_partial_overflow_rules(clean, name):
+    r = row(clean, name)
+    assert r.status == PASS and r.case.kind == "hardening"
+    assert r.recorded["eager_nan"]["out"] == 3      # three windows, one column each
+    assert len(r.recorded["nonfinite_slots"]) == 4
+    for tensor in ("out", "dkv", "dscore", "dape"):
+        mask = r.result("G2", f"{tensor}[NaN mask]").numbers
+        assert mask["n_mismatch"] == 0 and not mask["require_full"]
+        assert mask["eager_nan"] == r.recorded["eager_nan"][tensor] > 0
+        g2 = r.result("G2", tensor).numbers        # judged on eager's finite positions only
+        assert g2["numel"] + mask["eager_nan"] == mask["numel"]
+        assert r.result("G3", tensor).status == PASS
+    for tensor in ("out", "dkv", "dscore"):
+        g1 = r.result("G1", tensor).numbers
+        assert g1["allow_nan"] and g1["nan_count"] == 3 * r.recorded["eager_nan"][tensor]
+
+
+def test_padding_only_nonfinite_rules(clean):
+    r = row(clean, "c2d16/edge+pad3r5t/pad-nonfinite")
+    assert r.status == PASS
+    assert r.recorded["eager_nan"] == {"out": 9, "dkv": 0, "dscore": 0, "dape": 0}
+    assert r.result("G2", "out[NaN mask]").numbers["fused_nan"] == 9
+    # the -inf kv a padding row reads makes -inf outputs: G2 judges them (equal, not NaN)
+    g2 = r.result("G2", "out").numbers
+    assert g2["numel"] == r.recorded["n_rows"] * 16 - 9 and g2["n_diff"] == 0
+    assert r.result("G3", "out").status == PASS
+    for tensor in ("dkv", "dscore"):
+        assert not r.result("G1", tensor).numbers["allow_nan"]
+        iso = r.result("isolation", tensor).numbers
+        assert iso["n_diff"] == 0 and iso["allowed"] == 0 and iso["bound"] == 0.0
+    assert r.result("isolation", "dape").numbers["bound"] == checks.DAPE_MAX_ABS
+    assert r.result("isolation", "eager").status == PASS
+    assert r.recorded["pad_rows_grad_out_nonzero"] is True
+
+
+@pytest.mark.parametrize("name", ["c2d16/ragged/partial-overflow",
+                                  "c1d32/ragged/partial-overflow"])
+def test_a_merge_that_drops_a_nan_chunk_fails_the_nan_mask(name):
+    """The issue's first hole: a late chunk's NaN partial dropped from the merge."""
+    v = faulted("drop_nan_chunk", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("G2", "out[NaN mask]")}
+    mask = r.result("G2", "out[NaN mask]").numbers
+    assert mask["n_mismatch"] == 3 and mask["fused_nan"] == 0 and mask["eager_nan"] == 3
+    assert "NaN masks differ at 3" in r.result("G2", "out[NaN mask]").reason
+
+
+def test_the_same_fault_passes_every_finite_case():
+    """Without the hardening cases nothing would see it: every other case has finite inputs."""
+    v = gate(FaultyBackend("drop_nan_chunk", "c2d16/ragged/partial-overflow"),
+             cases=SMALL_CASES)
+    assert all(r.status == PASS for r in v.cases)
+
+
+def test_padding_rows_multiplied_by_zero_fail_the_padding_only_nonfinite_case():
+    """The issue's third hole: 0 * inf = NaN from a value only a padding row reads."""
+    name = "c2d16/edge+pad3r5t/pad-nonfinite"
+    v = faulted("pad_leak", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    failed = failed_gates(r)
+    assert {("G1", "dkv"), ("G1", "dscore"), ("isolation", "dkv"), ("isolation", "dscore"),
+            ("isolation", "dape"), ("G2", "dape[NaN mask]")} <= failed
+    assert r.result("isolation", "eager").status == PASS    # the reference excludes them
+    assert r.result("G1", "dkv").numbers["nan_count"] > 0
+    # ... and a finite padding case cannot tell the two rules apart
+    ok = faulted("pad_leak", "c1d32/ragged+pad3r5t")
+    assert row(ok, "c1d32/ragged+pad3r5t").status == PASS
+
+
+# --- the ratio=4 contract ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clean_r4():
+    return gate(RefBackend(), contract=SMALL_R4_CONTRACT)
+
+
+def r4_faulted(fault, name, **opts):
+    return faulted(fault, name, contract=SMALL_R4_CONTRACT, **opts)
+
+
+def test_r4_unfaulted_passes_with_its_own_rules(clean_r4):
+    v = clean_r4
+    assert v.ok, v.reasons
+    assert v.headline == f"GATE PASS {len(SMALL_R4_CASES)}/{len(SMALL_R4_CASES)}"
+    assert v.ratio == 4 and v.hardening_total == 0
+    assert v.coverage.summary == "fwd 4/4, bwd 4/4" and v.coverage.edges is None
+    r = row(v, "r4/c1d16/ragged")
+    for tensor in ("dkv", "dscore"):   # bitwise
+        g2 = r.result("G2", tensor).numbers
+        assert (g2["allowed"], g2["bound"], g2["n_diff"]) == (0, 0.0, 0)
+    out = r.result("G2", "out").numbers   # one bf16 step on at most 1e-4 of the elements
+    assert out["allowed"] == checks.count_allowance(out["numel"], checks.R4_FWD_FRACTION)
+    assert out["noise_atol"] == 8e-6 and out["n_beyond"] == 0
+    assert r.result("G2", "dape").numbers["bound"] == checks.DAPE_MAX_ABS
+    assert r.recorded["parity_ref"] == "upstream"      # TESTS.md 1.3: G3 vs upstream eager
+    assert set(r.recorded["err_parity_ref"]) == {"out", "dkv", "dscore", "dape"}
+    over = row(v, "r4/c1d16/overflow")
+    assert over.result("G3", "out").status == SKIP
+    partial = row(v, "r4/c2d16/ragged/partial-overflow")
+    assert partial.result("G2", "out[NaN mask]").numbers["eager_nan"] == 3
+
+
+def test_r4_one_ulp_dkv_change_fails_bitwise():
+    name = "r4/c1d16/ragged"
+    v = r4_faulted("count", name, n=1)
+    assert_only_case_failed(v, name, SMALL_R4_CONTRACT)
+    r = row(v, name)
+    assert ("G2", "dkv") in failed_gates(r) and failed_gates(r) <= {("G2", "dkv"), ("G3", "dkv")}
+    assert "1 differing > 0 allowed" in r.result("G2", "dkv").reason
+
+
+def test_r4_forward_count_and_step_boundaries():
+    name = "r4/c1d32/1x64"
+    case = case_named(name)
+    allowed = checks.count_allowance(case.rows * case.d, checks.R4_FWD_FRACTION)
+    at = r4_faulted("count_out", name, n=allowed)
+    assert row(at, name).result("G2", "out").status == PASS
+    over = r4_faulted("count_out", name, n=allowed + 1)
+    assert_only_case_failed(over, name, SMALL_R4_CONTRACT)
+    assert failed_gates(row(over, name)) - {("G3", "out")} == {("G2", "out")}
+    two = r4_faulted("count_out", name, n=1, steps=2)
+    g2 = row(two, name).result("G2", "out")
+    assert g2.status == FAIL and g2.numbers["max_steps"] == 2 and g2.numbers["n_beyond"] == 1
+    assert "more than one bf16 step off" in g2.reason
+
+
+def test_r4_dropped_nan_chunk_and_padding_grad_out_fail():
+    name = "r4/c2d16/ragged/partial-overflow"
+    v = r4_faulted("drop_nan_chunk", name)
+    assert_only_case_failed(v, name, SMALL_R4_CONTRACT)
+    assert failed_gates(row(v, name)) == {("G2", "out[NaN mask]")}
+    pad = "r4/c2d16/ragged+pad3r5t"
+    p = r4_faulted("pad_grad_out", pad)
+    assert_only_case_failed(p, pad, SMALL_R4_CONTRACT)
+    assert {("G2", "dkv"), ("G2", "dscore")} <= failed_gates(row(p, pad))
+
+
+def test_r4_coverage_names_a_config_no_case_has():
+    contract = replace(SMALL_R4_CONTRACT, coverage_configs=SMALL_R4_CONTRACT.coverage_configs
+                       + ((1, 64),))
+    v = gate(RefBackend(), contract=contract)
+    assert not v.ok and all(r.status == PASS for r in v.cases)
+    assert v.reasons == ("coverage (table entries): no case selects fwd c1d64 r4",
+                         "coverage (table entries): no case selects bwd c1d64 r4")

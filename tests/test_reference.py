@@ -188,3 +188,126 @@ def test_bad_precision_rejected():
     pack = R.make_pack((8,), ratio=4, coff=1, d=2)
     with pytest.raises(ValueError, match="precision"):
         R.forward(*pack.inputs(), ratio=4, coff=1, precision="fp16")
+
+
+# --- capacity padding rows are excluded from the backward (CONTRACT.md 7.1) ------------------
+
+
+def _multiply_by_zero_backward(kv, score, ape, cu, cuc, grad_out, *, ratio, coff, precision):
+    """The reference before amendment 7.1: padding rows in the graph, their grad_out zeroed."""
+    from csagate.reference.compressor import _region, _row_geometry
+
+    leaves = [kv.double(), score.double(), ape.double()] if precision == "fp64" else \
+        [kv, score, ape]
+    leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+    out = _region(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=grad_out.shape[0],
+                  precision=precision)
+    _, _, valid = _row_geometry(cu, cuc, grad_out.shape[0], ratio)
+    out.backward(torch.where(valid[:, None], grad_out.to(out.dtype),
+                             torch.zeros((), dtype=out.dtype)))
+    return (out.detach(), *(t.grad for t in leaves))
+
+
+def _bits(t):
+    from csagate.gates.checks import bit_view
+
+    return bit_view(t)
+
+
+PADDED = [
+    # (lens, ratio, coff, d, pad_rows, pad_tokens): short first segments make the padding rows
+    # read across a segment boundary
+    ((3, 515, 1024, 129), 4, 2, 16, 8, 21),
+    ((3, 515, 1024, 129), 4, 1, 16, 8, 37),
+    ((1023, 2048, 509), 128, 2, 8, 5, 21),
+    ((127, 8192, 0, 129, 128, 3, 515, 1024), 128, 1, 4, 5, 37),
+    ((127, 8192, 0, 129, 128, 3, 515, 1024), 128, 2, 4, 5, 21),
+    ((7, 64, 0, 9, 8, 3, 35), 8, 2, 16, 3, 5),
+]
+
+
+@pytest.mark.parametrize("precision", R.PRECISIONS)
+@pytest.mark.parametrize("lens,ratio,coff,d,pad_rows,pad_tokens", PADDED)
+def test_excluding_padding_rows_keeps_finite_results_bitwise(lens, ratio, coff, d, pad_rows,
+                                                             pad_tokens, precision):
+    """Cutting the padding rows from the graph changes no bit of a finite pack's results
+    (signs of zero included) against multiplying their grad_out by zero."""
+    pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d, pad_rows=pad_rows,
+                       pad_tokens=pad_tokens)
+    go = R.make_grad_out(pack.n_rows, d, seed=11)
+    new = R.backward(*pack.inputs(), go, ratio=ratio, coff=coff, precision=precision)
+    old = _multiply_by_zero_backward(*pack.inputs(), go, ratio=ratio, coff=coff,
+                                     precision=precision)
+    for name, a, b in zip(("out", "dkv", "dscore", "dape"), (new.out, new.dkv, new.dscore,
+                                                              new.dape), old):
+        assert a.dtype == b.dtype and torch.equal(_bits(a), _bits(b)), name
+
+
+@pytest.mark.parametrize("coff", [1, 2])
+def test_non_finite_values_only_padding_rows_read_reach_no_gradient(coff):
+    """A first segment shorter than ratio: its tokens are read by the padding rows only."""
+    d = 4
+    pack = R.make_pack((127, 8192, 0, 129), ratio=128, coff=coff, d=d, pad_rows=3, pad_tokens=5)
+    go = R.make_grad_out(pack.n_rows, d, seed=11)
+    kv, score = pack.kv.clone(), pack.score.clone()
+    own = d * (coff - 1)   # the columns a first block (padding rows) reads
+    score[2, own] = float("inf")
+    kv[9, own + 1] = float("nan")
+    kv[60, own + 2] = float("-inf")
+    score[100, own + 3] = float("nan")
+    got = R.backward(kv, score, pack.ape, pack.cu, pack.cuc, go, ratio=128, coff=coff)
+    clean = R.backward(*pack.inputs(), go, ratio=128, coff=coff)
+    for a, b in ((got.dkv, clean.dkv), (got.dscore, clean.dscore), (got.dape, clean.dape)):
+        assert torch.isfinite(a).all() and torch.equal(_bits(a), _bits(b))
+    # the forward still computes the padding rows as eager does: NaN where they read NaN/inf
+    n_valid = pack.n_valid_rows
+    assert got.out[n_valid:].isnan().any() and not got.out[:n_valid].isnan().any()
+    old = _multiply_by_zero_backward(kv, score, pack.ape, pack.cu, pack.cuc, go, ratio=128,
+                                     coff=coff, precision="fp32")
+    assert not torch.isfinite(old[3]).all()   # 0 * inf = NaN reached dAPE before 7.1
+
+
+# --- non-finite placements of the hardening cases (CONTRACT.md 7.2) ---------------------------
+
+
+@pytest.mark.parametrize("ratio,coff,d", [(128, 2, 8), (128, 1, 8), (4, 2, 8), (8, 1, 16)])
+def test_partial_overflow_placements(ratio, coff, d):
+    """Every value sits in a consumed slot, at a window position outside chunk 0 for every
+    tchunks of the tables, and poisons exactly its own window's column."""
+    lens = (1023, 2048, 509) if ratio != 8 else (23, 40, 9)
+    slots = R.partial_overflow_slots(lens, ratio=ratio, coff=coff, d=d)
+    pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d)
+    mask = R.never_consumed_mask(pack.cu, ratio=ratio, coff=coff, d=d, n_tokens=pack.n_tokens)
+    assert [(name, v != v) for name, *_, v in slots] == \
+        [("score", False)] * 3 + [("kv", True)]
+    late = ratio - 1 - ratio // 8
+    for _, token, column, _ in slots:
+        assert not mask[token, column]
+    if ratio == 128:   # window position >= late: outside chunk 0 for 4, 8 and 16 chunks
+        assert all(late >= coff * ratio // tchunks for tchunks in (4, 8, 16))
+    go = R.make_grad_out(pack.n_rows, d)
+    g = R.backward(*R.with_values(pack, slots).inputs(), go, ratio=ratio, coff=coff)
+    assert int(g.out.isnan().sum()) == 3        # three windows, one column each
+    assert not g.out.isinf().any()
+    if coff == 2:                               # W2: +inf in both halves of one window
+        (_, t_prev, c_prev, _), (_, t_own, c_own, _) = slots[1], slots[2]
+        assert t_own - t_prev == ratio and c_own - c_prev == d
+    o = R.backward(*R.with_values(pack, slots).inputs(), go, ratio=ratio, coff=coff,
+                   precision="fp64")
+    for a, b in ((g.out, o.out), (g.dkv, o.dkv), (g.dscore, o.dscore), (g.dape, o.dape)):
+        assert torch.equal(a.isnan(), b.isnan())   # the oracle is NaN at the same positions
+
+
+def test_pad_nonfinite_placements_are_read_by_padding_rows_only():
+    lens = (127, 8192, 0, 129)
+    for coff in (1, 2):
+        slots = R.pad_nonfinite_slots(lens, ratio=128, coff=coff, d=8)
+        pack = R.make_pack(lens, ratio=128, coff=coff, d=8, pad_rows=3)
+        mask = R.never_consumed_mask(pack.cu, ratio=128, coff=coff, d=8,
+                                     n_tokens=pack.n_tokens)
+        assert all(mask[t, c] for _, t, c, _ in slots)   # no valid row reads them
+        assert all(c >= 8 * (coff - 1) for _, _, c, _ in slots)   # the columns padding rows read
+        values = sorted(str(v) for *_, v in slots)
+        assert values == ["-inf", "inf", "nan", "nan"]
+    with pytest.raises(ValueError, match="segment 0"):
+        R.pad_nonfinite_slots((128, 5), ratio=128, coff=1, d=8)

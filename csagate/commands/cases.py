@@ -1,3 +1,5 @@
+"""``csagate cases``: the drift check and the named cases of a contract family, in order."""
+
 from __future__ import annotations
 
 import click
@@ -5,17 +7,21 @@ import click
 from csagate import console
 
 
-@click.command("cases", help="List the drift check and the 21 named cases, in order.")
-@click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True,
-              help="The contract family (the gate is defined for ratio=128).")
+@click.command("cases", help="List the drift check and the named gate cases (hardening cases "
+               "after the upstream ones), in order.")
+@click.option("--ratio", type=click.Choice(["128", "4", "all"]), default="128",
+              show_default=True, help="The contract family: 128, 4, or all.")
 def command(ratio: str) -> None:
-    from csagate.gates.cases import CASES, DRIFT
+    from csagate.commands.run import contracts
 
-    cols = ("#", "case", "config", "tokens", "rows", "kind")
-    table = console.new_table(f"csagate ratio={ratio} gate: drift check + {len(CASES)} named "
-                              "cases", cols, marks=("#", "tokens", "rows"),
-                              right=("#", "tokens", "rows"))
-    for i, case in enumerate((DRIFT, *CASES)):
-        config = case.config if case.ratio == 128 else f"r{case.ratio} {case.config}"
-        table.add_row(str(i), case.name, config, str(case.tokens), str(case.rows), case.kind)
-    console.print_table(table)
+    for contract in contracts(ratio):
+        hard = f" + {len(contract.hardening)} hardening" if contract.hardening else ""
+        cols = ("#", "case", "config", "tokens", "rows", "kind")
+        table = console.new_table(f"csagate ratio={contract.ratio} gate: drift check + "
+                                  f"{len(contract.cases)} named cases{hard}", cols,
+                                  marks=("#", "tokens", "rows"), right=("#", "tokens", "rows"))
+        for i, case in enumerate((contract.drift, *contract.all_cases)):
+            config = case.config if case.ratio == 128 else f"r{case.ratio} {case.config}"
+            table.add_row(str(i), case.name, config, str(case.tokens), str(case.rows),
+                          case.kind)
+        console.print_table(table)

@@ -57,7 +57,7 @@ def command(check: bool, device_index: int) -> None:
 def _check(device_index: int) -> None:
     from csagate.commands import run as run_cmd
 
-    drift, _ = run_cmd.contract()
+    drift = run_cmd.contracts("128")[0].drift
     run_cmd.preflight(device_index)
 
     from csagate import render

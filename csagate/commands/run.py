@@ -1,12 +1,15 @@
-"""``csagate run``: build, drift check, the 21 named cases through the gates, coverage, verdict.
+"""``csagate run``: build, drift check, the named gates, coverage, verdict.
 
-Status and progress go to stderr, the verdict table to stdout. Exit 0 pass, 1 contract failure,
-2 usage error, 3 could not evaluate (no GPU, no nvidia-cutlass-dsl, a build failure): the
-exit-3 checks run before cutlass is imported and each prints one line.
+``--ratio 128`` (default) runs the ratio=128 contract (21 cases + 3 hardening cases),
+``--ratio 4`` the production ratio=4 kernels' contract, ``--ratio all`` both, one after the
+other, and exits with the worse code. Status and progress go to stderr, the verdict table to
+stdout. Exit 0 pass, 1 contract failure, 2 usage error, 3 could not evaluate (no GPU, no
+nvidia-cutlass-dsl, a build failure): the exit-3 checks run before cutlass is imported and
+each prints one line.
 
-The gate only ever judges the real kernels (``csagate.gates.backend.KernelBackend``): no option here
-selects anything else. ``contract``, ``preflight`` and ``kernel_backend`` are module-level
-functions so the CLI tests can stand in for the GPU.
+The gate only ever judges the real kernels (``csagate.gates.backend.KernelBackend``): no option
+here selects anything else. ``contracts``, ``preflight`` and ``kernel_backend`` are
+module-level functions so the CLI tests can stand in for the GPU.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ QUICK_CASES = 2
 DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
 
 
-def contract():
-    """The drift case and the 21 named cases, in the contract's order."""
-    from csagate.gates.cases import CASES, DRIFT
+RATIOS = ("128", "4", "all")
 
-    return DRIFT, CASES
+
+def contracts(ratio: str):
+    """The contract families ``--ratio`` names (``all``: ratio=128, then ratio=4)."""
+    from csagate.gates.contracts import R4, R128
+
+    return {"128": (R128,), "4": (R4,), "all": (R128, R4)}[ratio]
 
 
 def preflight(device_index: int) -> None:
@@ -110,8 +116,7 @@ class StderrProgress:
 def _check_names(ctx, param, names):
     if not names:
         return names
-    _, cases = contract()
-    valid = [c.name for c in cases]
+    valid = [c.name for k in contracts(ctx.params.get("ratio", "128")) for c in k.all_cases]
     for name in names:
         if name not in valid:
             close = difflib.get_close_matches(name, valid, n=3)
@@ -183,14 +188,23 @@ def _known_env() -> dict:
     return env
 
 
-@click.command("run", help="Run the ratio=128 numerics gate on this GPU: the drift check, the 21 "
-               "named cases through the gates (G1 determinism, G2 tolerance, G3 fp64 parity, "
-               "zeros) and schedule coverage. The verdict has one mark per gate and case; -v "
-               "adds the numbers. --json/--junit-xml are written on every exit path (exit 3: "
-               "a \"could not evaluate\" report with the reason).",
+def _report_path(path: Path | None, ratio: int, several: bool) -> Path | None:
+    """With ``--ratio all`` each family writes its own report: ``v.json`` -> ``v.r4.json``."""
+    if path is None or not several:
+        return path
+    return path.with_name(f"{path.stem}.r{ratio}{path.suffix}")
+
+
+@click.command("run", help="Run the numerics gate on this GPU: the drift check, the named cases "
+               "through the gates (G1 determinism, G2 tolerance, G3 fp64 parity, zeros), the "
+               "hardening cases, schedule coverage and bucket edges. The verdict has one mark "
+               "per gate and case; -v adds the numbers. --json/--junit-xml are written on every "
+               "exit path (exit 3: a \"could not evaluate\" report with the reason).",
                epilog=ExitCode.help_text())
-@click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True,
-              help="The contract family (the gate is defined for ratio=128).")
+@click.option("--ratio", type=click.Choice(RATIOS), default="128", show_default=True,
+              is_eager=True,  # --case names are checked against the ratio's cases
+              help="The contract family: 128 (21 cases + 3 hardening), 4 (the production "
+                   "ratio=4 kernels), or all (both; the worse exit code).")
 @click.option("--case", "names", multiple=True, metavar="NAME", callback=_check_names,
               help="Run only this named case (repeatable; `csagate cases` lists them). "
                    "Coverage is then not asserted.")
@@ -202,7 +216,8 @@ def _known_env() -> dict:
               help="Also print the detail tables: schedules, differing elements / max |diff| "
                    "per tensor, dAPE max, seconds per case.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every recorded number, per case, and the environment to this file.")
+              help="Write every recorded number, per case, and the environment to this file "
+                   "(--ratio all: one file per family, NAME.r128.json and NAME.r4.json).")
 @click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a JUnit XML report (one testcase per named case) to this file.")
 def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, verbose: bool,
@@ -215,17 +230,23 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, 
             raise click.BadParameter(f"directory {str(path.resolve().parent)!r} does not exist",
                                      param_hint=hint)
     started = perf_counter()
-    drift, all_cases = contract()
-    cases = _select(all_cases, names, quick)
-    full = len(cases) == len(all_cases)
-    selection = {"ratio": int(ratio), "quick": quick, "cases": list(names),
-                 "device": device_index}
-    reports = Reports(json_path, junit_path, selection=selection, total=len(cases), full=full)
+    families = [(k, _select(k.all_cases, names, quick)) for k in contracts(ratio)]
+    families = [(k, cases) for k, cases in families if cases or not names]
+    several = len(families) > 1
+    reports = {}
+    for k, cases in families:
+        selection = {"ratio": k.ratio, "requested": ratio, "quick": quick, "cases": list(names),
+                     "device": device_index}
+        reports[k.ratio] = Reports(_report_path(json_path, k.ratio, several),
+                                   _report_path(junit_path, k.ratio, several),
+                                   selection=selection, total=len(cases),
+                                   full=len(cases) == len(k.all_cases))
     try:
-        verdict, extra = _evaluate(drift, cases, full, device_index, reports)
+        code = _evaluate(families, device_index, reports, verbose, started)
     except console.Aborted as exc:
         if exc.exit_code == ExitCode.COULD_NOT_EVALUATE:
-            reports.could_not_evaluate(exc.message)
+            for rep in reports.values():
+                rep.could_not_evaluate(exc.message)
         raise
     except (click.ClickException, click.exceptions.Exit):
         raise  # a usage error (--device out of range): no report, exit 2
@@ -234,37 +255,37 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, 
             console.err().print_exception()
         message = f"could not evaluate: {console.one_line(exc)}"
         console.err().print(f"csagate: {message}", style="bold red")
-        reports.could_not_evaluate(message)
+        for rep in reports.values():
+            rep.could_not_evaluate(message)
         raise click.exceptions.Exit(int(ExitCode.COULD_NOT_EVALUATE)) from exc
-
-    from csagate import render
-
-    render.print_verdict(verdict, console.out(), verbose=verbose)
-    extra["selection"] = selection
-    extra["wall_seconds"]["total"] = perf_counter() - started
-    reports.verdict(verdict, extra)
-    raise click.exceptions.Exit(int(ExitCode.PASS if verdict.ok else ExitCode.CONTRACT_FAILURE))
+    raise click.exceptions.Exit(int(code))
 
 
-def _evaluate(drift, cases, full: bool, device_index: int, reports: Reports):
-    """Preflight, build, gate: ``(verdict, report extras)``; exit 3 through ``console.abort``."""
+def _evaluate(families, device_index: int, reports: dict, verbose: bool, started: float
+              ) -> ExitCode:
+    """Preflight, build, then each family's gate, verdict and reports; the worse exit code.
+    Exit 3 goes through ``console.abort``."""
     preflight(device_index)
 
+    from csagate import render
     from csagate.gates.backend import BuildError, one_line
     from csagate.gates.runner import build_targets, run_gate
 
     err = console.err()
     backend = kernel_backend(device_index)
     env = backend.describe()
-    reports.env.update(env)
+    for rep in reports.values():
+        rep.env.update(env)
     err.print(f"csagate {__version__}: {env.get('gpu', env.get('device', '?'))} "
               f"({env.get('arch', '?')}), torch {env.get('torch', '?')}, "
               f"nvidia-cutlass-dsl {env.get('nvidia_cutlass_dsl', '?')}")
     build_start = perf_counter()
-    targets = build_targets(cases, drift)
+    targets: list = []
+    for k, cases in families:
+        targets += [t for t in build_targets(cases, k.drift) if t not in targets]
     try:
         with StderrProgress("build") as progress:
-            records = backend.build(targets, progress=progress)
+            records = backend.build(tuple(targets), progress=progress)
     except BuildError as exc:
         console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
     build_seconds = perf_counter() - build_start
@@ -272,23 +293,33 @@ def _evaluate(drift, cases, full: bool, device_index: int, reports: Reports):
     err.print(f"built {len(records)} kernel(s) ({hits} from the cache) for {len(targets)} "
               f"config(s) in {build_seconds:.1f} s")
 
-    try:
-        with StderrProgress("gate") as progress:
-            verdict = run_gate(backend, cases, drift=drift, full=full, progress=progress)
-    except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
-        err.print_exception()
-        console.abort(f"the gate could not finish: {one_line(exc)}",
-                      ExitCode.COULD_NOT_EVALUATE)
-
-    extra = {
-        "csagate_version": __version__,
-        "env": {"python": sys.version.split()[0]},
-        "seeds": _seeds(),
-        "build": {"targets": [list(t) for t in targets], "kernels": len(records),
-                  "cache_hits": hits, "seconds": build_seconds, "records": records},
-        "wall_seconds": {"build": build_seconds, "gate": verdict.seconds},
-    }
-    return verdict, extra
+    code = ExitCode.PASS
+    several = len(families) > 1
+    for k, cases in families:
+        try:
+            with StderrProgress(f"gate ratio={k.ratio}" if several else "gate") as progress:
+                verdict = run_gate(backend, k, cases=cases, progress=progress)
+        except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
+            if os.environ.get("CSAGATE_DEBUG"):
+                err.print_exception()
+            console.abort(f"the gate could not finish: {one_line(exc)}",
+                          ExitCode.COULD_NOT_EVALUATE)
+        render.print_verdict(verdict, console.out(), verbose=verbose)
+        rep = reports[k.ratio]
+        extra = {
+            "csagate_version": __version__,
+            "selection": rep.selection,
+            "env": {"python": sys.version.split()[0]},
+            "seeds": _seeds(),
+            "build": {"targets": [list(t) for t in targets], "kernels": len(records),
+                      "cache_hits": hits, "seconds": build_seconds, "records": records},
+            "wall_seconds": {"build": build_seconds, "gate": verdict.seconds,
+                             "total": perf_counter() - started},
+        }
+        rep.verdict(verdict, extra)
+        if not verdict.ok:
+            code = ExitCode.CONTRACT_FAILURE
+    return code
 
 
 def _seeds() -> dict[str, int]:
