@@ -80,6 +80,14 @@ def device_arch(device_index: int | None = None) -> str:
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: device properties are static)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def compile_for(arch: str, jit_fn, *args):
     """``cute.compile`` one host function for ``arch`` (works with no GPU present)."""
     if arch not in ARCHES:

@@ -27,6 +27,7 @@ import warnings
 
 import torch
 from csagate.kernels import schedule as sched_tables
+from csagate.kernels._dsl import sm_count
 from csagate.kernels.cache import (
     CACHE,
     R4_COFFS,
@@ -192,12 +193,6 @@ def _device_arch(index: int) -> str:
         raise RuntimeError(f"cuda:{index} has compute capability {cc[0]}.{cc[1]} ({arch}); the "
                            f"kernels build for {', '.join(ARCHES)} (H200, B200)")
     return arch
-
-
-@functools.cache
-def sm_count(index: int) -> int:
-    """Streaming multiprocessors of a device (cached: device properties are static)."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _check_deterministic() -> None:

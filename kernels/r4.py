@@ -25,8 +25,25 @@ of a row is found on the device by a binary search over ``cuc`` (no host sync).
 
 from __future__ import annotations
 
+import functools
+
 import cuda.bindings.driver as cuda
 from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
+from csagate.kernels.device import (
+    BF16,
+    F32,
+    I32,
+    NEG_INF,
+    add_rn,
+    fma_rn,
+    mul_rn,
+    red_add_f32,
+    segment_bits,
+    segment_search,
+    stream_of,
+    zero_padding_tokens,
+    zero_short_segments,
+)
 
 cutlass, cute = cute_modules()
 
@@ -36,12 +53,6 @@ FWD_THREADS_WIDE = 128  # used when 64 threads would need gridDim.y > MAX_GRID_Y
 MAX_GRID_Y = 65535
 BWD_ROWS = 8  # rows per backward CTA (compile-time)
 BWD_THREADS = 128  # one thread per head-dim column
-
-F32 = cutlass.Float32
-BF16 = cutlass.BFloat16
-I32 = cutlass.Int32
-RN = cute.math.RoundingMode.NEAREST_EVEN
-NEG_INF = -cutlass.Float32.inf
 
 
 def fwd_schedule(d: int) -> tuple[int, int]:
@@ -59,31 +70,9 @@ def fwd_grid_y(d: int) -> int:
     return -(-(d // vec) // threads)
 
 
-def segment_bits(n_seq: int) -> int:
-    """Binary-search steps over cuc[0..n_seq]: ceil(log2(n_seq + 1)) == n_seq.bit_length()."""
-    return n_seq.bit_length()
-
-
 # ----------------------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------------------
-
-
-@cute.jit
-def _segment_of(mCuc: cute.Tensor, row, n_seq, seg_bits):
-    """The largest s in [0, n_seq] with cuc[s] <= row (cuc is non-decreasing, cuc[0] = 0).
-
-    For row < cuc[n_seq] this is the segment holding the row, skipping empty segments
-    (cuc[s] == cuc[s+1]); for a capacity padding row (row >= cuc[n_seq]) it is n_seq.
-    Binary lifting: try the steps 2^(seg_bits-1), ..., 2, 1 in turn.
-    """
-    seg = I32(0)
-    for it in cutlass.range(seg_bits, unroll=1):
-        nxt = seg + (I32(1) << (seg_bits - 1 - it))
-        if nxt <= n_seq:
-            if mCuc[nxt] <= row:
-                seg = nxt
-    return seg
 
 
 def _window_slot(k: int, coff: int, d: int):
@@ -109,7 +98,7 @@ def _fwd_load(mKV, mS, mApe, rS, rU, k, tok, ctile, ape_row, vec):
     uv = cute.local_tile(mKV, (1, vec), (tok, ctile)).load().to(F32)
     av = cute.local_tile(mApe, (1, vec), (ape_row, ctile)).load()
     for e in range(vec):
-        rS[k, e] = cute.math.add(sv[e], av[e], rounding=RN)
+        rS[k, e] = add_rn(sv[e], av[e])
         rU[k, e] = uv[e]
 
 
@@ -130,7 +119,7 @@ def _fwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
     row, by, _ = cute.arch.block_idx()
     col = by * THREADS + tx  # this thread's column group: columns [col*VEC, col*VEC+VEC)
     if col < D // VEC:
-        seg = _segment_of(mCuc, row, n_seq, seg_bits)
+        seg = segment_search(mCuc, row, n_seq, seg_bits)
         blk = I32(0)  # block index in the segment; capacity padding rows: a first block
         tok0 = I32(0)  # at token 0
         if seg < n_seq:
@@ -161,12 +150,11 @@ def _fwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
             for k in cutlass.range_constexpr(WIN):
                 ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
                 rS[k, e] = ek
-                den = cute.math.add(den, ek, rounding=RN)
+                den = add_rn(den, ek)
             acc = F32(0.0)
             for k in cutlass.range_constexpr(WIN):
                 pk = rS[k, e] / den
-                acc = cute.math.add(acc, cute.math.mul(rU[k, e], pk, rounding=RN),
-                                    rounding=RN)
+                acc = add_rn(acc, mul_rn(rU[k, e], pk))
             rOut[0, e] = acc
         cute.local_tile(mOut, (1, VEC), (row, col)).store(rOut.load().to(BF16))
 
@@ -203,15 +191,15 @@ def _zero_token(mDKV, mDS, tok, j, d, coff):
 
 def _bwd_load(mKV, mS, rA, rS, rU, k, tok, c):
     """Window position k of column c: s = f32(score) + ape (hoisted in rA), u = f32(kv)."""
-    rS[k] = cute.math.add(mS[tok, c].to(F32), rA[k], rounding=RN)
+    rS[k] = add_rn(mS[tok, c].to(F32), rA[k])
     rU[k] = mKV[tok, c].to(F32)
 
 
 def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
     """dKV/dScore of window position k into slot (tok, c); dAPE partial += fp32 ds_k."""
     pk = rP[k]
-    ds = cute.math.fma(pk, -dot, rT[k], rounding=RN)
-    mDKV[tok, c] = cute.math.mul(go, pk, rounding=RN).to(BF16)
+    ds = fma_rn(pk, -dot, rT[k])
+    mDKV[tok, c] = mul_rn(go, pk).to(BF16)
     mDS[tok, c] = ds.to(BF16)
     rG[k] = rG[k] + ds
 
@@ -227,15 +215,11 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
     gdx, _, _ = cute.arch.grid_dim()
     j = by * BWD_THREADS + tx  # this thread's column in [0, d)
     if j < D:
-        # Zero class (c): segments without a block (len < ratio, empty included), all
-        # their tokens; segment s belongs to CTA column bx == s mod gridDim.x.
-        for s in cutlass.range(bx, n_seq, gdx, unroll=1):
-            if mCuc[s + 1] == mCuc[s]:
-                for tok in cutlass.range(mCu[s], mCu[s + 1], unroll=1):
-                    _zero_token(mDKV, mDS, tok, j, D, COFF)
-        # Zero class (d): token-capacity padding rows [cu[B], T), strided over gridDim.x.
-        for tok in cutlass.range(mCu[n_seq] + bx, n_tok, gdx, unroll=1):
-            _zero_token(mDKV, mDS, tok, j, D, COFF)
+        # Zero classes (c) and (d): segment s belongs to CTA column bx == s mod gridDim.x;
+        # token-capacity padding [cu[B], T) is strided over gridDim.x.
+        zero = functools.partial(_zero_token, mDKV, mDS, j=j, d=D, coff=COFF)
+        zero_short_segments(mCu, mCuc, n_seq, bx, gdx, 0, 1, zero, 1)
+        zero_padding_tokens(mCu[n_seq] + bx, n_tok, gdx, zero, 1)
 
         rA = cute.make_rmem_tensor((WIN,), F32)  # APE of this column, hoisted
         rG = cute.make_rmem_tensor((WIN,), F32)  # dAPE partials over this CTA's rows
@@ -250,7 +234,7 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
         for rr in cutlass.range(BWD_ROWS, unroll=1):
             row = bx * BWD_ROWS + rr
             if row < n_valid:
-                seg = _segment_of(mCuc, row, n_seq, seg_bits)
+                seg = segment_search(mCuc, row, n_seq, seg_bits)
                 blk = row - mCuc[seg]
                 tok0 = mCu[seg] + blk * RATIO
                 has_prev = blk > 0
@@ -274,15 +258,15 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                 for k in cutlass.range_constexpr(WIN):
                     ek = cute.math.exp(rS[k] - mx)  # invalid: exp(-inf) = +0
                     rS[k] = ek
-                    den = cute.math.add(den, ek, rounding=RN)
+                    den = add_rn(den, ek)
                 go = mGo[row, j].to(F32)
                 dot = F32(0.0)  # S = sum_k t_k
                 for k in cutlass.range_constexpr(WIN):
                     pk = rS[k] / den
-                    tk = cute.math.mul(cute.math.mul(go, rU[k], rounding=RN), pk, rounding=RN)
+                    tk = mul_rn(mul_rn(go, rU[k]), pk)
                     rS[k] = pk
                     rU[k] = tk
-                    dot = cute.math.add(dot, tk, rounding=RN)
+                    dot = add_rn(dot, tk)
 
                 if cutlass.const_expr(COFF == 2):
                     if has_prev:
@@ -305,8 +289,7 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
         # One fp32 atomic per (window position, column) per CTA.
         for k in cutlass.range_constexpr(WIN):
             _, col_off, ape_row = _window_slot(k, COFF, D)
-            ptr = mDApe.iterator + cute.crd2idx((ape_row, j + col_off), mDApe.layout)
-            cute.arch.red(ptr, rG[k], op="add", dtype=F32, sem="relaxed", scope="gpu")
+            red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
 
 
 @cute.jit
@@ -367,12 +350,6 @@ def _ptr(t, dtype, align=16):
     return gmem_ptr(dtype, t.data_ptr(), align=align)
 
 
-def _stream(stream, device):
-    import torch
-
-    return stream_arg(stream if stream is not None else torch.cuda.current_stream(device))
-
-
 def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None) -> None:
     """out[b] for every row b < out.shape[0] (capacity padding rows included)."""
     n_rows = out.shape[0]
@@ -381,7 +358,7 @@ def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None) -> None:
     n_seq = cu.numel() - 1
     fn(_ptr(kv, BF16), _ptr(score, BF16), _ptr(ape, F32), _ptr(cu, I32, 4), _ptr(cuc, I32, 4),
        _ptr(out, BF16), I32(kv.shape[0]), I32(n_rows), I32(n_seq), I32(segment_bits(n_seq)),
-       _stream(stream, kv.device))
+       stream_of(stream, kv.device))
 
 
 def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
@@ -394,4 +371,4 @@ def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
     fn(_ptr(kv, BF16), _ptr(score, BF16), _ptr(ape, F32), _ptr(cu, I32, 4), _ptr(cuc, I32, 4),
        _ptr(grad_out, BF16), _ptr(dkv, BF16), _ptr(dscore, BF16), _ptr(dape, F32),
        I32(kv.shape[0]), I32(n_rows), I32(n_seq), I32(segment_bits(n_seq)),
-       _stream(stream, kv.device))
+       stream_of(stream, kv.device))

@@ -28,6 +28,9 @@ BWD_SMALL_NB_MAX = 192
 
 MAX_THREADS = 1024
 SMEM_LIMIT = 227 * 1024
+# regwin: resident threads per SM that its register cap (.maxntid: 65536 / 512 = 128 registers
+# per thread) and rows_per_cta assume.
+REGWIN_THREADS_PER_SM = 512
 
 
 def config_name(coff: int, d: int) -> str:
@@ -134,24 +137,21 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
         if sched.vec > 2:
             out.append(f"the backward has no vec={sched.vec} form")
         if sched.regwin:
-            # regwin targets 512 resident threads per SM (r128_bwd.REGWIN_THREADS_PER_SM), so
-            # a thread gets 128 registers. Its window chunk takes 4 per window position: the
+            # regwin targets REGWIN_THREADS_PER_SM = 512 resident threads per SM, so a thread
+            # gets 128 registers. Its window chunk takes 4 per window position: the
             # score and kv of the current row and of the next row in flight (a bf16 pair
             # packs into one register). C <= 16 compiles to <= 128 registers with 0 spill on
             # sm_90a and sm_100a; C = 32 does not.
             threads = sched.threads_x * sched.tchunks
-            if threads < 1 or 512 % threads:
-                out.append(f"regwin: {threads} threads per CTA do not divide 512 per SM")
+            if threads < 1 or REGWIN_THREADS_PER_SM % threads:
+                out.append(f"regwin: {threads} threads per CTA do not divide "
+                           f"{REGWIN_THREADS_PER_SM} per SM")
             if sched.tchunks >= 1 and win % sched.tchunks == 0 and win // sched.tchunks > 16:
                 out.append(f"regwin: a chunk of C={win // sched.tchunks} window positions "
                            f"needs 4*C = {4 * (win // sched.tchunks)} registers > 64")
         if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
             out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
     return out
-
-
-def config_ok(coff: int, d: int, sched: FwdSchedule | BwdSchedule, ratio: int = RATIO) -> bool:
-    return not config_problems(coff, d, sched, ratio)
 
 
 def _fwd(coff: int, d: int, vec: int, tchunks: int, twophase: bool, fastexp: bool) -> FwdSchedule:
@@ -331,20 +331,32 @@ def selectable_any(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | B
     return set().union(*(selectable(direction, arch) for arch in TABLE_ARCHES))
 
 
+# Backward rows per CTA (spec/KERNELS.md section 2, "rows_per_cta", from the upstream design):
+# the staged kernel's resident CTAs per SM, limited by its shared memory (c2: 105 KB tiles) and
+# registers; R is capped so a CTA's row loop stays short (1.16 waves measured 1.5x slower than
+# one, c2d512 at 65k tokens, which is what the cap's wave fit avoids at large N).
+STAGED_CTAS_PER_SM_COFF2 = 2
+STAGED_CTAS_PER_SM_COFF1 = 4         # coff=1 with tchunks <= STAGED_NARROW_TCHUNKS
+STAGED_CTAS_PER_SM_COFF1_WIDE = 3    # coff=1 with more chunks (tchunks 8)
+STAGED_NARROW_TCHUNKS = 4
+STAGED_MAX_ROWS_PER_CTA = 16
+
+
 def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: int) -> int:
     """Backward rows per CTA, chosen at launch so the grid fits one resident wave."""
     gy = -(-(d // sched.vec) // sched.threads_x)
     if sched.regwin:
-        # regwin: 512 resident threads per SM (its register cap, r128_bwd.REGWIN_THREADS_PER_SM).
         # The smallest R whose grid fits one wave, rounded per column slice (ceil(N/R)*gy CTAs
         # never exceed the slots), and no cap: a CTA pipelines its rows (only its first fetch
         # is exposed) and fewer CTAs issue fewer dAPE atomics.
-        per_sm = max(1, 512 // (sched.threads_x * sched.tchunks))
+        per_sm = max(1, REGWIN_THREADS_PER_SM // (sched.threads_x * sched.tchunks))
         ctas_per_slice = max(1, per_sm * sm_count // gy)
         return max(1, -(-n_rows // ctas_per_slice))
     if coff == 2:
-        per_sm = 2
+        per_sm = STAGED_CTAS_PER_SM_COFF2
+    elif sched.tchunks <= STAGED_NARROW_TCHUNKS:
+        per_sm = STAGED_CTAS_PER_SM_COFF1
     else:
-        per_sm = 4 if sched.tchunks <= 4 else 3
+        per_sm = STAGED_CTAS_PER_SM_COFF1_WIDE
     want = -(-(n_rows * gy) // (per_sm * sm_count))
-    return max(1, min(16, want))
+    return max(1, min(STAGED_MAX_ROWS_PER_CTA, want))

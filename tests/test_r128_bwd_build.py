@@ -208,9 +208,18 @@ def test_launch_nothing_without_rows():
     assert bool((dkv == 7.0).all())
 
 
-def test_flipped_schedule_and_grid():
-    from csagate.kernels.r128_bwd import flipped, grid_of
+def flipped(sched: BwdSchedule, *, goreuse: bool | None = None,
+            fastexp: bool | None = None) -> BwdSchedule:
+    """The same schedule with goreuse and/or fastexp replaced (just another BwdSchedule)."""
+    return _flip(sched, goreuse=goreuse, fastexp=fastexp)
 
+
+def grid_of(*, d: int, sched: BwdSchedule, n_rows: int, rows_per_cta: int) -> tuple:
+    """The launch grid (gx, gy, 1) for N rows."""
+    return (-(-n_rows // rows_per_cta), -(-(d // sched.vec) // sched.threads_x), 1)
+
+
+def test_flipped_schedule_and_grid():
     s = BwdSchedule(2, 8, 32, True, True)
     assert flipped(s, goreuse=False) == BwdSchedule(2, 8, 32, True, False)
     assert flipped(s, fastexp=False) == BwdSchedule(2, 8, 32, False, True)
@@ -266,7 +275,7 @@ def test_regwin_builds_without_spill_within_the_register_cap(coff, d, sched, arc
 
 @pytest.mark.parametrize("coff,d,sched,arch", REGWIN_VARIANTS, ids=REGWIN_IDS)
 def test_regwin_ptx_facts(coff, d, sched, arch):
-    from csagate.kernels.r128_bwd import REGWIN_THREADS_PER_SM
+    from csagate.kernels.schedule import REGWIN_THREADS_PER_SM
 
     ptx, _, _, _ = _built(coff, d, sched, arch)
     chunk = window(coff) // sched.tchunks
@@ -357,8 +366,6 @@ def test_regwin_occupancy_matches_rows_per_cta():
 
 
 def test_flipped_keeps_regwin():
-    from csagate.kernels.r128_bwd import flipped
-
     s = BwdSchedule(2, 8, 32, True, True, True)
     assert flipped(s, goreuse=False) == BwdSchedule(2, 8, 32, True, False, True)
     assert flipped(s, fastexp=False).regwin
