@@ -25,7 +25,7 @@ def dsl():
 @pytest.fixture(scope="session")
 def ptxas(dsl):
     """The ptxas the probe will use; skip where there is none."""
-    from csagate.kernels.probe import PtxasNotFound, find_ptxas
+    from csagate.perf.probe import PtxasNotFound, find_ptxas
 
     try:
         return find_ptxas()

@@ -137,7 +137,7 @@ def test_cache_hit_on_second_get(dsl):
 
 
 def test_parse_ptxas_report():
-    from csagate.kernels.probe import parse_ptxas
+    from csagate.perf.probe import parse_ptxas
 
     report = """ptxas info    : Compiling entry function 'kernel_x' for 'sm_90a'
 ptxas info    : Function properties for kernel_x
@@ -148,7 +148,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 380 bytes cmem[0]"""
 
 
 def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
-    from csagate.kernels import probe as P
+    from csagate.perf import probe as P
 
     monkeypatch.setattr(P.shutil, "which", lambda name: None)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
@@ -163,7 +163,7 @@ def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_probe_reports_clean_kernels(ptxas, arch, tmp_path):
-    from csagate.kernels.probe import probe, summary
+    from csagate.perf.probe import probe, summary
 
     r4 = keys_for(4, arch, coff=2, d=128)[0]              # the drift-check forward
     r128 = keys_for(128, arch, coff=2, d=128)[-1]         # B4 backward, goreuse
@@ -180,7 +180,7 @@ def test_probe_reports_clean_kernels(ptxas, arch, tmp_path):
 
 def test_probe_without_ptx_is_skipped_and_not_clean(ptxas, monkeypatch):
     from csagate.kernels import _dsl
-    from csagate.kernels.probe import probe, summary
+    from csagate.perf.probe import probe, summary
 
     monkeypatch.setattr(_dsl, "ptx_of", lambda fn: None)
     rows = probe(keys_for(4, "sm_90a", coff=2, d=128)[:1])

@@ -24,17 +24,14 @@ from csagate.kernels.schedule import (
     bwd_smem_bytes,
     config_problems,
     rows_per_cta,
-    selectable_any,
-    threads_x_for,
     window,
 )
+from csagate.perf.variants import BWD_BASE, BWD_REGWIN
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
 
-# Staged table kernels here; the tables' register-window kernels join REGWIN below.
-_TABLE = sorted(selectable_any("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].tag))
-BASE = [(cfg, s) for cfg, s in _TABLE if not s.regwin]
+BASE = BWD_BASE
 
 
 def _flip(sched: BwdSchedule, *, goreuse: bool | None = None,
@@ -58,18 +55,7 @@ VARIANTS = _variants()
 IDS = [f"c{c}d{d}-{s.tag}-{a}-{why}" for c, d, s, a, why in VARIANTS]
 
 
-def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool):
-    return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True)
-
-
-# regwin: both coffs, d 128 and 512, vec 1 and 2, both fastexp values; C*vec 32, 16, 16, 32.
-REGWIN = [
-    _rw(1, 128, 2, 8, True, True),     # 256 threads, 2 CTAs per SM: the register-tightest
-    _rw(2, 128, 1, 16, False, True),   # exact exp, vec 1, 512 threads
-    _rw(1, 512, 2, 16, True, False),   # goreuse off
-    _rw(2, 512, 2, 16, True, True),
-]
-REGWIN += [(cfg, s) for cfg, s in _TABLE if s.regwin and (cfg, s) not in REGWIN]
+REGWIN = BWD_REGWIN
 REGWIN_VARIANTS = [(c, d, _flip(s, goreuse=g), a)
                    for a in ARCHES for (c, d), s in REGWIN for g in (s.goreuse, not s.goreuse)]
 REGWIN_IDS = [f"c{c}d{d}-{s.tag}-{a}" for c, d, s, a in REGWIN_VARIANTS]

@@ -36,7 +36,7 @@ def _num(value) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
 def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -> None:
     require_dsl()
-    from csagate.kernels.probe import PtxasNotFound, find_ptxas, probe, summary
+    from csagate.perf.probe import PtxasNotFound, find_ptxas, probe, summary
 
     try:
         find_ptxas()
