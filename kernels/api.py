@@ -26,21 +26,13 @@ import functools
 import warnings
 
 import torch
-from csagate.kernels import schedule as sched_tables
-from csagate.kernels._dsl import sm_count
-from csagate.kernels.cache import (
-    CACHE,
-    R4_COFFS,
-    R4_HEAD_DIMS,
-    BuildRecord,
-    KernelKey,
-    keys_for,
-    make_key,
-    r4_schedule,
-)
+from csagate.kernels import registry
+from csagate.kernels.cache import CACHE, BuildRecord
+from csagate.kernels.registry import COFFS, RATIOS, KernelKey, keys_for, make_key
+from csagate.kernels.schedule import ARCHES
 
-RATIOS = (4, 128)
-COFFS = (1, 2)
+__all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support", "forward",
+           "kernel_for", "run_backward", "run_forward"]
 MAX_HEAD_DIM = 128 * 65535  # the forward's gridDim.y bound at 128 threads and vec=1
 INT32_LIMIT = 2**31
 # Base-pointer alignment the launchers promise the compiler (vector accesses need 16 B).
@@ -106,9 +98,7 @@ def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, 
                        (f"N*head_dim ({out_name})", (n_rows or 0) * d)):
         if size >= INT32_LIMIT:
             raise ValueError(f"{what} = {size} does not fit int32 flat offsets (< 2^31)")
-    if ratio == 128 and d not in sched_tables.HEAD_DIMS:
-        raise ValueError(f"ratio=128 is validated for head_dim in {sched_tables.HEAD_DIMS}, "
-                         f"got head_dim={d}")
+    registry.family(ratio, "fwd").check_head_dim(d)
     if n_rows and n_tokens < ratio:
         raise ValueError(f"N={n_rows} > 0 requires at least ratio={ratio} tokens in kv, "
                          f"got T={n_tokens}")
@@ -123,9 +113,7 @@ def _check_ratio_coff(ratio: int, coff: int) -> None:
     if ratio not in RATIOS:
         raise ValueError(f"kernels are validated for ratio in {{4, 128}} only, got {ratio}")
     if coff not in COFFS:
-        if ratio == 128:
-            raise ValueError(f"ratio=128 supports coff in {COFFS}, got coff={coff}")
-        raise ValueError(f"ratio={ratio} requires coff in {COFFS}, got coff={coff}")
+        raise ValueError(f"ratio={ratio} supports coff in {COFFS}, got coff={coff}")
 
 
 def _check_devices(named: dict) -> None:
@@ -185,13 +173,13 @@ def _check_launchable(tensors: dict, stream) -> torch.device:
 
 @functools.cache
 def _device_arch(index: int) -> str:
-    from csagate.kernels._dsl import ARCHES, device_arch
+    from csagate.kernels._dsl import device_arch
 
     arch = device_arch(index)
     if arch not in ARCHES:
         cc = torch.cuda.get_device_capability(index)
         raise RuntimeError(f"cuda:{index} has compute capability {cc[0]}.{cc[1]} ({arch}); the "
-                           f"kernels build for {', '.join(ARCHES)} (H200, B200)")
+                           f"kernels build for {', '.join(ARCHES)} (H200, B200, B300)")
     return arch
 
 
@@ -213,19 +201,13 @@ def _check_deterministic() -> None:
 def kernel_for(direction: str, ratio: int, coff: int, d: int, n_rows: int, arch: str
                ) -> KernelKey | None:
     """The kernel a call would launch (no compile); None for N == 0 (nothing launches)."""
-    if direction not in ("fwd", "bwd"):
-        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    family = registry.family(ratio, direction)
     _check_ratio_coff(ratio, coff)
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
     if n_rows == 0:
         return None
-    if ratio == 128:
-        select = sched_tables.select_fwd if direction == "fwd" else sched_tables.select_bwd
-        sched = select(coff, d, n_rows, arch)
-    else:
-        sched = r4_schedule(direction, d)
-    return make_key(direction, ratio, coff, d, sched, arch)
+    return make_key(direction, ratio, coff, d, family.select(coff, d, n_rows, arch), arch)
 
 
 def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
@@ -237,8 +219,6 @@ def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
     device, they are also loaded onto it, so a later CUDA-graph capture does no loading.
     ``progress(record, i, n)`` is called after each kernel.
     """
-    from csagate.kernels._dsl import ARCHES
-
     if coff is not None:
         _check_ratio_coff(ratio, coff)
     if arch is not None and arch not in ARCHES:
@@ -255,23 +235,14 @@ def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
             except RuntimeError:  # a GPU we do not build for: cross-compiling is still fine
                 load_on = None
     if arch is None:
-        raise RuntimeError("no CUDA device to take the arch from: pass arch='sm_90a' or "
-                           "arch='sm_100a'")
+        raise RuntimeError("no CUDA device to take the arch from: pass arch= one of "
+                           f"{', '.join(ARCHES)}")
     if n_rows is None:
         keys = keys_for(ratio, arch, coff=coff, d=d)
     else:
-        if ratio == 128:
-            configs = [(c, hd) for c, hd in sched_tables.CONFIGS
-                       if (coff is None or c == coff) and (d is None or hd == d)]
-            if d is not None and not configs:
-                raise ValueError(f"ratio=128 is validated for head_dim in "
-                                 f"{sched_tables.HEAD_DIMS}, got {d}")
-        else:
-            configs = [(c, hd) for c in (R4_COFFS if coff is None else (coff,))
-                       for hd in (R4_HEAD_DIMS if d is None else (d,))]
         keys = []
-        for c, hd in configs:
-            for direction in ("fwd", "bwd"):
+        for c, hd in registry.family(ratio, "fwd").configs(coff, d):
+            for direction in registry.DIRECTIONS:
                 key = kernel_for(direction, ratio, c, hd, n_rows, arch)
                 if key is not None and key not in keys:
                     keys.append(key)
@@ -314,16 +285,8 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
             fn = CACHE.executor(key, device.index)
         _keep_alive(stream, device, tensors.values())
-        if ratio == 4:
-            from csagate.kernels import r4
-
-            r4.launch_fwd(fn, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out,
+        key.family.launch(fn, key, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out,
                           stream=stream)
-        else:
-            from csagate.kernels import r128_fwd
-
-            r128_fwd.launch_fwd(fn, sched=key.schedule, kv=kv, score=score, ape=ape, cu=cu,
-                                cuc=cuc, out=out, stream=stream)
     return key
 
 
@@ -347,7 +310,7 @@ def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio
                   out_name="grad_out")
     _check_grad_buffers(kv, ape, dkv, dscore, dape)
     if rows_per_cta is not None:
-        if ratio != 128:
+        if not registry.family(ratio, "bwd").takes_rows_per_cta:
             raise ValueError(f"rows_per_cta is a ratio=128 launch parameter (ratio={ratio})")
         if int(rows_per_cta) < 1:
             raise ValueError(f"rows_per_cta must be >= 1, got {rows_per_cta}")
@@ -363,20 +326,11 @@ def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio
         with torch.cuda.stream(stream):
             fn = CACHE.executor(key, device.index)
         _keep_alive(stream, device, tensors.values())
-        if ratio == 4:
-            from csagate.kernels import r4
-
-            r4.launch_bwd(fn, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=grad_out,
-                          dkv=dkv, dscore=dscore, dape=dape, stream=stream)
-        else:
-            from csagate.kernels import r128_bwd
-
-            if rows_per_cta is None:
-                rows_per_cta = sched_tables.rows_per_cta(n_rows, d, coff, key.schedule,
-                                                         sm_count(device.index))
-            r128_bwd.launch_bwd(fn, sched=key.schedule, kv=kv, score=score, ape=ape, cu=cu,
-                                cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape,
-                                rows_per_cta=int(rows_per_cta), stream=stream)
+        # rows_per_cta None: the launch derives it (schedule.rows_per_cta, the device's SMs).
+        extra = {"rows_per_cta": rows_per_cta} if key.family.takes_rows_per_cta else {}
+        key.family.launch(fn, key, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
+                          grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape, stream=stream,
+                          **extra)
     return key
 
 

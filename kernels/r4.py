@@ -44,31 +44,15 @@ from csagate.kernels.device import (
     zero_padding_tokens,
     zero_short_segments,
 )
+from csagate.kernels.schedule import (
+    R4_BWD_ROWS,
+    R4_BWD_THREADS,
+    R4_RATIO,
+    r4_fwd_grid_y,
+    r4_fwd_schedule,
+)
 
 cutlass, cute = cute_modules()
-
-RATIO = 4
-FWD_THREADS = 64  # threads per forward CTA when d/vec >= 64
-FWD_THREADS_WIDE = 128  # used when 64 threads would need gridDim.y > MAX_GRID_Y
-MAX_GRID_Y = 65535
-BWD_ROWS = 8  # rows per backward CTA (compile-time)
-BWD_THREADS = 128  # one thread per head-dim column
-
-
-def fwd_schedule(d: int) -> tuple[int, int]:
-    """Forward ``(vec, threads)``: vec columns per thread, threads per CTA (grid.y <= 65535)."""
-    vec = 2 if d % 2 == 0 else 1
-    groups = d // vec
-    threads = FWD_THREADS if groups >= FWD_THREADS else groups
-    if -(-groups // threads) > MAX_GRID_Y:
-        threads = FWD_THREADS_WIDE
-    return vec, threads
-
-
-def fwd_grid_y(d: int) -> int:
-    vec, threads = fwd_schedule(d)
-    return -(-(d // vec) // threads)
-
 
 # ----------------------------------------------------------------------------------------
 # Device helpers
@@ -78,13 +62,13 @@ def fwd_grid_y(d: int) -> int:
 def _window_slot(k: int, coff: int, d: int):
     """Static placement of window position k: (token offset from tok0, column offset, APE row).
 
-    coff=1: token tok0+k, columns [0, d). coff=2: k < RATIO is the previous block (token
-    tok0-RATIO+k, columns [0, d)), k >= RATIO the own block (token tok0+k-RATIO, columns
-    [d, 2d)); both use APE row k mod RATIO and the same column offset as kv/score.
+    coff=1: token tok0+k, columns [0, d). coff=2: k < R4_RATIO is the previous block (token
+    tok0-R4_RATIO+k, columns [0, d)), k >= R4_RATIO the own block (token tok0+k-R4_RATIO, columns
+    [d, 2d)); both use APE row k mod R4_RATIO and the same column offset as kv/score.
     """
     if coff == 1:
         return k, 0, k
-    return k - RATIO, (d if k >= RATIO else 0), k % RATIO
+    return k - R4_RATIO, (d if k >= R4_RATIO else 0), k % R4_RATIO
 
 
 # ----------------------------------------------------------------------------------------
@@ -114,7 +98,7 @@ def _fwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                 mCuc: cute.Tensor, mOut: cute.Tensor, n_seq: I32, seg_bits: I32,
                 D: cutlass.Constexpr, COFF: cutlass.Constexpr, VEC: cutlass.Constexpr,
                 THREADS: cutlass.Constexpr):
-    WIN = COFF * RATIO
+    WIN = COFF * R4_RATIO
     tx, _, _ = cute.arch.thread_idx()
     row, by, _ = cute.arch.block_idx()
     col = by * THREADS + tx  # this thread's column group: columns [col*VEC, col*VEC+VEC)
@@ -124,18 +108,18 @@ def _fwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
         tok0 = I32(0)  # at token 0
         if seg < n_seq:
             blk = row - mCuc[seg]
-            tok0 = mCu[seg] + blk * RATIO
+            tok0 = mCu[seg] + blk * R4_RATIO
 
         rS = cute.make_rmem_tensor((WIN, VEC), F32)
         rU = cute.make_rmem_tensor((WIN, VEC), F32)
         if cutlass.const_expr(COFF == 2):
             if blk > 0:
-                for k in cutlass.range_constexpr(RATIO):
-                    _fwd_load(mKV, mS, mApe, rS, rU, k, tok0 - RATIO + k, col, k, VEC)
+                for k in cutlass.range_constexpr(R4_RATIO):
+                    _fwd_load(mKV, mS, mApe, rS, rU, k, tok0 - R4_RATIO + k, col, k, VEC)
             else:
-                for k in cutlass.range_constexpr(RATIO):
+                for k in cutlass.range_constexpr(R4_RATIO):
                     _fwd_invalid(rS, rU, k, VEC)
-        for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+        for k in cutlass.range_constexpr(WIN - R4_RATIO, WIN):
             tok_off, col_off, ape_row = _window_slot(k, COFF, D)
             _fwd_load(mKV, mS, mApe, rS, rU, k, tok0 + tok_off, col + col_off // VEC, ape_row,
                       VEC)
@@ -165,20 +149,20 @@ def _fwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute
               seg_bits: I32, stream: cuda.CUstream,
               D: cutlass.Constexpr, COFF: cutlass.Constexpr):
     W = COFF * D
-    vec, threads = fwd_schedule(D)
+    vec, threads = r4_fwd_schedule(D)
     rows = cute.make_layout((n_tok, W), stride=(W, 1))
     mKV = cute.make_tensor(kv, rows)
     mS = cute.make_tensor(score, rows)
-    mApe = cute.make_tensor(ape, cute.make_layout((RATIO, W), stride=(W, 1)))
+    mApe = cute.make_tensor(ape, cute.make_layout((R4_RATIO, W), stride=(W, 1)))
     mCu = cute.make_tensor(cu, cute.make_layout(n_seq + 1))
     mCuc = cute.make_tensor(cuc, cute.make_layout(n_seq + 1))
     mOut = cute.make_tensor(out, cute.make_layout((n_rows, D), stride=(D, 1)))
     _fwd_kernel(mKV, mS, mApe, mCu, mCuc, mOut, n_seq, seg_bits, D, COFF, vec, threads).launch(
-        grid=(n_rows, fwd_grid_y(D), 1), block=(threads, 1, 1), stream=stream)
+        grid=(n_rows, r4_fwd_grid_y(D), 1), block=(threads, 1, 1), stream=stream)
 
 
 # ----------------------------------------------------------------------------------------
-# Backward: one CTA per (BWD_ROWS rows, BWD_THREADS columns); one thread per column
+# Backward: one CTA per (R4_BWD_ROWS rows, R4_BWD_THREADS columns); one thread per column
 # ----------------------------------------------------------------------------------------
 
 
@@ -209,11 +193,11 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                 mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
                 mDApe: cute.Tensor, n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32,
                 D: cutlass.Constexpr, COFF: cutlass.Constexpr):
-    WIN = COFF * RATIO
+    WIN = COFF * R4_RATIO
     tx, _, _ = cute.arch.thread_idx()
     bx, by, _ = cute.arch.block_idx()
     gdx, _, _ = cute.arch.grid_dim()
-    j = by * BWD_THREADS + tx  # this thread's column in [0, d)
+    j = by * R4_BWD_THREADS + tx  # this thread's column in [0, d)
     if j < D:
         # Zero classes (c) and (d): segment s belongs to CTA column bx == s mod gridDim.x;
         # token-capacity padding [cu[B], T) is strided over gridDim.x.
@@ -231,22 +215,22 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
             rG[k] = F32(0.0)
 
         n_valid = cutlass.min(mCuc[n_seq], n_rows)  # capacity padding rows: ignored
-        for rr in cutlass.range(BWD_ROWS, unroll=1):
-            row = bx * BWD_ROWS + rr
+        for rr in cutlass.range(R4_BWD_ROWS, unroll=1):
+            row = bx * R4_BWD_ROWS + rr
             if row < n_valid:
                 seg = segment_search(mCuc, row, n_seq, seg_bits)
                 blk = row - mCuc[seg]
-                tok0 = mCu[seg] + blk * RATIO
+                tok0 = mCu[seg] + blk * R4_RATIO
                 has_prev = blk > 0
                 if cutlass.const_expr(COFF == 2):
                     if has_prev:
-                        for k in cutlass.range_constexpr(RATIO):
-                            _bwd_load(mKV, mS, rA, rS, rU, k, tok0 - RATIO + k, j)
+                        for k in cutlass.range_constexpr(R4_RATIO):
+                            _bwd_load(mKV, mS, rA, rS, rU, k, tok0 - R4_RATIO + k, j)
                     else:
-                        for k in cutlass.range_constexpr(RATIO):
+                        for k in cutlass.range_constexpr(R4_RATIO):
                             rS[k] = F32(NEG_INF)
                             rU[k] = F32(0.0)
-                for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+                for k in cutlass.range_constexpr(WIN - R4_RATIO, WIN):
                     tok_off, col_off, _ = _window_slot(k, COFF, D)
                     _bwd_load(mKV, mS, rA, rS, rU, k, tok0 + tok_off, j + col_off)
 
@@ -270,20 +254,20 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
 
                 if cutlass.const_expr(COFF == 2):
                     if has_prev:
-                        for k in cutlass.range_constexpr(RATIO):
-                            _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 - RATIO + k, j)
-                for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+                        for k in cutlass.range_constexpr(R4_RATIO):
+                            _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 - R4_RATIO + k, j)
+                for k in cutlass.range_constexpr(WIN - R4_RATIO, WIN):
                     tok_off, col_off, _ = _window_slot(k, COFF, D)
                     _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 + tok_off, j + col_off)
 
                 if row + 1 == mCuc[seg + 1]:  # the segment's last block
                     if cutlass.const_expr(COFF == 2):
                         # Zero class (b): columns [0, d) of the last block's own tokens.
-                        for k in cutlass.range_constexpr(RATIO):
+                        for k in cutlass.range_constexpr(R4_RATIO):
                             mDKV[tok0 + k, j] = BF16(0.0)
                             mDS[tok0 + k, j] = BF16(0.0)
                     # Zero class (a): the tail tokens after the last block, all columns.
-                    for tok in cutlass.range(tok0 + RATIO, mCu[seg + 1], unroll=1):
+                    for tok in cutlass.range(tok0 + R4_RATIO, mCu[seg + 1], unroll=1):
                         _zero_token(mDKV, mDS, tok, j, D, COFF)
 
         # One fp32 atomic per (window position, column) per CTA.
@@ -300,7 +284,7 @@ def _bwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute
               D: cutlass.Constexpr, COFF: cutlass.Constexpr):
     W = COFF * D
     rows = cute.make_layout((n_tok, W), stride=(W, 1))
-    ape_rows = cute.make_layout((RATIO, W), stride=(W, 1))
+    ape_rows = cute.make_layout((R4_RATIO, W), stride=(W, 1))
     mKV = cute.make_tensor(kv, rows)
     mS = cute.make_tensor(score, rows)
     mApe = cute.make_tensor(ape, ape_rows)
@@ -312,8 +296,8 @@ def _bwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute
     mDApe = cute.make_tensor(dape, ape_rows)
     _bwd_kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
                 seg_bits, D, COFF).launch(
-        grid=(cute.ceil_div(n_rows, BWD_ROWS), -(-D // BWD_THREADS), 1),
-        block=(BWD_THREADS, 1, 1), stream=stream)
+        grid=(cute.ceil_div(n_rows, R4_BWD_ROWS), -(-D // R4_BWD_THREADS), 1),
+        block=(R4_BWD_THREADS, 1, 1), stream=stream)
 
 
 # ----------------------------------------------------------------------------------------
@@ -328,8 +312,9 @@ def _check_config(d: int, coff: int) -> None:
         raise ValueError(f"head_dim must be >= 1, got {d}")
 
 
-def build_fwd(*, d: int, coff: int, arch: str):
-    """Compile the ratio=4 forward for (d, coff) on ``arch`` (no GPU needed)."""
+def build_fwd(*, d: int, coff: int, arch: str, sched=None):
+    """Compile the ratio=4 forward for (d, coff) on ``arch`` (no GPU needed); the schedule
+    follows from d (``schedule.r4_schedule``), ``sched`` is taken for the uniform signature."""
     _check_config(d, coff)
     ptrs = [gmem_ptr(t) for t in (BF16, BF16, F32)] + [gmem_ptr(I32, align=4)] * 2
     ptrs.append(gmem_ptr(BF16))
@@ -337,8 +322,9 @@ def build_fwd(*, d: int, coff: int, arch: str):
                        d, coff)
 
 
-def build_bwd(*, d: int, coff: int, arch: str):
-    """Compile the ratio=4 backward for (d, coff) on ``arch`` (no GPU needed)."""
+def build_bwd(*, d: int, coff: int, arch: str, sched=None):
+    """Compile the ratio=4 backward for (d, coff) on ``arch`` (no GPU needed); ``sched`` as in
+    :func:`build_fwd`."""
     _check_config(d, coff)
     ptrs = [gmem_ptr(t) for t in (BF16, BF16, F32)] + [gmem_ptr(I32, align=4)] * 2
     ptrs += [gmem_ptr(t) for t in (BF16, BF16, BF16, F32)]
@@ -350,7 +336,7 @@ def _ptr(t, dtype, align=16):
     return gmem_ptr(dtype, t.data_ptr(), align=align)
 
 
-def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None) -> None:
+def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None, sched=None) -> None:
     """out[b] for every row b < out.shape[0] (capacity padding rows included)."""
     n_rows = out.shape[0]
     if n_rows == 0:
@@ -362,7 +348,7 @@ def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None) -> None:
 
 
 def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
-               stream=None) -> None:
+               stream=None, sched=None) -> None:
     """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += partials."""
     n_rows = grad_out.shape[0]
     if n_rows == 0:

@@ -1,4 +1,5 @@
-"""Dispatch tables of the ratio=128 kernels: schedules, buckets, the validity predicate.
+"""Schedules of the kernels: the target arches and their tables, the ratio=128 dispatch tables
+(schedules, buckets, the validity predicate) and the ratio=4 schedule.
 
 Pure Python (no cutlass, no torch): the gate's coverage check, ``csagate schedules`` and the
 CPU tests read these tables on any machine.
@@ -260,7 +261,11 @@ BWD_DEFAULT_H200 = {
 }
 
 UPSTREAM_ARCH = "sm_100a"
-TABLE_ARCHES = ("sm_100a", "sm_90a")
+# The build targets, each with the arch whose tables it selects from: sm_103a (B300/GB300) has
+# no measurements of its own and takes the sm_100a (B200) tables.
+ARCH_TABLES = {"sm_90a": "sm_90a", "sm_100a": "sm_100a", "sm_103a": "sm_100a"}
+ARCHES = tuple(ARCH_TABLES)
+TABLE_ARCHES = ("sm_100a", "sm_90a")  # the arches with tables of their own
 FWD_TABLES = {
     "sm_100a": {"small": FWD_SMALL, "default": FWD_DEFAULT, "large": FWD_LARGE},
     "sm_90a": {"small": FWD_SMALL_H200, "default": FWD_DEFAULT_H200, "large": FWD_LARGE_H200},
@@ -293,10 +298,10 @@ def _check_config(coff: int, d: int) -> None:
 
 
 def _tables(tables: dict, arch: str) -> dict:
-    if arch not in tables:
+    if arch not in ARCH_TABLES:
         raise ValueError(f"no ratio=128 tables for arch {arch!r}; tables exist for "
-                         f"{', '.join(TABLE_ARCHES)}")
-    return tables[arch]
+                         f"{', '.join(ARCHES)}")
+    return tables[ARCH_TABLES[arch]]
 
 
 def select_fwd(coff: int, d: int, n_rows: int, arch: str = UPSTREAM_ARCH) -> FwdSchedule:
@@ -360,3 +365,59 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
         per_sm = STAGED_CTAS_PER_SM_COFF1_WIDE
     want = -(-(n_rows * gy) // (per_sm * sm_count))
     return max(1, min(STAGED_MAX_ROWS_PER_CTA, want))
+
+
+# --- ratio=4 -------------------------------------------------------------------------------
+# The whole window (ratio * coff positions) of a row lives in registers; the schedule follows
+# from d alone (kernels/r4.py, spec/KERNELS.md section 4).
+
+R4_RATIO = 4
+R4_FWD_THREADS = 64  # threads per forward CTA when d/vec >= 64
+R4_FWD_THREADS_WIDE = 128  # used when 64 threads would need gridDim.y > MAX_GRID_Y
+MAX_GRID_Y = 65535
+R4_BWD_ROWS = 8  # rows per backward CTA (compile-time)
+R4_BWD_THREADS = 128  # one thread per head-dim column
+# keys_for(4, ...) builds a representative set: d=65 is the odd-d vec=1 path, d=128 the vec=2
+# path of the drift check (c2d128), d=512 the wide head (vec=2, gridDim.y 4). Each at coff 1
+# and 2, forward and backward: 12 kernels. Any other d >= 1 is served as well.
+R4_HEAD_DIMS = (65, 128, 512)
+R4_COFFS = (1, 2)
+
+
+@dataclass(frozen=True)
+class R4Schedule:
+    """The compile-time shape of a ratio=4 kernel (it follows from d alone)."""
+
+    vec: int
+    threads: int
+    rows_per_cta: int
+
+    @property
+    def tag(self) -> str:
+        return f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
+
+    def astuple(self) -> tuple:
+        return (self.vec, self.threads, self.rows_per_cta)
+
+
+def r4_fwd_schedule(d: int) -> tuple[int, int]:
+    """Forward ``(vec, threads)``: vec columns per thread, threads per CTA (grid.y <= 65535)."""
+    vec = 2 if d % 2 == 0 else 1
+    groups = d // vec
+    threads = R4_FWD_THREADS if groups >= R4_FWD_THREADS else groups
+    if -(-groups // threads) > MAX_GRID_Y:
+        threads = R4_FWD_THREADS_WIDE
+    return vec, threads
+
+
+def r4_fwd_grid_y(d: int) -> int:
+    vec, threads = r4_fwd_schedule(d)
+    return -(-(d // vec) // threads)
+
+
+def r4_schedule(direction: str, d: int) -> R4Schedule:
+    """The ratio=4 kernel of a direction for head_dim d."""
+    if direction == "fwd":
+        vec, threads = r4_fwd_schedule(d)
+        return R4Schedule(vec, threads, 1)
+    return R4Schedule(1, R4_BWD_THREADS, R4_BWD_ROWS)

@@ -287,11 +287,10 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
     current stream at each call. The backward keeps accumulating into its dape buffer.
     The buffers are on the launcher as ``.buffers``: ``(out,)`` or ``(dkv, dscore, dape)``.
     """
-    from csagate.kernels import api
+    from csagate.kernels import api, registry
 
-    if direction not in ("fwd", "bwd"):
-        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
-    if pack.ratio != 128:
+    family = registry.family(pack.ratio, direction)
+    if pack.ratio != S.RATIO:
         raise ValueError(f"schedule_launcher runs ratio=128 schedules, got ratio={pack.ratio}")
     problems = S.config_problems(pack.coff, pack.d, sched)
     if problems:
@@ -299,36 +298,24 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
                          + "; ".join(problems))
     api._require_cuda()
     kv, score, ape, cu, cuc = pack.inputs()
-    api.check_support(kv, score, ape, cu, cuc, grad_out, ratio=128, coff=pack.coff,
-                  out_name="grad_out")
+    api.check_support(kv, score, ape, cu, cuc, grad_out, ratio=pack.ratio, coff=pack.coff,
+                      out_name="grad_out")
     device = api._check_launchable({"kv": kv, "grad_out": grad_out}, None)
-    key = api.make_key(direction, 128, pack.coff, pack.d, sched, api._device_arch(device.index))
+    key = registry.make_key(direction, pack.ratio, pack.coff, pack.d, sched,
+                            api._device_arch(device.index))
     with torch.cuda.device(device):
         fn = api.CACHE.executor(key, device.index)
-    n_rows = grad_out.shape[0]
+    inputs = dict(kv=kv, score=score, ape=ape, cu=cu, cuc=cuc)
     if direction == "fwd":
-        from csagate.kernels import r128_fwd
-
-        out = torch.empty_like(grad_out)
-
-        def launch() -> None:
-            with torch.cuda.device(device):
-                r128_fwd.launch_fwd(fn, sched=sched, kv=kv, score=score, ape=ape, cu=cu,
-                                    cuc=cuc, out=out, stream=torch.cuda.current_stream(device))
-        launch.buffers = (out,)
-        return launch
-
-    from csagate.kernels import r128_bwd
-
-    dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
-    rows = S.rows_per_cta(n_rows, pack.d, pack.coff, sched, api.sm_count(device.index))
+        outputs = dict(out=torch.empty_like(grad_out))
+    else:  # rows_per_cta None: derived per launch from N and the device's SMs
+        outputs = dict(grad_out=grad_out, dkv=torch.empty_like(kv),
+                       dscore=torch.empty_like(score), dape=torch.zeros_like(ape))
 
     def launch() -> None:
         with torch.cuda.device(device):
-            r128_bwd.launch_bwd(fn, sched=sched, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
-                                grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape,
-                                rows_per_cta=rows, stream=torch.cuda.current_stream(device))
-    launch.buffers = (dkv, dscore, dape)
+            family.launch(fn, key, **inputs, **outputs, stream=torch.cuda.current_stream(device))
+    launch.buffers = tuple(t for name, t in outputs.items() if name != "grad_out")
     return launch
 
 

@@ -73,8 +73,8 @@ def test_r4_keys():
 
 # --- cache behaviour (fake compiler: no DSL needed) -------------------------------------
 
-KEY = C.make_key("fwd", 4, 2, 128, C.R4Schedule(2, 64, 1), "sm_90a")
-OTHER = C.make_key("bwd", 4, 2, 128, C.R4Schedule(1, 128, 8), "sm_90a")
+KEY = C.make_key("fwd", 4, 2, 128, S.R4Schedule(2, 64, 1), "sm_90a")
+OTHER = C.make_key("bwd", 4, 2, 128, S.R4Schedule(1, 128, 8), "sm_90a")
 
 
 class SlowCompiler:
@@ -187,3 +187,15 @@ def test_probe_without_ptx_is_skipped_and_not_clean(ptxas, monkeypatch):
     assert rows[0].skipped and not rows[0].clean and "no PTX retained" in rows[0].note
     ok, line = summary(rows, "sm_90a")
     assert not ok and "1 kernel(s) skipped with no PTX" in line
+
+
+def test_sm_103a_builds_and_probes_the_table_kernels(ptxas):
+    """sm_103a (B300) selects the sm_100a tables; every table kernel of both ratios builds
+    for it and assembles with ptxas -arch=sm_103a, 0 spill / 0 stack."""
+    from csagate.perf.probe import probe, summary
+
+    keys = keys_for(128, "sm_103a") + keys_for(4, "sm_103a")
+    assert [(k.kind, k.config, k.schedule) for k in keys] == \
+        [(k.kind, k.config, k.schedule) for k in keys_for(128, "sm_100a") + keys_for(4, "sm_100a")]
+    rows = probe(keys)
+    assert summary(rows, "sm_103a")[0], [r for r in rows if not r.clean]

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from csagate.kernels._dsl import ARCHES, dsl_available, ptx_of
+from csagate.kernels._dsl import dsl_available, ptx_of
+from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
 from csagate.kernels.schedule import (
     BwdSchedule,
     bwd_smem_bytes,

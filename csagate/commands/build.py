@@ -7,9 +7,10 @@ from rich.table import Table
 
 from csagate import console
 from csagate.exitcodes import ExitCode
+from csagate.kernels.schedule import ARCHES
 
 RATIO_CHOICES = ("4", "128", "all")
-ARCH_CHOICES = ("auto", "sm_90a", "sm_100a")
+ARCH_CHOICES = ("auto", *ARCHES)
 
 
 def ratios_of(choice: str) -> tuple[int, ...]:
@@ -31,7 +32,7 @@ def gpu_arch() -> str | None:
 
     if not torch.cuda.is_available():
         return None
-    from csagate.kernels._dsl import ARCHES, device_arch
+    from csagate.kernels._dsl import device_arch
 
     arch = device_arch()
     return arch if arch in ARCHES else None
@@ -71,8 +72,8 @@ def command(ratio: str, arch: str, as_json: bool) -> None:
     if arch == "auto":
         arch = gpu_arch()
         if arch is None:
-            console.abort("--arch auto needs a CUDA GPU (sm_90a or sm_100a) here: pass "
-                          "--arch sm_90a or --arch sm_100a to cross-compile",
+            console.abort(f"--arch auto needs a CUDA GPU ({', '.join(ARCHES)}) here: pass "
+                          + " or ".join(f"--arch {a}" for a in ARCHES) + " to cross-compile",
                           ExitCode.COULD_NOT_EVALUATE)
     from csagate.kernels import api
     from csagate.kernels.cache import keys_for

@@ -16,6 +16,7 @@ from csagate.commands.build import (
     require_dsl,
 )
 from csagate.exitcodes import ExitCode
+from csagate.kernels.schedule import ARCHES
 
 
 def _num(value) -> str:
@@ -28,7 +29,7 @@ def _num(value) -> str:
 @click.option("--ratio", type=click.Choice(RATIO_CHOICES), default="all", show_default=True,
               help="ratio=128: the 16 kernels of the dispatch tables; ratio=4: coff 1/2 x "
                    "d 65/128/512.")
-@click.option("--arch", type=click.Choice(("sm_90a", "sm_100a")), default=None,
+@click.option("--arch", type=click.Choice(ARCHES), default=None,
               help="ptxas target [default: this machine's GPU, else sm_100a].")
 @click.option("--keep-ptx", "keep_ptx", metavar="DIR",
               type=click.Path(file_okay=False, writable=True),
