@@ -29,11 +29,11 @@ import torch
 from csagate.kernels import registry
 from csagate.kernels.cache import CACHE, BuildRecord
 from csagate.kernels.registry import COFFS, RATIOS, KernelKey, keys_for, make_key
-from csagate.kernels.schedule import ARCHES
+from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_FWD_THREADS_WIDE
 
 __all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support", "forward",
            "kernel_for", "run_backward", "run_forward"]
-MAX_HEAD_DIM = 128 * 65535  # the forward's gridDim.y bound at 128 threads and vec=1
+MAX_HEAD_DIM = R4_FWD_THREADS_WIDE * MAX_GRID_Y  # the forward's gridDim.y bound at vec=1
 INT32_LIMIT = 2**31
 # Base-pointer alignment the launchers promise the compiler (vector accesses need 16 B).
 ALIGN_BYTES = {torch.bfloat16: 16, torch.float32: 16, torch.int32: 4}
@@ -92,7 +92,8 @@ def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, 
         n_rows = out_or_grad_out.shape[0]
 
     if d > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {d} exceeds 128*65535 = {MAX_HEAD_DIM} (forward gridDim.y)")
+        raise ValueError(f"head_dim {d} exceeds {R4_FWD_THREADS_WIDE}*{MAX_GRID_Y} = "
+                         f"{MAX_HEAD_DIM} (forward gridDim.y)")
     for what, size in (("T*coff*head_dim (kv/score)", n_tokens * width),
                        ("ratio*coff*head_dim (ape)", ratio * width),
                        (f"N*head_dim ({out_name})", (n_rows or 0) * d)):
@@ -279,14 +280,20 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
     n_rows, d = out.shape
     if n_rows == 0:
         return None
+    return _launch("fwd", ratio, coff, d, n_rows, device, stream, tensors,
+                   kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out)
+
+
+def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, stream,
+            tensors: dict, **launch_args) -> KernelKey:
+    """Dispatch, load onto ``device`` and launch on ``stream`` (or the current one)."""
     with torch.cuda.device(device):
         stream = _launch_stream(device, stream)
-        key = kernel_for("fwd", ratio, coff, d, n_rows, _device_arch(device.index))
+        key = kernel_for(direction, ratio, coff, d, n_rows, _device_arch(device.index))
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
             fn = CACHE.executor(key, device.index)
         _keep_alive(stream, device, tensors.values())
-        key.family.launch(fn, key, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out,
-                          stream=stream)
+        key.family.launch(fn, key, **launch_args, stream=stream)
     return key
 
 
@@ -320,18 +327,11 @@ def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio
     n_rows, d = grad_out.shape
     if n_rows == 0:
         return None
-    with torch.cuda.device(device):
-        stream = _launch_stream(device, stream)
-        key = kernel_for("bwd", ratio, coff, d, n_rows, _device_arch(device.index))
-        with torch.cuda.stream(stream):
-            fn = CACHE.executor(key, device.index)
-        _keep_alive(stream, device, tensors.values())
-        # rows_per_cta None: the launch derives it (schedule.rows_per_cta, the device's SMs).
-        extra = {"rows_per_cta": rows_per_cta} if key.family.takes_rows_per_cta else {}
-        key.family.launch(fn, key, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
-                          grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape, stream=stream,
-                          **extra)
-    return key
+    # rows_per_cta None: the launch derives it (schedule.rows_per_cta, the device's SMs).
+    extra = {"rows_per_cta": rows_per_cta} if rows_per_cta is not None else {}
+    return _launch("bwd", ratio, coff, d, n_rows, device, stream, tensors, kv=kv, score=score,
+                   ape=ape, cu=cu, cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore,
+                   dape=dape, **extra)
 
 
 def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,

@@ -58,6 +58,7 @@ from csagate.kernels.schedule import (
     RATIO,
     REGWIN_THREADS_PER_SM,
     BwdSchedule,
+    R128Geometry,
     bwd_smem_bytes,
     config_problems,
     window,
@@ -89,7 +90,7 @@ def _opaque(x):
                                has_side_effects=True))
 
 
-class R128Bwd:
+class R128Bwd(R128Geometry):
     """The r128 backward for one (d, coff, schedule); every field here is compile-time."""
 
     def __init__(self, d: int, coff: int, sched: BwdSchedule):
@@ -105,19 +106,10 @@ class R128Bwd:
                             "multiple of 4")
         if problems:
             raise ValueError(f"r128 backward c{coff}d{d} {sched}: " + "; ".join(problems))
-        self.d = d
-        self.coff = coff
-        self.sched = sched
-        self.vec = sched.vec
-        self.tchunks = sched.tchunks
-        self.threads_x = sched.threads_x
+        super().__init__(d, coff, sched)
         self.regwin = sched.regwin
         self.fast = sched.fastexp
-        self.win = window(coff)
-        self.chunk = self.win // sched.tchunks
         self.cols_pc = sched.threads_x * sched.vec
-        self.width = coff * d
-        self.gy = dv // sched.threads_x
         self.smem_bytes = bwd_smem_bytes(coff, sched)
         # regwin: REGWIN_THREADS_PER_SM resident threads per SM (schedule.rows_per_cta assumes
         # the same), so ptxas caps registers at 65536 / 512 = 128 per thread through .maxntid.

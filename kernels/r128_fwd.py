@@ -73,7 +73,13 @@ from csagate.kernels.device import (
     segment_scan,
     stream_of,
 )
-from csagate.kernels.schedule import RATIO, FwdSchedule, config_problems
+from csagate.kernels.schedule import (
+    PREFETCH_RING_MAX,
+    RATIO,
+    FwdSchedule,
+    R128Geometry,
+    config_problems,
+)
 
 cutlass, cute = cute_modules()
 import cuda.bindings.driver as cuda  # noqa: E402  (after the DSL environment is prepared)
@@ -82,35 +88,22 @@ import cuda.bindings.driver as cuda  # noqa: E402  (after the DSL environment is
 ALIGN = {"kv": 16, "score": 16, "ape": 16, "cu": 4, "cuc": 4, "out": 16}
 
 
-# Largest prefetch ring, in slots x columns: ptxas keeps up to two groups of raw loads live
-# (about 4 registers per column-slot). 16 (v2u8, v4u4, v8u2) stays near 128 registers; 32
-# (v4u8, v8u4) takes 150-200 and ptxas spills to reach an occupancy step (v8u8: 255 + spills).
-RING_MAX = 16
-
-
-class R128FwdKernel:
+class R128FwdKernel(R128Geometry):
     """The forward for one (d, coff, schedule); every field is compile-time."""
 
     def __init__(self, d: int, coff: int, sched: FwdSchedule):
         problems = config_problems(coff, d, sched)
         if problems:
             raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: " + "; ".join(problems))
-        self.d = d
-        self.coff = coff
-        self.vec = sched.vec
-        self.tchunks = sched.tchunks
-        self.threads_x = sched.threads_x
+        super().__init__(d, coff, sched)
         self.twophase = sched.twophase
         self.fastexp = sched.fastexp
-        self.width = coff * d  # W: row width of kv, score, ape
-        self.chunk = coff * RATIO // sched.tchunks  # C: window slots per thread
-        self.ncols = d // sched.vec  # column groups of a row
-        self.gy = -(-self.ncols // sched.threads_x)
         self.unroll = min(sched.unroll, self.chunk)  # slots per unrolled group (divides C)
         self.prefetch = sched.prefetch
-        if self.prefetch and self.unroll * sched.vec > RING_MAX:
+        if self.prefetch and self.unroll * sched.vec > PREFETCH_RING_MAX:
             raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: a prefetch ring of "
-                             f"{self.unroll}x{sched.vec} columns exceeds {RING_MAX} (spills)")
+                             f"{self.unroll}x{sched.vec} columns exceeds {PREFETCH_RING_MAX} "
+                             "(spills)")
         self.oneexp = sched.oneexp
         # vec=8 declares .maxntid instead of .reqntid: under .reqntid ptxas 13.x spills 4 bytes
         # at 72 registers on the vec=8 online fast-exp loop; .maxntid gives 72 and no spill.
@@ -199,26 +192,30 @@ class R128FwdKernel:
     @cute.jit
     def chunk_online(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                      st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        VEC = self.vec
         for kk in cutlass.range(self.chunk, unroll=self.unroll):
-            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            sv, uv, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                       True)
             self.online_step(st, sv, uv, av)
 
     @cute.jit
     def chunk_twophase(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                        st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        VEC = self.vec
         for kk in cutlass.range(self.chunk, unroll=self.unroll):  # pass A: exact chunk max
-            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            sv, _, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                      False)
             self.max_step(st, sv, av)
         for kk in cutlass.range(self.chunk, unroll=self.unroll):  # pass B: ascending sums
-            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            sv, uv, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                       True)
             self.sum_step(st, sv, uv, av)
+
+    def slot_f32(self, mKV, mScore, mApe, tok, ape_row, cblk, with_kv):
+        """One window slot's loads as fp32: score, kv (None without kv), APE."""
+        VEC = self.vec
+        sv = cute.local_tile(mScore, (1, VEC), (tok, cblk)).load().to(F32)
+        uv = cute.local_tile(mKV, (1, VEC), (tok, cblk)).load().to(F32) if with_kv else None
+        av = cute.local_tile(mApe, (1, VEC), (ape_row, cblk)).load()
+        return sv, uv, av
 
     @cute.jit
     def chunk_prefetch(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,

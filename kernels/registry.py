@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from csagate.kernels import schedule as S
 
 DIRECTIONS = ("fwd", "bwd")
-COFFS = (1, 2)
+COFFS = S.COFFS  # both families serve coff 1 and 2
 
 
 @dataclass(frozen=True)

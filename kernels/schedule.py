@@ -32,6 +32,13 @@ SMEM_LIMIT = 227 * 1024
 # regwin: resident threads per SM that its register cap (.maxntid: 65536 / 512 = 128 registers
 # per thread) and rows_per_cta assume.
 REGWIN_THREADS_PER_SM = 512
+# regwin: the longest window chunk C (positions per thread): 4 registers per position (see
+# config_problems); C <= 16 compiles to <= 128 registers with 0 spill on sm_90a and sm_100a.
+REGWIN_MAX_CHUNK = 16
+# Largest forward prefetch ring, in slots x columns: ptxas keeps up to two groups of raw loads
+# live (about 4 registers per column-slot). 16 (v2u8, v4u4, v8u2) stays near 128 registers; 32
+# (v4u8, v8u4) takes 150-200 and ptxas spills to reach an occupancy step (v8u8: 255 + spills).
+PREFETCH_RING_MAX = 16
 
 
 def config_name(coff: int, d: int) -> str:
@@ -93,6 +100,20 @@ def window(coff: int, ratio: int = RATIO) -> int:
     return coff * ratio
 
 
+class R128Geometry:
+    """The static geometry of one ratio=128 kernel: (d, coff) and its schedule's thread layout
+    (the kernel classes extend it; every field is compile-time)."""
+
+    def __init__(self, d: int, coff: int, sched: FwdSchedule | BwdSchedule):
+        self.d, self.coff, self.sched = d, coff, sched
+        self.vec, self.tchunks, self.threads_x = sched.vec, sched.tchunks, sched.threads_x
+        self.width = coff * d  # W: row width of kv, score, ape
+        self.win = window(coff)
+        self.chunk = self.win // sched.tchunks  # C: window slots per thread
+        self.ncols = d // sched.vec  # column groups of a half row
+        self.gy = -(-self.ncols // sched.threads_x)  # CTAs across the column groups
+
+
 def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
     """Shared memory of the backward: sE fp32 + sKV bf16 tiles, chunk partials, 64 B slack.
 
@@ -130,8 +151,9 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
         if sched.unroll not in (1, 2, 4, 8):
             out.append(f"unroll={sched.unroll} is not one of 1, 2, 4, 8")
         if sched.prefetch and win % max(sched.tchunks, 1) == 0 and (
-                min(sched.unroll, win // sched.tchunks) * sched.vec > 16):
-            out.append("prefetch keeps min(unroll, C)*vec > 16 loads live: it spills")
+                min(sched.unroll, win // sched.tchunks) * sched.vec > PREFETCH_RING_MAX):
+            out.append(f"prefetch keeps min(unroll, C)*vec > {PREFETCH_RING_MAX} loads live: "
+                       "it spills")
         if sched.oneexp and sched.twophase:
             out.append("oneexp is an online-form option; the two-phase form has one exp")
     if isinstance(sched, BwdSchedule):
@@ -141,15 +163,17 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
             # regwin targets REGWIN_THREADS_PER_SM = 512 resident threads per SM, so a thread
             # gets 128 registers. Its window chunk takes 4 per window position: the
             # score and kv of the current row and of the next row in flight (a bf16 pair
-            # packs into one register). C <= 16 compiles to <= 128 registers with 0 spill on
-            # sm_90a and sm_100a; C = 32 does not.
+            # packs into one register). C <= REGWIN_MAX_CHUNK = 16 compiles to <= 128
+            # registers with 0 spill on sm_90a and sm_100a; C = 32 does not.
             threads = sched.threads_x * sched.tchunks
             if threads < 1 or REGWIN_THREADS_PER_SM % threads:
                 out.append(f"regwin: {threads} threads per CTA do not divide "
                            f"{REGWIN_THREADS_PER_SM} per SM")
-            if sched.tchunks >= 1 and win % sched.tchunks == 0 and win // sched.tchunks > 16:
+            if (sched.tchunks >= 1 and win % sched.tchunks == 0
+                    and win // sched.tchunks > REGWIN_MAX_CHUNK):
                 out.append(f"regwin: a chunk of C={win // sched.tchunks} window positions "
-                           f"needs 4*C = {4 * (win // sched.tchunks)} registers > 64")
+                           f"needs 4*C = {4 * (win // sched.tchunks)} registers > "
+                           f"{4 * REGWIN_MAX_CHUNK}")
         if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
             out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
     return out
@@ -381,7 +405,6 @@ R4_BWD_THREADS = 128  # one thread per head-dim column
 # path of the drift check (c2d128), d=512 the wide head (vec=2, gridDim.y 4). Each at coff 1
 # and 2, forward and backward: 12 kernels. Any other d >= 1 is served as well.
 R4_HEAD_DIMS = (65, 128, 512)
-R4_COFFS = (1, 2)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,15 @@ AB_SHAPES: dict[tuple[str, int, int, str], int] = {
 }
 
 
+# Decision floors, relative: a change is adopted only when it wins in both orders by more than
+# the measured order-to-order noise and by at least this much. A single field flip (--ab) needs
+# 0.5%: graph-replay medians of one kernel repeat within about that across orders on the H200
+# (kernels/NOTES.md A/B tables, noise 0.6-1.1%). A sweep's new geometry needs 1%: a winner
+# within the A/B noise (< 1%) keeps the table entry (kernels/NOTES.md, sweep 2).
+AB_FLOOR = 0.005
+SWEEP_FLOOR = 0.01
+
+
 @dataclass(frozen=True)
 class Timing:
     median_us: float
@@ -210,7 +219,7 @@ class ABRow:
 
     @property
     def decision(self) -> str:
-        threshold = max(self.noise, 0.005)
+        threshold = max(self.noise, AB_FLOOR)
         if self.delta(0) > threshold and self.delta(1) > threshold:
             return "adopt variant"
         if self.delta(0) < -threshold and self.delta(1) < -threshold:
@@ -381,7 +390,7 @@ class SweepRow:
         if self.best == self.base:
             return "keep base (fastest)"
         noise = abs(self.base_us[0] - self.base_us[1]) / min(self.base_us)
-        threshold = max(noise, 0.01)
+        threshold = max(noise, SWEEP_FLOOR)
         if self.delta(0) > threshold and self.delta(1) > threshold:
             return "adopt best"
         return "keep base (within noise)"

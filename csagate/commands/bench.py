@@ -42,35 +42,38 @@ def _shape_table(rows, copy_bw: float) -> Table:
     return t
 
 
-def _ab_table(rows) -> Table:
-    t = Table(title="A/B: base -> variant, graph replay per launch (us), interleaved, "
-                    "order 1 base first, order 2 variant first")
-    for col in ("dir", "config", "bucket", "tokens", "base", "variant", "order 1 us",
-                "order 2 us", "delta 1", "delta 2", "noise", "decision"):
+def _orders_table(title: str, rows, columns: tuple[str, str, str], other, extra) -> Table:
+    """Rows of base -> other (us per launch) in both orders: the A/B and the sweep tables.
+
+    ``columns`` names the base, the other and the extra column; ``other(r)`` is ``(name,
+    (us order 1, us order 2))`` and ``extra(r)`` the extra cell."""
+    base_col, other_col, extra_col = columns
+    t = Table(title=title)
+    for col in ("dir", "config", "bucket", "tokens", base_col, other_col, "order 1 us",
+                "order 2 us", "delta 1", "delta 2", extra_col, "decision"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r.direction, r.config, r.bucket, str(r.tokens), r.base, r.variant,
-                  f"{r.base_us[0]:.2f} -> {r.variant_us[0]:.2f}",
-                  f"{r.base_us[1]:.2f} -> {r.variant_us[1]:.2f}",
-                  f"{100 * r.delta(0):+.1f}%", f"{100 * r.delta(1):+.1f}%",
-                  f"{100 * r.noise:.1f}%", r.decision)
+        name, us = other(r)
+        t.add_row(r.direction, r.config, r.bucket, str(r.tokens), r.base, name,
+                  f"{r.base_us[0]:.2f} -> {us[0]:.2f}", f"{r.base_us[1]:.2f} -> {us[1]:.2f}",
+                  f"{100 * r.delta(0):+.1f}%", f"{100 * r.delta(1):+.1f}%", extra(r),
+                  r.decision)
     return t
+
+
+def _ab_table(rows) -> Table:
+    return _orders_table("A/B: base -> variant, graph replay per launch (us), interleaved, "
+                         "order 1 base first, order 2 variant first", rows,
+                         ("base", "variant", "noise"), lambda r: (r.variant, r.variant_us),
+                         lambda r: f"{100 * r.noise:.1f}%")
 
 
 def _sweep_table(rows) -> Table:
-    t = Table(title="schedule sweep per bucket: fastest candidate passing G2, then an interleaved "
-                    "A/B (both orders) against the shipped table entry; graph replay us/launch")
-    for col in ("dir", "config", "bucket", "tokens", "table entry", "best", "order 1 us",
-                "order 2 us", "delta 1", "delta 2", "tried", "decision"):
-        t.add_column(col)
-    for r in rows:
-        ok = sum(1 for c in r.candidates if c.ok)
-        t.add_row(r.direction, r.config, r.bucket, str(r.tokens), r.base, r.best,
-                  f"{r.base_us[0]:.2f} -> {r.best_us[0]:.2f}",
-                  f"{r.base_us[1]:.2f} -> {r.best_us[1]:.2f}",
-                  f"{100 * r.delta(0):+.1f}%", f"{100 * r.delta(1):+.1f}%",
-                  f"{ok}/{len(r.candidates)}", r.decision)
-    return t
+    return _orders_table("schedule sweep per bucket: fastest candidate passing G2, then an "
+                         "interleaved A/B (both orders) against the shipped table entry; graph "
+                         "replay us/launch", rows, ("table entry", "best", "tried"),
+                         lambda r: (r.best, r.best_us),
+                         lambda r: f"{sum(1 for c in r.candidates if c.ok)}/{len(r.candidates)}")
 
 
 def _sweep_json(rows) -> list[dict]:
