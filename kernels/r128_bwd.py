@@ -222,7 +222,8 @@ class R128Bwd(R128Geometry):
                 self._gradients(m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rM, rDen,
                                 rSp, rGo, rK, rS)
                 if bb + 1 == mCuc[seg + 1]:  # the segment's last block
-                    # regwin re-derives the block's first token (nothing held across passes).
+                    # regwin re-derives the block's first token and re-reads cu[s+1] here (its
+                    # register budget); staged holds both from the row's start.
                     first = (tok_row0 - k0 + (COFF - 1) * RATIO
                              if cutlass.const_expr(self.regwin) else tok0)
                     if cutlass.const_expr(COFF == 2):
