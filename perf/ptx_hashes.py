@@ -1,11 +1,12 @@
 """The PTX hash of every kernel: ``python -m csagate.perf.ptx_hashes OUT.json [PTX_DIR]``.
 
-Compiles (no GPU needed) every table kernel of every arch, ratio 4 and 128, plus the tuning
-variants of ``csagate.perf.variants``, and writes ``{"<kind>_c<coff>d<d>_<tag>@<arch>":
-sha256[:16]}``. Before hashing, comment lines (paths, tool versions) are dropped and the
-entry symbols are renamed by position: a symbol embeds the Python module path and the kernel
-function's name, which say nothing about the code. A refactor that should not change the
-kernels compares two of these files; with PTX_DIR the normalized PTX is written too, to diff.
+Compiles (no GPU needed) every table kernel of every build target (``schedule.ARCHES``), ratio
+4 and 128, plus the tuning variants of ``csagate.perf.variants``, and writes
+``{"<kind>_c<coff>d<d>_<tag>@<arch>": sha256[:16]}``. Before hashing, comment lines (paths,
+tool versions) are dropped and the entry symbols are renamed by position: a symbol embeds the
+Python module path and the kernel function's name, which say nothing about the code. A
+refactor that should not change the kernels compares two of these files; with PTX_DIR the
+normalized PTX is written too, to diff.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import json
 import re
 import sys
 from pathlib import Path
-
-HASH_ARCHES = ("sm_90a", "sm_100a")
 
 
 def normalize(ptx: str) -> str:
@@ -41,12 +40,14 @@ def name_of(key) -> str:
     return f"{key.kind}_{key.config}_{key.schedule.tag}@{key.arch}"
 
 
-def hashes(arches=HASH_ARCHES, ptx_dir: Path | None = None) -> dict[str, str]:
+def hashes(arches=None, ptx_dir: Path | None = None) -> dict[str, str]:
+    """``{name: sha256[:16]}`` of every kernel of ``arches`` (default: every build target)."""
     from csagate.kernels._dsl import ptx_of
     from csagate.kernels.cache import compile_key
+    from csagate.kernels.schedule import ARCHES
 
     out = {}
-    for arch in arches:
+    for arch in arches or ARCHES:
         for key in kernel_keys(arch):
             ptx = ptx_of(compile_key(key))
             if ptx is None:
