@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-ARCHES = ("sm_90a", "sm_100a")
+from csagate.kernels.schedule import ARCHES  # the build targets, with their tables
 
 
 def cache_root() -> Path:
@@ -73,11 +73,20 @@ def dsl_version() -> str:
 
 
 def device_arch(device_index: int | None = None) -> str:
-    """The build target of a CUDA device: ``sm_90a`` for an H200, ``sm_100a`` for a B200."""
+    """The build target of a CUDA device: ``sm_90a`` for an H200, ``sm_100a`` for a B200,
+    ``sm_103a`` for a B300."""
     import torch
 
     major, minor = torch.cuda.get_device_capability(device_index)
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: device properties are static)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def compile_for(arch: str, jit_fn, *args):

@@ -26,21 +26,14 @@ import functools
 import warnings
 
 import torch
-from csagate.kernels import schedule as sched_tables
-from csagate.kernels.cache import (
-    CACHE,
-    R4_COFFS,
-    R4_HEAD_DIMS,
-    BuildRecord,
-    KernelKey,
-    keys_for,
-    make_key,
-    r4_schedule,
-)
+from csagate.kernels import registry
+from csagate.kernels.cache import CACHE, BuildRecord
+from csagate.kernels.registry import COFFS, RATIOS, KernelKey, keys_for, make_key
+from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_FWD_THREADS_WIDE
 
-RATIOS = (4, 128)
-COFFS = (1, 2)
-MAX_HEAD_DIM = 128 * 65535  # the forward's gridDim.y bound at 128 threads and vec=1
+__all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support", "forward",
+           "kernel_for", "run_backward", "run_forward"]
+MAX_HEAD_DIM = R4_FWD_THREADS_WIDE * MAX_GRID_Y  # the forward's gridDim.y bound at vec=1
 INT32_LIMIT = 2**31
 # Base-pointer alignment the launchers promise the compiler (vector accesses need 16 B).
 ALIGN_BYTES = {torch.bfloat16: 16, torch.float32: 16, torch.int32: 4}
@@ -99,15 +92,14 @@ def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, 
         n_rows = out_or_grad_out.shape[0]
 
     if d > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {d} exceeds 128*65535 = {MAX_HEAD_DIM} (forward gridDim.y)")
+        raise ValueError(f"head_dim {d} exceeds {R4_FWD_THREADS_WIDE}*{MAX_GRID_Y} = "
+                         f"{MAX_HEAD_DIM} (forward gridDim.y)")
     for what, size in (("T*coff*head_dim (kv/score)", n_tokens * width),
                        ("ratio*coff*head_dim (ape)", ratio * width),
                        (f"N*head_dim ({out_name})", (n_rows or 0) * d)):
         if size >= INT32_LIMIT:
             raise ValueError(f"{what} = {size} does not fit int32 flat offsets (< 2^31)")
-    if ratio == 128 and d not in sched_tables.HEAD_DIMS:
-        raise ValueError(f"ratio=128 is validated for head_dim in {sched_tables.HEAD_DIMS}, "
-                         f"got head_dim={d}")
+    registry.family(ratio, "fwd").check_head_dim(d)
     if n_rows and n_tokens < ratio:
         raise ValueError(f"N={n_rows} > 0 requires at least ratio={ratio} tokens in kv, "
                          f"got T={n_tokens}")
@@ -122,9 +114,7 @@ def _check_ratio_coff(ratio: int, coff: int) -> None:
     if ratio not in RATIOS:
         raise ValueError(f"kernels are validated for ratio in {{4, 128}} only, got {ratio}")
     if coff not in COFFS:
-        if ratio == 128:
-            raise ValueError(f"ratio=128 supports coff in {COFFS}, got coff={coff}")
-        raise ValueError(f"ratio={ratio} requires coff in {COFFS}, got coff={coff}")
+        raise ValueError(f"ratio={ratio} supports coff in {COFFS}, got coff={coff}")
 
 
 def _check_devices(named: dict) -> None:
@@ -184,20 +174,14 @@ def _check_launchable(tensors: dict, stream) -> torch.device:
 
 @functools.cache
 def _device_arch(index: int) -> str:
-    from csagate.kernels._dsl import ARCHES, device_arch
+    from csagate.kernels._dsl import device_arch
 
     arch = device_arch(index)
     if arch not in ARCHES:
         cc = torch.cuda.get_device_capability(index)
         raise RuntimeError(f"cuda:{index} has compute capability {cc[0]}.{cc[1]} ({arch}); the "
-                           f"kernels build for {', '.join(ARCHES)} (H200, B200)")
+                           f"kernels build for {', '.join(ARCHES)} (H200, B200, B300)")
     return arch
-
-
-@functools.cache
-def sm_count(index: int) -> int:
-    """Streaming multiprocessors of a device (cached: device properties are static)."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _check_deterministic() -> None:
@@ -218,19 +202,13 @@ def _check_deterministic() -> None:
 def kernel_for(direction: str, ratio: int, coff: int, d: int, n_rows: int, arch: str
                ) -> KernelKey | None:
     """The kernel a call would launch (no compile); None for N == 0 (nothing launches)."""
-    if direction not in ("fwd", "bwd"):
-        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    family = registry.family(ratio, direction)
     _check_ratio_coff(ratio, coff)
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
     if n_rows == 0:
         return None
-    if ratio == 128:
-        select = sched_tables.select_fwd if direction == "fwd" else sched_tables.select_bwd
-        sched = select(coff, d, n_rows, arch)
-    else:
-        sched = r4_schedule(direction, d)
-    return make_key(direction, ratio, coff, d, sched, arch)
+    return make_key(direction, ratio, coff, d, family.select(coff, d, n_rows, arch), arch)
 
 
 def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
@@ -242,8 +220,6 @@ def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
     device, they are also loaded onto it, so a later CUDA-graph capture does no loading.
     ``progress(record, i, n)`` is called after each kernel.
     """
-    from csagate.kernels._dsl import ARCHES
-
     if coff is not None:
         _check_ratio_coff(ratio, coff)
     if arch is not None and arch not in ARCHES:
@@ -260,23 +236,14 @@ def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
             except RuntimeError:  # a GPU we do not build for: cross-compiling is still fine
                 load_on = None
     if arch is None:
-        raise RuntimeError("no CUDA device to take the arch from: pass arch='sm_90a' or "
-                           "arch='sm_100a'")
+        raise RuntimeError("no CUDA device to take the arch from: pass arch= one of "
+                           f"{', '.join(ARCHES)}")
     if n_rows is None:
         keys = keys_for(ratio, arch, coff=coff, d=d)
     else:
-        if ratio == 128:
-            configs = [(c, hd) for c, hd in sched_tables.CONFIGS
-                       if (coff is None or c == coff) and (d is None or hd == d)]
-            if d is not None and not configs:
-                raise ValueError(f"ratio=128 is validated for head_dim in "
-                                 f"{sched_tables.HEAD_DIMS}, got {d}")
-        else:
-            configs = [(c, hd) for c in (R4_COFFS if coff is None else (coff,))
-                       for hd in (R4_HEAD_DIMS if d is None else (d,))]
         keys = []
-        for c, hd in configs:
-            for direction in ("fwd", "bwd"):
+        for c, hd in registry.family(ratio, "fwd").configs(coff, d):
+            for direction in registry.DIRECTIONS:
                 key = kernel_for(direction, ratio, c, hd, n_rows, arch)
                 if key is not None and key not in keys:
                     keys.append(key)
@@ -313,22 +280,20 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
     n_rows, d = out.shape
     if n_rows == 0:
         return None
+    return _launch("fwd", ratio, coff, d, n_rows, device, stream, tensors,
+                   kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out)
+
+
+def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, stream,
+            tensors: dict, **launch_args) -> KernelKey:
+    """Dispatch, load onto ``device`` and launch on ``stream`` (or the current one)."""
     with torch.cuda.device(device):
         stream = _launch_stream(device, stream)
-        key = kernel_for("fwd", ratio, coff, d, n_rows, _device_arch(device.index))
+        key = kernel_for(direction, ratio, coff, d, n_rows, _device_arch(device.index))
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
             fn = CACHE.executor(key, device.index)
         _keep_alive(stream, device, tensors.values())
-        if ratio == 4:
-            from csagate.kernels import r4
-
-            r4.launch_fwd(fn, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out,
-                          stream=stream)
-        else:
-            from csagate.kernels import r128_fwd
-
-            r128_fwd.launch_fwd(fn, sched=key.schedule, kv=kv, score=score, ape=ape, cu=cu,
-                                cuc=cuc, out=out, stream=stream)
+        key.family.launch(fn, key, **launch_args, stream=stream)
     return key
 
 
@@ -352,7 +317,7 @@ def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio
                   out_name="grad_out")
     _check_grad_buffers(kv, ape, dkv, dscore, dape)
     if rows_per_cta is not None:
-        if ratio != 128:
+        if not registry.family(ratio, "bwd").takes_rows_per_cta:
             raise ValueError(f"rows_per_cta is a ratio=128 launch parameter (ratio={ratio})")
         if int(rows_per_cta) < 1:
             raise ValueError(f"rows_per_cta must be >= 1, got {rows_per_cta}")
@@ -362,27 +327,11 @@ def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio
     n_rows, d = grad_out.shape
     if n_rows == 0:
         return None
-    with torch.cuda.device(device):
-        stream = _launch_stream(device, stream)
-        key = kernel_for("bwd", ratio, coff, d, n_rows, _device_arch(device.index))
-        with torch.cuda.stream(stream):
-            fn = CACHE.executor(key, device.index)
-        _keep_alive(stream, device, tensors.values())
-        if ratio == 4:
-            from csagate.kernels import r4
-
-            r4.launch_bwd(fn, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=grad_out,
-                          dkv=dkv, dscore=dscore, dape=dape, stream=stream)
-        else:
-            from csagate.kernels import r128_bwd
-
-            if rows_per_cta is None:
-                rows_per_cta = sched_tables.rows_per_cta(n_rows, d, coff, key.schedule,
-                                                         sm_count(device.index))
-            r128_bwd.launch_bwd(fn, sched=key.schedule, kv=kv, score=score, ape=ape, cu=cu,
-                                cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape,
-                                rows_per_cta=int(rows_per_cta), stream=stream)
-    return key
+    # rows_per_cta None: the launch derives it (schedule.rows_per_cta, the device's SMs).
+    extra = {"rows_per_cta": rows_per_cta} if rows_per_cta is not None else {}
+    return _launch("bwd", ratio, coff, d, n_rows, device, stream, tensors, kv=kv, score=score,
+                   ape=ape, cu=cu, cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore,
+                   dape=dape, **extra)
 
 
 def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,
@@ -429,54 +378,3 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
     _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio, coff=coff,
                   rows_per_cta=None, stream=stream)
     return dkv, dscore, dape
-
-
-def schedule_launcher(direction: str, pack, grad_out, sched):
-    """A zero-argument launcher of one ratio=128 schedule on ``pack``, bypassing dispatch.
-
-    For A/B benchmarks of schedule fields: validates and compiles now (eagerly, so the
-    launcher can be captured), allocates the output buffers once, and launches on the
-    current stream at each call. The backward keeps accumulating into its dape buffer.
-    The buffers are on the launcher as ``.buffers``: ``(out,)`` or ``(dkv, dscore, dape)``.
-    """
-    if direction not in ("fwd", "bwd"):
-        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
-    if pack.ratio != 128:
-        raise ValueError(f"schedule_launcher runs ratio=128 schedules, got ratio={pack.ratio}")
-    problems = sched_tables.config_problems(pack.coff, pack.d, sched)
-    if problems:
-        raise ValueError(f"schedule {sched} cannot serve c{pack.coff}d{pack.d}: "
-                         + "; ".join(problems))
-    _require_cuda()
-    kv, score, ape, cu, cuc = pack.inputs()
-    check_support(kv, score, ape, cu, cuc, grad_out, ratio=128, coff=pack.coff,
-                  out_name="grad_out")
-    device = _check_launchable({"kv": kv, "grad_out": grad_out}, None)
-    key = make_key(direction, 128, pack.coff, pack.d, sched, _device_arch(device.index))
-    with torch.cuda.device(device):
-        fn = CACHE.executor(key, device.index)
-    n_rows = grad_out.shape[0]
-    if direction == "fwd":
-        from csagate.kernels import r128_fwd
-
-        out = torch.empty_like(grad_out)
-
-        def launch() -> None:
-            with torch.cuda.device(device):
-                r128_fwd.launch_fwd(fn, sched=sched, kv=kv, score=score, ape=ape, cu=cu,
-                                    cuc=cuc, out=out, stream=torch.cuda.current_stream(device))
-        launch.buffers = (out,)
-        return launch
-
-    from csagate.kernels import r128_bwd
-
-    dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
-    rows = sched_tables.rows_per_cta(n_rows, pack.d, pack.coff, sched, sm_count(device.index))
-
-    def launch() -> None:
-        with torch.cuda.device(device):
-            r128_bwd.launch_bwd(fn, sched=sched, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
-                                grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape,
-                                rows_per_cta=rows, stream=torch.cuda.current_stream(device))
-    launch.buffers = (dkv, dscore, dape)
-    return launch

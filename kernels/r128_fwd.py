@@ -62,61 +62,48 @@ Known caveats (docs/CONTRACT.md section 6):
 from __future__ import annotations
 
 from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
-from csagate.kernels.schedule import RATIO, FwdSchedule, config_problems
+from csagate.kernels.device import (
+    F32,
+    I32,
+    add_rn,
+    exp_exact,
+    exp_of,
+    fma_rn,
+    mul_rn,
+    segment_scan,
+    stream_of,
+)
+from csagate.kernels.schedule import (
+    PREFETCH_RING_MAX,
+    RATIO,
+    FwdSchedule,
+    R128Geometry,
+    config_problems,
+)
 
 cutlass, cute = cute_modules()
 import cuda.bindings.driver as cuda  # noqa: E402  (after the DSL environment is prepared)
-
-F32 = cutlass.Float32
-I32 = cutlass.Int32
-RN = cute.math.RoundingMode.NEAREST_EVEN
-
-L2E_HI = 1.4426950216293335  # 0x3FB8AA3B: the fp32 nearest to log2(e)
-L2E_LO = 1.925963033500011e-08  # 0x32A57060: the fp32 of log2(e) - L2E_HI
 
 # Base-pointer alignment promised to the compiler (bytes); the host API checks it.
 ALIGN = {"kv": 16, "score": 16, "ape": 16, "cu": 4, "cuc": 4, "out": 16}
 
 
-def exp_fast(x):
-    """exp(x) = 2^(x*log2 e): pinned mul.rn + fma.rn, then ex2.approx.ftz (+0 at -inf)."""
-    y = cute.math.fma(x, F32(L2E_LO), cute.math.mul(x, F32(L2E_HI), rounding=RN), rounding=RN)
-    return cute.math.exp2(y, approx=True, ftz=True)
-
-
-def exp_exact(x):
-    return cute.math.exp(x)
-
-
-# Largest prefetch ring, in slots x columns: ptxas keeps up to two groups of raw loads live
-# (about 4 registers per column-slot). 16 (v2u8, v4u4, v8u2) stays near 128 registers; 32
-# (v4u8, v8u4) takes 150-200 and ptxas spills to reach an occupancy step (v8u8: 255 + spills).
-RING_MAX = 16
-
-
-class R128FwdKernel:
+class R128FwdKernel(R128Geometry):
     """The forward for one (d, coff, schedule); every field is compile-time."""
 
     def __init__(self, d: int, coff: int, sched: FwdSchedule):
         problems = config_problems(coff, d, sched)
         if problems:
             raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: " + "; ".join(problems))
-        self.d = d
-        self.coff = coff
-        self.vec = sched.vec
-        self.tchunks = sched.tchunks
-        self.threads_x = sched.threads_x
+        super().__init__(d, coff, sched)
         self.twophase = sched.twophase
         self.fastexp = sched.fastexp
-        self.width = coff * d  # W: row width of kv, score, ape
-        self.chunk = coff * RATIO // sched.tchunks  # C: window slots per thread
-        self.ncols = d // sched.vec  # column groups of a row
-        self.gy = -(-self.ncols // sched.threads_x)
         self.unroll = min(sched.unroll, self.chunk)  # slots per unrolled group (divides C)
         self.prefetch = sched.prefetch
-        if self.prefetch and self.unroll * sched.vec > RING_MAX:
+        if self.prefetch and self.unroll * sched.vec > PREFETCH_RING_MAX:
             raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: a prefetch ring of "
-                             f"{self.unroll}x{sched.vec} columns exceeds {RING_MAX} (spills)")
+                             f"{self.unroll}x{sched.vec} columns exceeds {PREFETCH_RING_MAX} "
+                             "(spills)")
         self.oneexp = sched.oneexp
         # vec=8 declares .maxntid instead of .reqntid: under .reqntid ptxas 13.x spills 4 bytes
         # at 72 registers on the vec=8 online fast-exp loop; .maxntid gives 72 and no spill.
@@ -151,10 +138,7 @@ class R128FwdKernel:
         col = by * TX + tx
 
         # Segment of row b: the last s with cuc[s] <= b (empty segments are passed over).
-        seg = I32(0)
-        for s in cutlass.range(1, n_seq, unroll=1):
-            if mCuc[s] <= b:
-                seg = s
+        seg = segment_scan(mCuc, b, 1, n_seq, 0, 1)
         blk = b - mCuc[seg]
         tok0 = mCu[seg] + blk * RATIO
         if b >= mCuc[n_seq]:  # capacity padding row: a first block at token 0
@@ -208,26 +192,30 @@ class R128FwdKernel:
     @cute.jit
     def chunk_online(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                      st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        VEC = self.vec
         for kk in cutlass.range(self.chunk, unroll=self.unroll):
-            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            sv, uv, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                       True)
             self.online_step(st, sv, uv, av)
 
     @cute.jit
     def chunk_twophase(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                        st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        VEC = self.vec
         for kk in cutlass.range(self.chunk, unroll=self.unroll):  # pass A: exact chunk max
-            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            sv, _, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                      False)
             self.max_step(st, sv, av)
         for kk in cutlass.range(self.chunk, unroll=self.unroll):  # pass B: ascending sums
-            sv = cute.local_tile(mScore, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            uv = cute.local_tile(mKV, (1, VEC), (tok_start + kk, cblk)).load().to(F32)
-            av = cute.local_tile(mApe, (1, VEC), (ape_row0 + kk, cblk)).load()
+            sv, uv, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                       True)
             self.sum_step(st, sv, uv, av)
+
+    def slot_f32(self, mKV, mScore, mApe, tok, ape_row, cblk, with_kv):
+        """One window slot's loads as fp32: score, kv (None without kv), APE."""
+        VEC = self.vec
+        sv = cute.local_tile(mScore, (1, VEC), (tok, cblk)).load().to(F32)
+        uv = cute.local_tile(mKV, (1, VEC), (tok, cblk)).load().to(F32) if with_kv else None
+        av = cute.local_tile(mApe, (1, VEC), (ape_row, cblk)).load()
+        return sv, uv, av
 
     @cute.jit
     def chunk_prefetch(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
@@ -311,22 +299,21 @@ class R128FwdKernel:
                 t = self.exp_loop(-cute.math.abs(s - st[0, j]))
                 e = t
                 if s > st[0, j]:
-                    st[1, j] = cute.math.mul(st[1, j], t, rounding=RN)
-                    st[2, j] = cute.math.mul(st[2, j], t, rounding=RN)
+                    st[1, j] = mul_rn(st[1, j], t)
+                    st[2, j] = mul_rn(st[2, j], t)
                     st[0, j] = s
-                    e = cute.math.add(F32(1.0), cute.math.add(s, -s, rounding=RN),
-                                      rounding=RN)
-                st[1, j] = cute.math.add(st[1, j], e, rounding=RN)
-                st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
+                    e = add_rn(F32(1.0), add_rn(s, -s))
+                st[1, j] = add_rn(st[1, j], e)
+                st[2, j] = fma_rn(uv[j], e, st[2, j])
             else:
                 if s > st[0, j]:  # strict: rescale to the new max (exp(-inf) = 0 at first)
                     scale = self.exp_loop(st[0, j] - s)
-                    st[1, j] = cute.math.mul(st[1, j], scale, rounding=RN)
-                    st[2, j] = cute.math.mul(st[2, j], scale, rounding=RN)
+                    st[1, j] = mul_rn(st[1, j], scale)
+                    st[2, j] = mul_rn(st[2, j], scale)
                     st[0, j] = s
                 e = self.exp_loop(s - st[0, j])
-                st[1, j] = cute.math.add(st[1, j], e, rounding=RN)
-                st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
+                st[1, j] = add_rn(st[1, j], e)
+                st[2, j] = fma_rn(uv[j], e, st[2, j])
 
     @cute.jit
     def max_step(self, st: cute.Tensor, sv, av):
@@ -341,8 +328,8 @@ class R128FwdKernel:
         """One slot of two-phase pass B: ascending den/acc sums at the chunk max."""
         for j in cutlass.range_constexpr(self.vec):
             e = self.exp_loop(sv[j] + av[j] - st[0, j])
-            st[1, j] = cute.math.add(st[1, j], e, rounding=RN)
-            st[2, j] = cute.math.fma(uv[j], e, st[2, j], rounding=RN)
+            st[1, j] = add_rn(st[1, j], e)
+            st[2, j] = fma_rn(uv[j], e, st[2, j])
 
     @cute.jit
     def merge_store(self, sM: cute.Tensor, sD: cute.Tensor, sA: cute.Tensor, st: cute.Tensor,
@@ -359,10 +346,8 @@ class R128FwdKernel:
                     mn = cute.arch.fmax(st[0, j], m_t)
                     s1 = exp_exact(st[0, j] - mn)
                     s2 = exp_exact(m_t - mn)
-                    st[1, j] = cute.math.fma(st[1, j], s1, cute.math.mul(den_t, s2, rounding=RN),
-                                             rounding=RN)
-                    st[2, j] = cute.math.fma(st[2, j], s1, cute.math.mul(acc_t, s2, rounding=RN),
-                                             rounding=RN)
+                    st[1, j] = fma_rn(st[1, j], s1, mul_rn(den_t, s2))
+                    st[2, j] = fma_rn(st[2, j], s1, mul_rn(acc_t, s2))
                     st[0, j] = mn
         res = cute.make_rmem_tensor((1, VEC), F32)
         for j in cutlass.range_constexpr(VEC):
@@ -370,7 +355,7 @@ class R128FwdKernel:
         cute.local_tile(mOut, (1, VEC), (b, col)).store(res.load().to(cutlass.BFloat16))
 
     def exp_loop(self, x):
-        return exp_fast(x) if self.fastexp else exp_exact(x)
+        return exp_of(x, self.fastexp)
 
 
 def _placeholder_args():
@@ -403,4 +388,4 @@ def launch_fwd(fn, *, sched: FwdSchedule, kv, score, ape, cu, cuc, out, stream) 
        gmem_ptr(I32, cu.data_ptr(), ALIGN["cu"]),
        gmem_ptr(I32, cuc.data_ptr(), ALIGN["cuc"]),
        gmem_ptr(BF16, out.data_ptr(), ALIGN["out"]),
-       I32(kv.shape[0]), I32(n_rows), I32(cu.shape[0] - 1), stream_arg(stream))
+       I32(kv.shape[0]), I32(n_rows), I32(cu.shape[0] - 1), stream_of(stream, kv.device))

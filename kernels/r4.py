@@ -25,77 +25,50 @@ of a row is found on the device by a binary search over ``cuc`` (no host sync).
 
 from __future__ import annotations
 
+import functools
+
 import cuda.bindings.driver as cuda
 from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
+from csagate.kernels.device import (
+    BF16,
+    F32,
+    I32,
+    NEG_INF,
+    add_rn,
+    fma_rn,
+    mul_rn,
+    red_add_f32,
+    segment_bits,
+    segment_search,
+    stream_of,
+    zero_padding_tokens,
+    zero_short_segments,
+)
+from csagate.kernels.schedule import (
+    R4_BWD_ROWS,
+    R4_BWD_THREADS,
+    R4_RATIO,
+    r4_fwd_grid_y,
+    r4_fwd_schedule,
+)
 
 cutlass, cute = cute_modules()
-
-RATIO = 4
-FWD_THREADS = 64  # threads per forward CTA when d/vec >= 64
-FWD_THREADS_WIDE = 128  # used when 64 threads would need gridDim.y > MAX_GRID_Y
-MAX_GRID_Y = 65535
-BWD_ROWS = 8  # rows per backward CTA (compile-time)
-BWD_THREADS = 128  # one thread per head-dim column
-
-F32 = cutlass.Float32
-BF16 = cutlass.BFloat16
-I32 = cutlass.Int32
-RN = cute.math.RoundingMode.NEAREST_EVEN
-NEG_INF = -cutlass.Float32.inf
-
-
-def fwd_schedule(d: int) -> tuple[int, int]:
-    """Forward ``(vec, threads)``: vec columns per thread, threads per CTA (grid.y <= 65535)."""
-    vec = 2 if d % 2 == 0 else 1
-    groups = d // vec
-    threads = FWD_THREADS if groups >= FWD_THREADS else groups
-    if -(-groups // threads) > MAX_GRID_Y:
-        threads = FWD_THREADS_WIDE
-    return vec, threads
-
-
-def fwd_grid_y(d: int) -> int:
-    vec, threads = fwd_schedule(d)
-    return -(-(d // vec) // threads)
-
-
-def segment_bits(n_seq: int) -> int:
-    """Binary-search steps over cuc[0..n_seq]: ceil(log2(n_seq + 1)) == n_seq.bit_length()."""
-    return n_seq.bit_length()
-
 
 # ----------------------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------------------
 
 
-@cute.jit
-def _segment_of(mCuc: cute.Tensor, row, n_seq, seg_bits):
-    """The largest s in [0, n_seq] with cuc[s] <= row (cuc is non-decreasing, cuc[0] = 0).
-
-    For row < cuc[n_seq] this is the segment holding the row, skipping empty segments
-    (cuc[s] == cuc[s+1]); for a capacity padding row (row >= cuc[n_seq]) it is n_seq.
-    Binary lifting: try the steps 2^(seg_bits-1), ..., 2, 1 in turn.
-    """
-    seg = I32(0)
-    for it in cutlass.range(seg_bits, unroll=1):
-        nxt = seg + (I32(1) << (seg_bits - 1 - it))
-        if nxt <= n_seq:
-            if mCuc[nxt] <= row:
-                seg = nxt
-    return seg
-
-
 def _window_slot(k: int, coff: int, d: int):
     """Static placement of window position k: (token offset from tok0, column offset, APE row).
 
-    coff=1: token tok0+k, columns [0, d). coff=2: k < RATIO is the previous block (token
-    tok0-RATIO+k, columns [0, d)), k >= RATIO the own block (token tok0+k-RATIO, columns
-    [d, 2d)); both use APE row k mod RATIO and the same column offset as kv/score.
+    coff=1: token tok0+k, columns [0, d). coff=2: k < R4_RATIO is the previous block (token
+    tok0-R4_RATIO+k, columns [0, d)), k >= R4_RATIO the own block (token tok0+k-R4_RATIO, columns
+    [d, 2d)); both use APE row k mod R4_RATIO and the same column offset as kv/score.
     """
     if coff == 1:
         return k, 0, k
-    return k - RATIO, (d if k >= RATIO else 0), k % RATIO
+    return k - R4_RATIO, (d if k >= R4_RATIO else 0), k % R4_RATIO
 
 
 # ----------------------------------------------------------------------------------------
@@ -109,7 +82,7 @@ def _fwd_load(mKV, mS, mApe, rS, rU, k, tok, ctile, ape_row, vec):
     uv = cute.local_tile(mKV, (1, vec), (tok, ctile)).load().to(F32)
     av = cute.local_tile(mApe, (1, vec), (ape_row, ctile)).load()
     for e in range(vec):
-        rS[k, e] = cute.math.add(sv[e], av[e], rounding=RN)
+        rS[k, e] = add_rn(sv[e], av[e])
         rU[k, e] = uv[e]
 
 
@@ -125,28 +98,28 @@ def _fwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                 mCuc: cute.Tensor, mOut: cute.Tensor, n_seq: I32, seg_bits: I32,
                 D: cutlass.Constexpr, COFF: cutlass.Constexpr, VEC: cutlass.Constexpr,
                 THREADS: cutlass.Constexpr):
-    WIN = COFF * RATIO
+    WIN = COFF * R4_RATIO
     tx, _, _ = cute.arch.thread_idx()
     row, by, _ = cute.arch.block_idx()
     col = by * THREADS + tx  # this thread's column group: columns [col*VEC, col*VEC+VEC)
     if col < D // VEC:
-        seg = _segment_of(mCuc, row, n_seq, seg_bits)
+        seg = segment_search(mCuc, row, n_seq, seg_bits)
         blk = I32(0)  # block index in the segment; capacity padding rows: a first block
         tok0 = I32(0)  # at token 0
         if seg < n_seq:
             blk = row - mCuc[seg]
-            tok0 = mCu[seg] + blk * RATIO
+            tok0 = mCu[seg] + blk * R4_RATIO
 
         rS = cute.make_rmem_tensor((WIN, VEC), F32)
         rU = cute.make_rmem_tensor((WIN, VEC), F32)
         if cutlass.const_expr(COFF == 2):
             if blk > 0:
-                for k in cutlass.range_constexpr(RATIO):
-                    _fwd_load(mKV, mS, mApe, rS, rU, k, tok0 - RATIO + k, col, k, VEC)
+                for k in cutlass.range_constexpr(R4_RATIO):
+                    _fwd_load(mKV, mS, mApe, rS, rU, k, tok0 - R4_RATIO + k, col, k, VEC)
             else:
-                for k in cutlass.range_constexpr(RATIO):
+                for k in cutlass.range_constexpr(R4_RATIO):
                     _fwd_invalid(rS, rU, k, VEC)
-        for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+        for k in cutlass.range_constexpr(WIN - R4_RATIO, WIN):
             tok_off, col_off, ape_row = _window_slot(k, COFF, D)
             _fwd_load(mKV, mS, mApe, rS, rU, k, tok0 + tok_off, col + col_off // VEC, ape_row,
                       VEC)
@@ -161,12 +134,11 @@ def _fwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
             for k in cutlass.range_constexpr(WIN):
                 ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
                 rS[k, e] = ek
-                den = cute.math.add(den, ek, rounding=RN)
+                den = add_rn(den, ek)
             acc = F32(0.0)
             for k in cutlass.range_constexpr(WIN):
                 pk = rS[k, e] / den
-                acc = cute.math.add(acc, cute.math.mul(rU[k, e], pk, rounding=RN),
-                                    rounding=RN)
+                acc = add_rn(acc, mul_rn(rU[k, e], pk))
             rOut[0, e] = acc
         cute.local_tile(mOut, (1, VEC), (row, col)).store(rOut.load().to(BF16))
 
@@ -177,20 +149,20 @@ def _fwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute
               seg_bits: I32, stream: cuda.CUstream,
               D: cutlass.Constexpr, COFF: cutlass.Constexpr):
     W = COFF * D
-    vec, threads = fwd_schedule(D)
+    vec, threads = r4_fwd_schedule(D)
     rows = cute.make_layout((n_tok, W), stride=(W, 1))
     mKV = cute.make_tensor(kv, rows)
     mS = cute.make_tensor(score, rows)
-    mApe = cute.make_tensor(ape, cute.make_layout((RATIO, W), stride=(W, 1)))
+    mApe = cute.make_tensor(ape, cute.make_layout((R4_RATIO, W), stride=(W, 1)))
     mCu = cute.make_tensor(cu, cute.make_layout(n_seq + 1))
     mCuc = cute.make_tensor(cuc, cute.make_layout(n_seq + 1))
     mOut = cute.make_tensor(out, cute.make_layout((n_rows, D), stride=(D, 1)))
     _fwd_kernel(mKV, mS, mApe, mCu, mCuc, mOut, n_seq, seg_bits, D, COFF, vec, threads).launch(
-        grid=(n_rows, fwd_grid_y(D), 1), block=(threads, 1, 1), stream=stream)
+        grid=(n_rows, r4_fwd_grid_y(D), 1), block=(threads, 1, 1), stream=stream)
 
 
 # ----------------------------------------------------------------------------------------
-# Backward: one CTA per (BWD_ROWS rows, BWD_THREADS columns); one thread per column
+# Backward: one CTA per (R4_BWD_ROWS rows, R4_BWD_THREADS columns); one thread per column
 # ----------------------------------------------------------------------------------------
 
 
@@ -203,15 +175,15 @@ def _zero_token(mDKV, mDS, tok, j, d, coff):
 
 def _bwd_load(mKV, mS, rA, rS, rU, k, tok, c):
     """Window position k of column c: s = f32(score) + ape (hoisted in rA), u = f32(kv)."""
-    rS[k] = cute.math.add(mS[tok, c].to(F32), rA[k], rounding=RN)
+    rS[k] = add_rn(mS[tok, c].to(F32), rA[k])
     rU[k] = mKV[tok, c].to(F32)
 
 
 def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
     """dKV/dScore of window position k into slot (tok, c); dAPE partial += fp32 ds_k."""
     pk = rP[k]
-    ds = cute.math.fma(pk, -dot, rT[k], rounding=RN)
-    mDKV[tok, c] = cute.math.mul(go, pk, rounding=RN).to(BF16)
+    ds = fma_rn(pk, -dot, rT[k])
+    mDKV[tok, c] = mul_rn(go, pk).to(BF16)
     mDS[tok, c] = ds.to(BF16)
     rG[k] = rG[k] + ds
 
@@ -221,21 +193,17 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                 mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
                 mDApe: cute.Tensor, n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32,
                 D: cutlass.Constexpr, COFF: cutlass.Constexpr):
-    WIN = COFF * RATIO
+    WIN = COFF * R4_RATIO
     tx, _, _ = cute.arch.thread_idx()
     bx, by, _ = cute.arch.block_idx()
     gdx, _, _ = cute.arch.grid_dim()
-    j = by * BWD_THREADS + tx  # this thread's column in [0, d)
+    j = by * R4_BWD_THREADS + tx  # this thread's column in [0, d)
     if j < D:
-        # Zero class (c): segments without a block (len < ratio, empty included), all
-        # their tokens; segment s belongs to CTA column bx == s mod gridDim.x.
-        for s in cutlass.range(bx, n_seq, gdx, unroll=1):
-            if mCuc[s + 1] == mCuc[s]:
-                for tok in cutlass.range(mCu[s], mCu[s + 1], unroll=1):
-                    _zero_token(mDKV, mDS, tok, j, D, COFF)
-        # Zero class (d): token-capacity padding rows [cu[B], T), strided over gridDim.x.
-        for tok in cutlass.range(mCu[n_seq] + bx, n_tok, gdx, unroll=1):
-            _zero_token(mDKV, mDS, tok, j, D, COFF)
+        # Zero classes (c) and (d): segment s belongs to CTA column bx == s mod gridDim.x;
+        # token-capacity padding [cu[B], T) is strided over gridDim.x.
+        zero = functools.partial(_zero_token, mDKV, mDS, j=j, d=D, coff=COFF)
+        zero_short_segments(mCu, mCuc, n_seq, bx, gdx, 0, 1, zero, 1)
+        zero_padding_tokens(mCu[n_seq] + bx, n_tok, gdx, zero, 1)
 
         rA = cute.make_rmem_tensor((WIN,), F32)  # APE of this column, hoisted
         rG = cute.make_rmem_tensor((WIN,), F32)  # dAPE partials over this CTA's rows
@@ -247,22 +215,22 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
             rG[k] = F32(0.0)
 
         n_valid = cutlass.min(mCuc[n_seq], n_rows)  # capacity padding rows: ignored
-        for rr in cutlass.range(BWD_ROWS, unroll=1):
-            row = bx * BWD_ROWS + rr
+        for rr in cutlass.range(R4_BWD_ROWS, unroll=1):
+            row = bx * R4_BWD_ROWS + rr
             if row < n_valid:
-                seg = _segment_of(mCuc, row, n_seq, seg_bits)
+                seg = segment_search(mCuc, row, n_seq, seg_bits)
                 blk = row - mCuc[seg]
-                tok0 = mCu[seg] + blk * RATIO
+                tok0 = mCu[seg] + blk * R4_RATIO
                 has_prev = blk > 0
                 if cutlass.const_expr(COFF == 2):
                     if has_prev:
-                        for k in cutlass.range_constexpr(RATIO):
-                            _bwd_load(mKV, mS, rA, rS, rU, k, tok0 - RATIO + k, j)
+                        for k in cutlass.range_constexpr(R4_RATIO):
+                            _bwd_load(mKV, mS, rA, rS, rU, k, tok0 - R4_RATIO + k, j)
                     else:
-                        for k in cutlass.range_constexpr(RATIO):
+                        for k in cutlass.range_constexpr(R4_RATIO):
                             rS[k] = F32(NEG_INF)
                             rU[k] = F32(0.0)
-                for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+                for k in cutlass.range_constexpr(WIN - R4_RATIO, WIN):
                     tok_off, col_off, _ = _window_slot(k, COFF, D)
                     _bwd_load(mKV, mS, rA, rS, rU, k, tok0 + tok_off, j + col_off)
 
@@ -274,39 +242,38 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                 for k in cutlass.range_constexpr(WIN):
                     ek = cute.math.exp(rS[k] - mx)  # invalid: exp(-inf) = +0
                     rS[k] = ek
-                    den = cute.math.add(den, ek, rounding=RN)
+                    den = add_rn(den, ek)
                 go = mGo[row, j].to(F32)
                 dot = F32(0.0)  # S = sum_k t_k
                 for k in cutlass.range_constexpr(WIN):
                     pk = rS[k] / den
-                    tk = cute.math.mul(cute.math.mul(go, rU[k], rounding=RN), pk, rounding=RN)
+                    tk = mul_rn(mul_rn(go, rU[k]), pk)
                     rS[k] = pk
                     rU[k] = tk
-                    dot = cute.math.add(dot, tk, rounding=RN)
+                    dot = add_rn(dot, tk)
 
                 if cutlass.const_expr(COFF == 2):
                     if has_prev:
-                        for k in cutlass.range_constexpr(RATIO):
-                            _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 - RATIO + k, j)
-                for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+                        for k in cutlass.range_constexpr(R4_RATIO):
+                            _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 - R4_RATIO + k, j)
+                for k in cutlass.range_constexpr(WIN - R4_RATIO, WIN):
                     tok_off, col_off, _ = _window_slot(k, COFF, D)
                     _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 + tok_off, j + col_off)
 
                 if row + 1 == mCuc[seg + 1]:  # the segment's last block
                     if cutlass.const_expr(COFF == 2):
                         # Zero class (b): columns [0, d) of the last block's own tokens.
-                        for k in cutlass.range_constexpr(RATIO):
+                        for k in cutlass.range_constexpr(R4_RATIO):
                             mDKV[tok0 + k, j] = BF16(0.0)
                             mDS[tok0 + k, j] = BF16(0.0)
                     # Zero class (a): the tail tokens after the last block, all columns.
-                    for tok in cutlass.range(tok0 + RATIO, mCu[seg + 1], unroll=1):
+                    for tok in cutlass.range(tok0 + R4_RATIO, mCu[seg + 1], unroll=1):
                         _zero_token(mDKV, mDS, tok, j, D, COFF)
 
         # One fp32 atomic per (window position, column) per CTA.
         for k in cutlass.range_constexpr(WIN):
             _, col_off, ape_row = _window_slot(k, COFF, D)
-            ptr = mDApe.iterator + cute.crd2idx((ape_row, j + col_off), mDApe.layout)
-            cute.arch.red(ptr, rG[k], op="add", dtype=F32, sem="relaxed", scope="gpu")
+            red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
 
 
 @cute.jit
@@ -317,7 +284,7 @@ def _bwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute
               D: cutlass.Constexpr, COFF: cutlass.Constexpr):
     W = COFF * D
     rows = cute.make_layout((n_tok, W), stride=(W, 1))
-    ape_rows = cute.make_layout((RATIO, W), stride=(W, 1))
+    ape_rows = cute.make_layout((R4_RATIO, W), stride=(W, 1))
     mKV = cute.make_tensor(kv, rows)
     mS = cute.make_tensor(score, rows)
     mApe = cute.make_tensor(ape, ape_rows)
@@ -329,8 +296,8 @@ def _bwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute
     mDApe = cute.make_tensor(dape, ape_rows)
     _bwd_kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
                 seg_bits, D, COFF).launch(
-        grid=(cute.ceil_div(n_rows, BWD_ROWS), -(-D // BWD_THREADS), 1),
-        block=(BWD_THREADS, 1, 1), stream=stream)
+        grid=(cute.ceil_div(n_rows, R4_BWD_ROWS), -(-D // R4_BWD_THREADS), 1),
+        block=(R4_BWD_THREADS, 1, 1), stream=stream)
 
 
 # ----------------------------------------------------------------------------------------
@@ -345,8 +312,9 @@ def _check_config(d: int, coff: int) -> None:
         raise ValueError(f"head_dim must be >= 1, got {d}")
 
 
-def build_fwd(*, d: int, coff: int, arch: str):
-    """Compile the ratio=4 forward for (d, coff) on ``arch`` (no GPU needed)."""
+def build_fwd(*, d: int, coff: int, arch: str, sched=None):
+    """Compile the ratio=4 forward for (d, coff) on ``arch`` (no GPU needed); the schedule
+    follows from d (``schedule.r4_schedule``), ``sched`` is taken for the uniform signature."""
     _check_config(d, coff)
     ptrs = [gmem_ptr(t) for t in (BF16, BF16, F32)] + [gmem_ptr(I32, align=4)] * 2
     ptrs.append(gmem_ptr(BF16))
@@ -354,8 +322,9 @@ def build_fwd(*, d: int, coff: int, arch: str):
                        d, coff)
 
 
-def build_bwd(*, d: int, coff: int, arch: str):
-    """Compile the ratio=4 backward for (d, coff) on ``arch`` (no GPU needed)."""
+def build_bwd(*, d: int, coff: int, arch: str, sched=None):
+    """Compile the ratio=4 backward for (d, coff) on ``arch`` (no GPU needed); ``sched`` as in
+    :func:`build_fwd`."""
     _check_config(d, coff)
     ptrs = [gmem_ptr(t) for t in (BF16, BF16, F32)] + [gmem_ptr(I32, align=4)] * 2
     ptrs += [gmem_ptr(t) for t in (BF16, BF16, BF16, F32)]
@@ -367,13 +336,7 @@ def _ptr(t, dtype, align=16):
     return gmem_ptr(dtype, t.data_ptr(), align=align)
 
 
-def _stream(stream, device):
-    import torch
-
-    return stream_arg(stream if stream is not None else torch.cuda.current_stream(device))
-
-
-def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None) -> None:
+def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None, sched=None) -> None:
     """out[b] for every row b < out.shape[0] (capacity padding rows included)."""
     n_rows = out.shape[0]
     if n_rows == 0:
@@ -381,11 +344,11 @@ def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None) -> None:
     n_seq = cu.numel() - 1
     fn(_ptr(kv, BF16), _ptr(score, BF16), _ptr(ape, F32), _ptr(cu, I32, 4), _ptr(cuc, I32, 4),
        _ptr(out, BF16), I32(kv.shape[0]), I32(n_rows), I32(n_seq), I32(segment_bits(n_seq)),
-       _stream(stream, kv.device))
+       stream_of(stream, kv.device))
 
 
 def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
-               stream=None) -> None:
+               stream=None, sched=None) -> None:
     """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += partials."""
     n_rows = grad_out.shape[0]
     if n_rows == 0:
@@ -394,4 +357,4 @@ def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
     fn(_ptr(kv, BF16), _ptr(score, BF16), _ptr(ape, F32), _ptr(cu, I32, 4), _ptr(cuc, I32, 4),
        _ptr(grad_out, BF16), _ptr(dkv, BF16), _ptr(dscore, BF16), _ptr(dape, F32),
        I32(kv.shape[0]), I32(n_rows), I32(n_seq), I32(segment_bits(n_seq)),
-       _stream(stream, kv.device))
+       stream_of(stream, kv.device))

@@ -1,4 +1,5 @@
-"""Dispatch tables of the ratio=128 kernels: schedules, buckets, the validity predicate.
+"""Schedules of the kernels: the target arches and their tables, the ratio=128 dispatch tables
+(schedules, buckets, the validity predicate) and the ratio=4 schedule.
 
 Pure Python (no cutlass, no torch): the gate's coverage check, ``csagate schedules`` and the
 CPU tests read these tables on any machine.
@@ -28,6 +29,16 @@ BWD_SMALL_NB_MAX = 192
 
 MAX_THREADS = 1024
 SMEM_LIMIT = 227 * 1024
+# regwin: resident threads per SM that its register cap (.maxntid: 65536 / 512 = 128 registers
+# per thread) and rows_per_cta assume.
+REGWIN_THREADS_PER_SM = 512
+# regwin: the longest window chunk C (positions per thread): 4 registers per position (see
+# config_problems); C <= 16 compiles to <= 128 registers with 0 spill on sm_90a and sm_100a.
+REGWIN_MAX_CHUNK = 16
+# Largest forward prefetch ring, in slots x columns: ptxas keeps up to two groups of raw loads
+# live (about 4 registers per column-slot). 16 (v2u8, v4u4, v8u2) stays near 128 registers; 32
+# (v4u8, v8u4) takes 150-200 and ptxas spills to reach an occupancy step (v8u8: 255 + spills).
+PREFETCH_RING_MAX = 16
 
 
 def config_name(coff: int, d: int) -> str:
@@ -89,6 +100,20 @@ def window(coff: int, ratio: int = RATIO) -> int:
     return coff * ratio
 
 
+class R128Geometry:
+    """The static geometry of one ratio=128 kernel: (d, coff) and its schedule's thread layout
+    (the kernel classes extend it; every field is compile-time)."""
+
+    def __init__(self, d: int, coff: int, sched: FwdSchedule | BwdSchedule):
+        self.d, self.coff, self.sched = d, coff, sched
+        self.vec, self.tchunks, self.threads_x = sched.vec, sched.tchunks, sched.threads_x
+        self.width = coff * d  # W: row width of kv, score, ape
+        self.win = window(coff)
+        self.chunk = self.win // sched.tchunks  # C: window slots per thread
+        self.ncols = d // sched.vec  # column groups of a half row
+        self.gy = -(-self.ncols // sched.threads_x)  # CTAs across the column groups
+
+
 def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
     """Shared memory of the backward: sE fp32 + sKV bf16 tiles, chunk partials, 64 B slack.
 
@@ -126,32 +151,32 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
         if sched.unroll not in (1, 2, 4, 8):
             out.append(f"unroll={sched.unroll} is not one of 1, 2, 4, 8")
         if sched.prefetch and win % max(sched.tchunks, 1) == 0 and (
-                min(sched.unroll, win // sched.tchunks) * sched.vec > 16):
-            out.append("prefetch keeps min(unroll, C)*vec > 16 loads live: it spills")
+                min(sched.unroll, win // sched.tchunks) * sched.vec > PREFETCH_RING_MAX):
+            out.append(f"prefetch keeps min(unroll, C)*vec > {PREFETCH_RING_MAX} loads live: "
+                       "it spills")
         if sched.oneexp and sched.twophase:
             out.append("oneexp is an online-form option; the two-phase form has one exp")
     if isinstance(sched, BwdSchedule):
         if sched.vec > 2:
             out.append(f"the backward has no vec={sched.vec} form")
         if sched.regwin:
-            # regwin targets 512 resident threads per SM (r128_bwd.REGWIN_THREADS_PER_SM), so
-            # a thread gets 128 registers. Its window chunk takes 4 per window position: the
+            # regwin targets REGWIN_THREADS_PER_SM = 512 resident threads per SM, so a thread
+            # gets 128 registers. Its window chunk takes 4 per window position: the
             # score and kv of the current row and of the next row in flight (a bf16 pair
-            # packs into one register). C <= 16 compiles to <= 128 registers with 0 spill on
-            # sm_90a and sm_100a; C = 32 does not.
+            # packs into one register). C <= REGWIN_MAX_CHUNK = 16 compiles to <= 128
+            # registers with 0 spill on sm_90a and sm_100a; C = 32 does not.
             threads = sched.threads_x * sched.tchunks
-            if threads < 1 or 512 % threads:
-                out.append(f"regwin: {threads} threads per CTA do not divide 512 per SM")
-            if sched.tchunks >= 1 and win % sched.tchunks == 0 and win // sched.tchunks > 16:
+            if threads < 1 or REGWIN_THREADS_PER_SM % threads:
+                out.append(f"regwin: {threads} threads per CTA do not divide "
+                           f"{REGWIN_THREADS_PER_SM} per SM")
+            if (sched.tchunks >= 1 and win % sched.tchunks == 0
+                    and win // sched.tchunks > REGWIN_MAX_CHUNK):
                 out.append(f"regwin: a chunk of C={win // sched.tchunks} window positions "
-                           f"needs 4*C = {4 * (win // sched.tchunks)} registers > 64")
+                           f"needs 4*C = {4 * (win // sched.tchunks)} registers > "
+                           f"{4 * REGWIN_MAX_CHUNK}")
         if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
             out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
     return out
-
-
-def config_ok(coff: int, d: int, sched: FwdSchedule | BwdSchedule, ratio: int = RATIO) -> bool:
-    return not config_problems(coff, d, sched, ratio)
 
 
 def _fwd(coff: int, d: int, vec: int, tchunks: int, twophase: bool, fastexp: bool) -> FwdSchedule:
@@ -260,7 +285,11 @@ BWD_DEFAULT_H200 = {
 }
 
 UPSTREAM_ARCH = "sm_100a"
-TABLE_ARCHES = ("sm_100a", "sm_90a")
+# The build targets, each with the arch whose tables it selects from: sm_103a (B300/GB300) has
+# no measurements of its own and takes the sm_100a (B200) tables.
+ARCH_TABLES = {"sm_90a": "sm_90a", "sm_100a": "sm_100a", "sm_103a": "sm_100a"}
+ARCHES = tuple(ARCH_TABLES)
+TABLE_ARCHES = ("sm_100a", "sm_90a")  # the arches with tables of their own
 FWD_TABLES = {
     "sm_100a": {"small": FWD_SMALL, "default": FWD_DEFAULT, "large": FWD_LARGE},
     "sm_90a": {"small": FWD_SMALL_H200, "default": FWD_DEFAULT_H200, "large": FWD_LARGE_H200},
@@ -293,10 +322,10 @@ def _check_config(coff: int, d: int) -> None:
 
 
 def _tables(tables: dict, arch: str) -> dict:
-    if arch not in tables:
+    if arch not in ARCH_TABLES:
         raise ValueError(f"no ratio=128 tables for arch {arch!r}; tables exist for "
-                         f"{', '.join(TABLE_ARCHES)}")
-    return tables[arch]
+                         f"{', '.join(ARCHES)}")
+    return tables[ARCH_TABLES[arch]]
 
 
 def select_fwd(coff: int, d: int, n_rows: int, arch: str = UPSTREAM_ARCH) -> FwdSchedule:
@@ -331,20 +360,87 @@ def selectable_any(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | B
     return set().union(*(selectable(direction, arch) for arch in TABLE_ARCHES))
 
 
+# Backward rows per CTA (docs/KERNELS.md section 2, "rows_per_cta", from the upstream design):
+# the staged kernel's resident CTAs per SM, limited by its shared memory (c2: 105 KB tiles) and
+# registers; R is capped so a CTA's row loop stays short (1.16 waves measured 1.5x slower than
+# one, c2d512 at 65k tokens, which is what the cap's wave fit avoids at large N).
+STAGED_CTAS_PER_SM_COFF2 = 2
+STAGED_CTAS_PER_SM_COFF1 = 4         # coff=1 with tchunks <= STAGED_NARROW_TCHUNKS
+STAGED_CTAS_PER_SM_COFF1_WIDE = 3    # coff=1 with more chunks (tchunks 8)
+STAGED_NARROW_TCHUNKS = 4
+STAGED_MAX_ROWS_PER_CTA = 16
+
+
 def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: int) -> int:
     """Backward rows per CTA, chosen at launch so the grid fits one resident wave."""
     gy = -(-(d // sched.vec) // sched.threads_x)
     if sched.regwin:
-        # regwin: 512 resident threads per SM (its register cap, r128_bwd.REGWIN_THREADS_PER_SM).
         # The smallest R whose grid fits one wave, rounded per column slice (ceil(N/R)*gy CTAs
         # never exceed the slots), and no cap: a CTA pipelines its rows (only its first fetch
         # is exposed) and fewer CTAs issue fewer dAPE atomics.
-        per_sm = max(1, 512 // (sched.threads_x * sched.tchunks))
+        per_sm = max(1, REGWIN_THREADS_PER_SM // (sched.threads_x * sched.tchunks))
         ctas_per_slice = max(1, per_sm * sm_count // gy)
         return max(1, -(-n_rows // ctas_per_slice))
     if coff == 2:
-        per_sm = 2
+        per_sm = STAGED_CTAS_PER_SM_COFF2
+    elif sched.tchunks <= STAGED_NARROW_TCHUNKS:
+        per_sm = STAGED_CTAS_PER_SM_COFF1
     else:
-        per_sm = 4 if sched.tchunks <= 4 else 3
+        per_sm = STAGED_CTAS_PER_SM_COFF1_WIDE
     want = -(-(n_rows * gy) // (per_sm * sm_count))
-    return max(1, min(16, want))
+    return max(1, min(STAGED_MAX_ROWS_PER_CTA, want))
+
+
+# --- ratio=4 -------------------------------------------------------------------------------
+# The whole window (ratio * coff positions) of a row lives in registers; the schedule follows
+# from d alone (kernels/r4.py, docs/KERNELS.md section 4).
+
+R4_RATIO = 4
+R4_FWD_THREADS = 64  # threads per forward CTA when d/vec >= 64
+R4_FWD_THREADS_WIDE = 128  # used when 64 threads would need gridDim.y > MAX_GRID_Y
+MAX_GRID_Y = 65535
+R4_BWD_ROWS = 8  # rows per backward CTA (compile-time)
+R4_BWD_THREADS = 128  # one thread per head-dim column
+# keys_for(4, ...) builds a representative set: d=65 is the odd-d vec=1 path, d=128 the vec=2
+# path of the drift check (c2d128), d=512 the wide head (vec=2, gridDim.y 4). Each at coff 1
+# and 2, forward and backward: 12 kernels. Any other d >= 1 is served as well.
+R4_HEAD_DIMS = (65, 128, 512)
+
+
+@dataclass(frozen=True)
+class R4Schedule:
+    """The compile-time shape of a ratio=4 kernel (it follows from d alone)."""
+
+    vec: int
+    threads: int
+    rows_per_cta: int
+
+    @property
+    def tag(self) -> str:
+        return f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
+
+    def astuple(self) -> tuple:
+        return (self.vec, self.threads, self.rows_per_cta)
+
+
+def r4_fwd_schedule(d: int) -> tuple[int, int]:
+    """Forward ``(vec, threads)``: vec columns per thread, threads per CTA (grid.y <= 65535)."""
+    vec = 2 if d % 2 == 0 else 1
+    groups = d // vec
+    threads = R4_FWD_THREADS if groups >= R4_FWD_THREADS else groups
+    if -(-groups // threads) > MAX_GRID_Y:
+        threads = R4_FWD_THREADS_WIDE
+    return vec, threads
+
+
+def r4_fwd_grid_y(d: int) -> int:
+    vec, threads = r4_fwd_schedule(d)
+    return -(-(d // vec) // threads)
+
+
+def r4_schedule(direction: str, d: int) -> R4Schedule:
+    """The ratio=4 kernel of a direction for head_dim d."""
+    if direction == "fwd":
+        vec, threads = r4_fwd_schedule(d)
+        return R4Schedule(vec, threads, 1)
+    return R4Schedule(1, R4_BWD_THREADS, R4_BWD_ROWS)

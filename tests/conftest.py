@@ -27,7 +27,7 @@ def ptxas(dsl):
     """The ptxas the probe will use (the wheel's, then PATH, then CUDA_HOME). Where there is
     none: skip, except under CI=true, where a missing ptxas fails the run (the probe tests
     must not pass by probing nothing)."""
-    from csagate.kernels.probe import PtxasNotFound, find_ptxas
+    from csagate.perf.probe import PtxasNotFound, find_ptxas
 
     try:
         return find_ptxas()

@@ -3,8 +3,8 @@
 import pytest
 import torch
 from click.testing import CliRunner
-from csagate.kernels import bench as B
 from csagate.kernels import schedule as S
+from csagate.perf import bench as B
 
 from csagate.cli import cli
 

@@ -74,8 +74,8 @@ def test_r4_keys():
 
 # --- cache behaviour (fake compiler: no DSL needed) -------------------------------------
 
-KEY = C.make_key("fwd", 4, 2, 128, C.R4Schedule(2, 64, 1), "sm_90a")
-OTHER = C.make_key("bwd", 4, 2, 128, C.R4Schedule(1, 128, 8), "sm_90a")
+KEY = C.make_key("fwd", 4, 2, 128, S.R4Schedule(2, 64, 1), "sm_90a")
+OTHER = C.make_key("bwd", 4, 2, 128, S.R4Schedule(1, 128, 8), "sm_90a")
 
 
 class SlowCompiler:
@@ -138,7 +138,7 @@ def test_cache_hit_on_second_get(dsl):
 
 
 def test_parse_ptxas_report():
-    from csagate.kernels.probe import parse_ptxas
+    from csagate.perf.probe import parse_ptxas
 
     report = """ptxas info    : Compiling entry function 'kernel_x' for 'sm_90a'
 ptxas info    : Function properties for kernel_x
@@ -149,7 +149,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 380 bytes cmem[0]"""
 
 
 def test_no_ptxas_is_a_specific_error(monkeypatch, tmp_path):
-    from csagate.kernels import probe as P
+    from csagate.perf import probe as P
 
     monkeypatch.setattr(P, "wheel_ptxas", lambda: None)
     monkeypatch.setattr(P.shutil, "which", lambda name: None)
@@ -173,7 +173,7 @@ def test_ptxas_wheel_is_found_and_runs():
     import subprocess
     from importlib import metadata
 
-    from csagate.kernels import probe as P
+    from csagate.perf import probe as P
 
     try:
         metadata.distribution(P.PTXAS_WHEEL)
@@ -190,7 +190,7 @@ def test_ptxas_wheel_is_found_and_runs():
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_probe_reports_clean_kernels(ptxas, arch, tmp_path):
-    from csagate.kernels.probe import probe, summary
+    from csagate.perf.probe import probe, summary
 
     r4 = keys_for(4, arch, coff=2, d=128)[0]              # the drift-check forward
     r128 = keys_for(128, arch, coff=2, d=128)[-1]         # B4 backward, goreuse
@@ -207,7 +207,7 @@ def test_probe_reports_clean_kernels(ptxas, arch, tmp_path):
 
 def test_probe_without_ptx_is_skipped_and_not_clean(ptxas, monkeypatch):
     from csagate.kernels import _dsl
-    from csagate.kernels.probe import probe, summary
+    from csagate.perf.probe import probe, summary
 
     monkeypatch.setattr(_dsl, "ptx_of", lambda fn: None)
     rows = probe(keys_for(4, "sm_90a", coff=2, d=128)[:1])
@@ -226,7 +226,7 @@ def test_missing_ptxas_fails_under_ci_and_skips_elsewhere(ci, outcome, tmp_path)
 
     shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "test_needs_ptxas.py").write_text(
-        "import csagate.kernels.probe as P\n"
+        "import csagate.perf.probe as P\n"
         "P.wheel_ptxas = lambda: None\n"
         "P.DEFAULT_CUDA_HOME = '/nonexistent'\n"
         "def test_probe(ptxas):\n"
@@ -238,3 +238,13 @@ def test_missing_ptxas_fails_under_ci_and_skips_elsewhere(ci, outcome, tmp_path)
                           text=True, timeout=300)
     assert outcome in proc.stdout, proc.stdout + proc.stderr
     assert (proc.returncode != 0) == (ci == "true"), proc.stdout
+def test_sm_103a_builds_and_probes_the_table_kernels(ptxas):
+    """sm_103a (B300) selects the sm_100a tables; every table kernel of both ratios builds
+    for it and assembles with ptxas -arch=sm_103a, 0 spill / 0 stack."""
+    from csagate.perf.probe import probe, summary
+
+    keys = keys_for(128, "sm_103a") + keys_for(4, "sm_103a")
+    assert [(k.kind, k.config, k.schedule) for k in keys] == \
+        [(k.kind, k.config, k.schedule) for k in keys_for(128, "sm_100a") + keys_for(4, "sm_100a")]
+    rows = probe(keys)
+    assert summary(rows, "sm_103a")[0], [r for r in rows if not r.clean]

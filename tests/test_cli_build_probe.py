@@ -139,7 +139,7 @@ def test_probe_without_ptx_exits_1(ptxas, monkeypatch):
 
 
 def test_probe_without_ptxas_exits_3(dsl, monkeypatch):
-    from csagate.kernels import probe
+    from csagate.perf import probe
 
     def missing():
         raise probe.PtxasNotFound("ptxas not found on PATH (test)")

@@ -155,7 +155,7 @@ def test_compact_verdict_fits_and_keeps_every_mark(width):
     flat = " ".join(text.split())
     for reason in verdict.reasons:
         assert " ".join(reason.split()) in flat, reason
-    assert "CUDA out of memory" in flat and "coverage: no case selects" in flat
+    assert "CUDA out of memory" in flat and "coverage (table entries): no case selects" in flat
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -199,11 +199,11 @@ def test_print_table_never_elides_and_keeps_marks_whole():
 
 def test_run_at_columns_80_shows_every_result(monkeypatch):
     """`COLUMNS=80 csagate run`, through the CLI (the issue's acceptance check, on CPU)."""
-    from gate_backends import SMALL_CASES, SMALL_DRIFT, FaultyBackend
+    from gate_backends import SMALL_CASES, SMALL_CONTRACT, SMALL_HARDENING, FaultyBackend
 
     from csagate.commands import run as run_cmd
 
-    monkeypatch.setattr(run_cmd, "contract", lambda: (SMALL_DRIFT, SMALL_CASES))
+    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: (SMALL_CONTRACT,))
     monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
     monkeypatch.setattr(run_cmd, "kernel_backend",
                         lambda device_index: FaultyBackend("dape", "c1d16/edge"))
@@ -211,7 +211,7 @@ def test_run_at_columns_80_shows_every_result(monkeypatch):
     assert result.exit_code == 1, result.output
     assert_fits(result.stdout, 80)
     rows = verdict_rows(result.stdout)
-    assert sorted(rows) == list(range(len(SMALL_CASES) + 1))
+    assert sorted(rows) == list(range(len(SMALL_CASES) + len(SMALL_HARDENING) + 1))
     results = {i: cells[-1] for i, cells in rows.items()}
     edge = 1 + [c.name for c in SMALL_CASES].index("c1d16/edge")
     assert results.pop(edge) == "FAIL" and rows[edge][4] == "FAIL"   # G2 column
@@ -271,7 +271,7 @@ def test_bench_tables_fit(width):
 @pytest.mark.parametrize("width", WIDTHS)
 def test_build_and_probe_tables_fit(width):
     from csagate.kernels.cache import BuildRecord, keys_for
-    from csagate.kernels.probe import ProbeRow
+    from csagate.perf.probe import ProbeRow
 
     from csagate.commands import build, probe
 

@@ -18,23 +18,21 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from csagate.kernels._dsl import ARCHES, dsl_available, ptx_of
+from csagate.kernels._dsl import dsl_available, ptx_of
+from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
 from csagate.kernels.schedule import (
     BwdSchedule,
     bwd_smem_bytes,
     config_problems,
     rows_per_cta,
-    selectable_any,
-    threads_x_for,
     window,
 )
+from csagate.perf.variants import BWD_BASE, BWD_REGWIN
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
 
-# Staged table kernels here; the tables' register-window kernels join REGWIN below.
-_TABLE = sorted(selectable_any("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].tag))
-BASE = [(cfg, s) for cfg, s in _TABLE if not s.regwin]
+BASE = BWD_BASE
 
 
 def _flip(sched: BwdSchedule, *, goreuse: bool | None = None,
@@ -58,18 +56,7 @@ VARIANTS = _variants()
 IDS = [f"c{c}d{d}-{s.tag}-{a}-{why}" for c, d, s, a, why in VARIANTS]
 
 
-def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool):
-    return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True)
-
-
-# regwin: both coffs, d 128 and 512, vec 1 and 2, both fastexp values; C*vec 32, 16, 16, 32.
-REGWIN = [
-    _rw(1, 128, 2, 8, True, True),     # 256 threads, 2 CTAs per SM: the register-tightest
-    _rw(2, 128, 1, 16, False, True),   # exact exp, vec 1, 512 threads
-    _rw(1, 512, 2, 16, True, False),   # goreuse off
-    _rw(2, 512, 2, 16, True, True),
-]
-REGWIN += [(cfg, s) for cfg, s in _TABLE if s.regwin and (cfg, s) not in REGWIN]
+REGWIN = BWD_REGWIN
 REGWIN_VARIANTS = [(c, d, _flip(s, goreuse=g), a)
                    for a in ARCHES for (c, d), s in REGWIN for g in (s.goreuse, not s.goreuse)]
 REGWIN_IDS = [f"c{c}d{d}-{s.tag}-{a}" for c, d, s, a in REGWIN_VARIANTS]
@@ -208,9 +195,18 @@ def test_launch_nothing_without_rows():
     assert bool((dkv == 7.0).all())
 
 
-def test_flipped_schedule_and_grid():
-    from csagate.kernels.r128_bwd import flipped, grid_of
+def flipped(sched: BwdSchedule, *, goreuse: bool | None = None,
+            fastexp: bool | None = None) -> BwdSchedule:
+    """The same schedule with goreuse and/or fastexp replaced (just another BwdSchedule)."""
+    return _flip(sched, goreuse=goreuse, fastexp=fastexp)
 
+
+def grid_of(*, d: int, sched: BwdSchedule, n_rows: int, rows_per_cta: int) -> tuple:
+    """The launch grid (gx, gy, 1) for N rows."""
+    return (-(-n_rows // rows_per_cta), -(-(d // sched.vec) // sched.threads_x), 1)
+
+
+def test_flipped_schedule_and_grid():
     s = BwdSchedule(2, 8, 32, True, True)
     assert flipped(s, goreuse=False) == BwdSchedule(2, 8, 32, True, False)
     assert flipped(s, fastexp=False) == BwdSchedule(2, 8, 32, False, True)
@@ -266,7 +262,7 @@ def test_regwin_builds_without_spill_within_the_register_cap(coff, d, sched, arc
 
 @pytest.mark.parametrize("coff,d,sched,arch", REGWIN_VARIANTS, ids=REGWIN_IDS)
 def test_regwin_ptx_facts(coff, d, sched, arch):
-    from csagate.kernels.r128_bwd import REGWIN_THREADS_PER_SM
+    from csagate.kernels.schedule import REGWIN_THREADS_PER_SM
 
     ptx, _, _, _ = _built(coff, d, sched, arch)
     chunk = window(coff) // sched.tchunks
@@ -357,8 +353,6 @@ def test_regwin_occupancy_matches_rows_per_cta():
 
 
 def test_flipped_keeps_regwin():
-    from csagate.kernels.r128_bwd import flipped
-
     s = BwdSchedule(2, 8, 32, True, True, True)
     assert flipped(s, goreuse=False) == BwdSchedule(2, 8, 32, True, False, True)
     assert flipped(s, fastexp=False).regwin

@@ -18,9 +18,11 @@ import subprocess
 from collections import Counter
 
 import pytest
-from csagate.kernels._dsl import ARCHES, dsl_available
+from csagate.kernels._dsl import dsl_available
 from csagate.kernels.schedule import RATIO, FwdSchedule, config_name
-from r128_fwd_variants import KERNELS, VARIANTS
+from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
+from csagate.perf.variants import FWD_KERNELS as KERNELS
+from csagate.perf.variants import FWD_VARIANTS as VARIANTS
 
 _OK, _WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)

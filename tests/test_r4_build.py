@@ -15,7 +15,9 @@ import shutil
 import subprocess
 
 import pytest
-from csagate.kernels._dsl import ARCHES, dsl_available, ptx_of
+from csagate.kernels import schedule as S
+from csagate.kernels._dsl import dsl_available, ptx_of
+from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable")
@@ -69,12 +71,11 @@ def test_ptxas_clean(kernel, tmp_path):
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
 def test_ptx_pins_numerics(kernel):
-    from csagate.kernels import r4
 
     kind, arch, coff, d = kernel
     ptx = _ptx(*kernel)
-    win = coff * r4.RATIO
-    vec, threads = r4.fwd_schedule(d) if kind == "fwd" else (1, r4.BWD_THREADS)
+    win = coff * S.R4_RATIO
+    vec, threads = S.r4_fwd_schedule(d) if kind == "fwd" else (1, S.R4_BWD_THREADS)
     n_exp = win * vec  # one exact exp per (window position, column)
     fma_rn = [ln for ln in ptx.splitlines() if "fma.rn.f32" in ln]
     pinned_fma = [ln for ln in fma_rn if not any(c in ln for c in EXP_CONSTANTS)]
@@ -115,13 +116,12 @@ def test_ptx_pins_numerics(kernel):
 
 @pytest.mark.parametrize("d", [1, 2, 3, 65, 127, 128, 129, 512, 8_388_479, 8_388_480])
 def test_fwd_schedule(d):
-    from csagate.kernels import r4
 
-    vec, threads = r4.fwd_schedule(d)
+    vec, threads = S.r4_fwd_schedule(d)
     assert vec == (2 if d % 2 == 0 else 1)
     groups = d // vec
     assert threads == (64 if groups >= 64 else groups) or threads == 128
     grid_y = -(-groups // threads)
-    assert grid_y == r4.fwd_grid_y(d) and 1 <= grid_y <= 65535, (d, vec, threads, grid_y)
+    assert grid_y == S.r4_fwd_grid_y(d) and 1 <= grid_y <= 65535, (d, vec, threads, grid_y)
     if threads == 128:  # only when 64 threads would exceed the gridDim.y limit
         assert -(-groups // 64) > 65535

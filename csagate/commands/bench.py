@@ -112,8 +112,8 @@ def _sweep_json(rows) -> list[dict]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               callback=existing_parent, help="Also write every number to this JSON file.")
 def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> None:
-    from csagate.kernels import bench
     from csagate.kernels import schedule as S
+    from csagate.perf import bench
 
     picked = []
     for spec in shapes:

@@ -8,9 +8,10 @@ import click
 from csagate import console
 from csagate.console import one_line
 from csagate.exitcodes import ExitCode
+from csagate.kernels.schedule import ARCHES
 
 RATIO_CHOICES = ("4", "128", "all")
-ARCH_CHOICES = ("sm_90a", "sm_100a")
+ARCH_CHOICES = ARCHES
 FALLBACK_ARCH = "sm_100a"
 ARCH_HELP = ("Build target [default: this machine's GPU (sm_90a on an H200, sm_100a on a B200); "
              f"with no supported GPU, {FALLBACK_ARCH}]. No GPU is needed to cross-compile.")
@@ -36,7 +37,7 @@ def gpu_arch() -> str | None:
 
     if not torch.cuda.is_available():
         return None
-    from csagate.kernels._dsl import ARCHES, device_arch
+    from csagate.kernels._dsl import device_arch
 
     arch = device_arch()
     return arch if arch in ARCHES else None

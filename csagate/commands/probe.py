@@ -50,7 +50,7 @@ def probe_table(rows, arch: str):
               help="Print the kernels as JSON on stdout (the shape of `build --json`).")
 def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -> None:
     require_dsl()
-    from csagate.kernels.probe import PtxasNotFound, find_ptxas, probe, summary
+    from csagate.perf.probe import PtxasNotFound, find_ptxas, probe, summary
 
     try:
         find_ptxas()

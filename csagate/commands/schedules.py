@@ -3,11 +3,13 @@ from __future__ import annotations
 import click
 
 from csagate import console
+from csagate.kernels.schedule import TABLE_ARCHES
 
 
 @click.command("schedules", help="Print the ratio=128 dispatch tables and the kernels they select.")
-@click.option("--arch", type=click.Choice(["all", "sm_90a", "sm_100a"]), default="all",
-              show_default=True, help="Whose tables: the H200's (sm_90a), the B200's, or both.")
+@click.option("--arch", type=click.Choice(["all", *TABLE_ARCHES]), default="all",
+              show_default=True, help="Whose tables: the H200's (sm_90a), the B200's (sm_100a, "
+                                      "also sm_103a's), or both.")
 def command(arch: str) -> None:
     from csagate.kernels import schedule as S
 

@@ -416,8 +416,8 @@ def test_build_loads_every_bucket_for_capture():
 @pytest.mark.parametrize("coff,d,lens", [(1, 128, (8192,)), (2, 512, (1023, 2048, 509))])
 def test_schedule_launcher_runs_the_given_schedule(coff, d, lens):
     """The A/B launcher with the dispatched schedule reproduces the API bitwise."""
-    A = api()
     from csagate.kernels import schedule as S
+    from csagate.perf import bench as B
 
     pack = cuda_pack(lens, ratio=128, coff=coff, d=d)
     go = R.make_grad_out(pack.n_rows, d, device="cuda")
@@ -425,8 +425,8 @@ def test_schedule_launcher_runs_the_given_schedule(coff, d, lens):
     from csagate.kernels._dsl import device_arch
 
     arch = device_arch()  # the API dispatches through this device's tables
-    fwd = A.schedule_launcher("fwd", pack, go, S.select_fwd(coff, d, pack.n_rows, arch))
-    bwd = A.schedule_launcher("bwd", pack, go, S.select_bwd(coff, d, pack.n_rows, arch))
+    fwd = B.schedule_launcher("fwd", pack, go, S.select_fwd(coff, d, pack.n_rows, arch))
+    bwd = B.schedule_launcher("bwd", pack, go, S.select_bwd(coff, d, pack.n_rows, arch))
     fwd()
     bwd()
     torch.cuda.synchronize()

@@ -27,7 +27,8 @@ import csagate.reference as R
 import pytest
 import torch
 from csagate.kernels.schedule import RATIO, FwdSchedule, config_name, threads_x_for
-from r128_fwd_variants import KERNELS, VARIANTS
+from csagate.perf.variants import FWD_KERNELS as KERNELS
+from csagate.perf.variants import FWD_VARIANTS as VARIANTS
 
 pytestmark = pytest.mark.gpu
 

@@ -1,0 +1,129 @@
+"""Device helpers shared by the kernels: types, pinned arithmetic, exp, segments, zero classes.
+
+Each ``@cute.jit`` helper is traced inline where a kernel calls it (it adds no call and no
+symbol), so a kernel that uses a helper emits the same code as one that spells it out.
+Semantics: docs/CONTRACT.md sections 1-2; the exp forms: docs/KERNELS.md section 1.
+"""
+
+from __future__ import annotations
+
+from csagate.kernels._dsl import cute_modules
+
+cutlass, cute = cute_modules()
+
+F32 = cutlass.Float32
+BF16 = cutlass.BFloat16
+I32 = cutlass.Int32
+RN = cute.math.RoundingMode.NEAREST_EVEN
+NEG_INF = -cutlass.Float32.inf
+
+# exp(x) = 2^(x log2 e) with log2 e split in two fp32 parts (hi: nearest fp32, lo: remainder).
+L2E_HI = 1.4426950216293335  # 0x3FB8AA3B: the fp32 nearest to log2(e)
+L2E_LO = 1.925963033500011e-08  # 0x32A57060: the fp32 of log2(e) - L2E_HI
+
+
+def mul_rn(a, b):
+    """a * b rounded to nearest even, never contracted into an FMA."""
+    return cute.math.mul(a, b, rounding=RN)
+
+
+def add_rn(a, b):
+    """a + b rounded to nearest even, never contracted into an FMA."""
+    return cute.math.add(a, b, rounding=RN)
+
+
+def fma_rn(a, b, c):
+    """fma(a, b, c) with one rounding to nearest even (``fma.rn``)."""
+    return cute.math.fma(a, b, c, rounding=RN)
+
+
+def exp_exact(x):
+    """The accurate expf (bit-identical to ``torch.exp`` on fp32)."""
+    return cute.math.exp(x)
+
+
+def exp_fast(x):
+    """exp(x) = 2^(x*log2 e): pinned mul.rn + fma.rn, then ex2.approx.ftz (+0 at -inf)."""
+    y = fma_rn(x, F32(L2E_LO), mul_rn(x, F32(L2E_HI)))
+    return cute.math.exp2(y, approx=True, ftz=True)
+
+
+def exp_of(x, fast: bool):
+    """The fast or the accurate exp, a compile-time choice."""
+    return exp_fast(x) if fast else exp_exact(x)
+
+
+def segment_bits(n_seq: int) -> int:
+    """Binary-search steps over cuc[0..n_seq]: ceil(log2(n_seq + 1)) == n_seq.bit_length()."""
+    return n_seq.bit_length()
+
+
+@cute.jit
+def segment_search(mCuc: cute.Tensor, row, n_seq, seg_bits):
+    """The largest s in [0, n_seq] with cuc[s] <= row, by binary lifting (seg_bits steps).
+
+    For row < cuc[n_seq] this is the segment holding the row, skipping empty segments
+    (cuc[s] == cuc[s+1]); for a capacity padding row (row >= cuc[n_seq]) it is n_seq.
+    """
+    seg = I32(0)
+    for it in cutlass.range(seg_bits, unroll=1):
+        nxt = seg + (I32(1) << (seg_bits - 1 - it))
+        if nxt <= n_seq:
+            if mCuc[nxt] <= row:
+                seg = nxt
+    return seg
+
+
+@cute.jit
+def segment_scan(mCuc: cute.Tensor, row, first, stop, offset: cutlass.Constexpr,
+                 unroll: cutlass.Constexpr):
+    """The largest s = q + offset, q in [first, stop), with cuc[s] <= row; 0 if none.
+
+    A linear scan (every lane reads the same one or two cache lines): the forward passes
+    (1, n_seq, 0), the backward (0, n_seq, 1): both are the last s >= 1 with cuc[s] <= row.
+    """
+    seg = I32(0)
+    for q in cutlass.range(first, stop, 1, unroll=unroll):
+        if mCuc[q + offset] <= row:
+            seg = q + offset
+    return seg
+
+
+@cute.jit
+def zero_short_segments(mCu: cute.Tensor, mCuc: cute.Tensor, n_seq, seg0, seg_step, lane,
+                        lanes, zero_token: cutlass.Constexpr, unroll: cutlass.Constexpr):
+    """Zero class (c): every token of a segment with no block (len < ratio, empty included).
+
+    Segments seg0, seg0 + seg_step, ...; within one, tokens lane, lane + lanes, ...
+    ``zero_token(t)`` writes exact zeros into this thread's dKV/dScore slots of token t.
+    """
+    for s in cutlass.range(seg0, n_seq, seg_step, unroll=unroll):
+        if mCuc[s + 1] == mCuc[s]:
+            for t in cutlass.range(mCu[s] + lane, mCu[s + 1], lanes, unroll=unroll):
+                zero_token(t)
+
+
+@cute.jit
+def zero_padding_tokens(first, n_tokens, step, zero_token: cutlass.Constexpr,
+                        unroll: cutlass.Constexpr):
+    """Zero class (d): token-capacity padding [cu[B], T); this thread's tokens first, +step."""
+    for t in cutlass.range(first, n_tokens, step, unroll=unroll):
+        zero_token(t)
+
+
+def red_add_f32(mDst: cute.Tensor, coord, src, src_coord):
+    """dst[coord] += src[src_coord] with one relaxed fp32 atomic (``red.global.add.f32``)."""
+    ptr = mDst.iterator + cute.crd2idx(coord, mDst.layout)
+    cute.arch.red(ptr, src[src_coord], op="add", dtype=F32, sem="relaxed", scope="gpu")
+
+
+def stream_of(stream, device):
+    """The CUstream argument for a launch: ``stream`` (torch or CUstream), else the current."""
+    import torch
+    from csagate.kernels._dsl import stream_arg
+
+    if stream is None:
+        return stream_arg(torch.cuda.current_stream(device))
+    if isinstance(stream, torch.cuda.Stream):
+        return stream_arg(stream)
+    return stream  # already a CUstream

@@ -1,0 +1,159 @@
+"""The kernel families: one table from (ratio, direction) to build, launch, schedules and dispatch.
+
+A kernel is named by a frozen :class:`KernelKey` (ratio, direction, d, coff, schedule, arch),
+every field compile-time: the typed compile key of the cache. A :class:`Family` says, for one
+(ratio, direction), which module builds and launches it, which head dims it is validated for,
+how a call's schedule is chosen (``select``) and which kernels a configuration can select
+(``selectable``). The host API and the compile cache dispatch through :data:`FAMILIES` alone,
+so adding a ratio family is one entry here. Pure Python: kernel modules (and so cutlass) are
+imported when a kernel is built or launched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from csagate.kernels import schedule as S
+
+DIRECTIONS = ("fwd", "bwd")
+COFFS = S.COFFS  # both families serve coff 1 and 2
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """Everything compile-time about one kernel (the compile cache's key)."""
+
+    ratio: int
+    direction: str
+    d: int
+    coff: int
+    schedule: object  # FwdSchedule | BwdSchedule | R4Schedule
+    arch: str
+
+    @property
+    def kind(self) -> str:
+        """``r4fwd``, ``r128bwd``, ...: the family, as the probe and build tables name it."""
+        return f"r{self.ratio}{self.direction}"
+
+    @property
+    def config(self) -> str:
+        return S.config_name(self.coff, self.d)
+
+    @property
+    def family(self) -> Family:
+        return family(self.ratio, self.direction)
+
+    @property
+    def tag(self) -> str:
+        """``fwd_c1d128_v2t8x32[_2ph][_fexp]``, ``bwd_..._fexp_gor``, ``r4fwd_c2d128_v2``."""
+        return f"{self.family.tag_prefix(self)}_{self.config}_{self.schedule.tag}"
+
+
+def make_key(direction: str, ratio: int, coff: int, d: int, sched, arch: str) -> KernelKey:
+    return KernelKey(ratio, direction, d, coff, sched, arch)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family: a ratio and a direction."""
+
+    ratio: int
+    direction: str
+    module: str                     # the kernel module, imported on first build or launch
+    head_dims: tuple[int, ...] | None  # validated head dims; None: any d >= 1
+    build_dims: tuple[int, ...]     # the head dims ``keys_for`` builds when d is not given
+    select: Callable[[int, int, int, str], object]  # (coff, d, n_rows, arch) -> schedule
+    selectable: Callable[[str], set]  # arch -> {((coff, d), schedule)} over build_dims
+    tag_prefix: Callable[[KernelKey], str]
+    takes_rows_per_cta: bool = False  # the launch has a rows_per_cta argument
+
+    def _fn(self, verb: str):
+        return getattr(importlib.import_module(self.module), f"{verb}_{self.direction}")
+
+    def build(self, key: KernelKey):
+        """Compile ``key`` (no cache, no GPU needed)."""
+        return self._fn("build")(d=key.d, coff=key.coff, sched=key.schedule, arch=key.arch)
+
+    def launch(self, fn, key: KernelKey, **tensors) -> None:
+        """Launch the compiled ``fn`` of ``key`` on torch tensors (no validation)."""
+        self._fn("launch")(fn, sched=key.schedule, **tensors)
+
+    def check_head_dim(self, d: int) -> None:
+        if self.head_dims is not None and d not in self.head_dims:
+            raise ValueError(f"ratio={self.ratio} is validated for head_dim in "
+                             f"{self.head_dims}, got head_dim={d}")
+
+    def configs(self, coff: int | None = None, d: int | None = None) -> list[tuple[int, int]]:
+        """(coff, d) pairs to build: the given ones, else every coff and the build dims."""
+        if d is not None:
+            self.check_head_dim(d)
+        return [(c, hd) for c in (COFFS if coff is None else (coff,))
+                for hd in (self.build_dims if d is None else (d,))]
+
+    def keys(self, arch: str, coff: int | None = None, d: int | None = None) -> set[KernelKey]:
+        """Every kernel the configuration can select on ``arch``."""
+        configs = set(self.configs(coff, d))
+        if d is not None and d not in self.build_dims:  # any d: its own schedule
+            return {make_key(self.direction, self.ratio, c, hd,
+                             self.select(c, hd, 1, arch), arch) for c, hd in configs}
+        return {make_key(self.direction, self.ratio, c, hd, sched, arch)
+                for (c, hd), sched in self.selectable(arch) if (c, hd) in configs}
+
+
+def _r4(direction: str) -> Family:
+    return Family(
+        ratio=S.R4_RATIO, direction=direction, module="csagate.kernels.r4", head_dims=None,
+        build_dims=S.R4_HEAD_DIMS,
+        select=lambda coff, d, n_rows, arch: S.r4_schedule(direction, d),
+        selectable=lambda arch: {((c, d), S.r4_schedule(direction, d))
+                                 for c in COFFS for d in S.R4_HEAD_DIMS},
+        tag_prefix=lambda key: key.kind)
+
+
+def _r128(direction: str) -> Family:
+    return Family(
+        ratio=S.RATIO, direction=direction, module=f"csagate.kernels.r128_{direction}",
+        head_dims=S.HEAD_DIMS, build_dims=S.HEAD_DIMS,
+        select=S.select_fwd if direction == "fwd" else S.select_bwd,
+        selectable=lambda arch: S.selectable(direction, arch),
+        tag_prefix=lambda key: key.direction, takes_rows_per_cta=direction == "bwd")
+
+
+# In build and report order.
+FAMILIES: dict[tuple[int, str], Family] = {
+    (f.ratio, f.direction): f for f in (_r4("fwd"), _r4("bwd"), _r128("fwd"), _r128("bwd"))}
+RATIOS = tuple(dict.fromkeys(ratio for ratio, _ in FAMILIES))
+
+
+def family(ratio: int, direction: str) -> Family:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    if (ratio, direction) not in FAMILIES:
+        raise ValueError(f"kernels are validated for ratio in {{4, 128}} only, got {ratio}")
+    return FAMILIES[ratio, direction]
+
+
+def _sort_key(key: KernelKey):
+    return (list(FAMILIES).index((key.ratio, key.direction)), key.d, key.coff, key.tag,
+            key.arch)
+
+
+def keys_for(ratio: int, arch: str, coff: int | None = None, d: int | None = None
+             ) -> list[KernelKey]:
+    """Every kernel a configuration can select, sorted; ``coff``/``d`` narrow the set.
+
+    ratio 128: what the dispatch tables can select (``schedule.selectable``), 10 forward +
+    6 backward kernels on sm_100a. ratio 4: forward + backward for coff in (1, 2) x d in
+    ``schedule.R4_HEAD_DIMS`` (any other ``d`` given explicitly is used as is).
+    """
+    keys: set[KernelKey] = set()
+    for direction in DIRECTIONS:
+        keys |= family(ratio, direction).keys(arch, coff, d)
+    return sorted(keys, key=_sort_key)
+
+
+def sort_keys(keys) -> list[KernelKey]:
+    """Keys in build and report order (family, d, coff, tag, arch)."""
+    return sorted(keys, key=_sort_key)

@@ -1,0 +1,76 @@
+"""The PTX hash of every kernel: ``python -m csagate.perf.ptx_hashes OUT.json [PTX_DIR]``.
+
+Compiles (no GPU needed) every table kernel of every build target (``schedule.ARCHES``), ratio
+4 and 128, plus the tuning variants of ``csagate.perf.variants``, and writes
+``{"<kind>_c<coff>d<d>_<tag>@<arch>": sha256[:16]}``. Before hashing, comment lines (paths,
+tool versions) are dropped and the entry symbols are renamed by position: a symbol embeds the
+Python module path and the kernel function's name, which say nothing about the code. A
+refactor that should not change the kernels compares two of these files; with PTX_DIR the
+normalized PTX is written too, to diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def normalize(ptx: str) -> str:
+    """The PTX without comment lines, its entry symbols renamed KERNEL0, KERNEL1, ..."""
+    for i, name in enumerate(re.findall(r"\.entry\s+(\w+)", ptx)):
+        ptx = ptx.replace(name, f"KERNEL{i}")
+    return "\n".join(line for line in ptx.splitlines() if not line.startswith("//"))
+
+
+def kernel_keys(arch: str) -> list:
+    """The table kernels of both ratios, then the variants, without repeats."""
+    from csagate.kernels.cache import keys_for, make_key
+    from csagate.perf.variants import BWD_BASE, BWD_REGWIN, FWD_VARIANTS
+
+    keys = keys_for(128, arch) + keys_for(4, arch)
+    keys += [make_key("fwd", 128, c, d, s, arch) for (c, d), s in FWD_VARIANTS]
+    keys += [make_key("bwd", 128, c, d, s, arch) for (c, d), s in BWD_REGWIN + BWD_BASE]
+    return list(dict.fromkeys(keys))
+
+
+def name_of(key) -> str:
+    return f"{key.kind}_{key.config}_{key.schedule.tag}@{key.arch}"
+
+
+def hashes(arches=None, ptx_dir: Path | None = None) -> dict[str, str]:
+    """``{name: sha256[:16]}`` of every kernel of ``arches`` (default: every build target)."""
+    from csagate.kernels._dsl import ptx_of
+    from csagate.kernels.cache import compile_key
+    from csagate.kernels.schedule import ARCHES
+
+    out = {}
+    for arch in arches or ARCHES:
+        for key in kernel_keys(arch):
+            ptx = ptx_of(compile_key(key))
+            if ptx is None:
+                raise RuntimeError(f"no PTX retained for {name_of(key)}")
+            text = normalize(ptx)
+            out[name_of(key)] = hashlib.sha256(text.encode()).hexdigest()[:16]
+            if ptx_dir is not None:
+                (ptx_dir / f"{name_of(key)}.ptx").write_text(text)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (1, 2):
+        print(__doc__.splitlines()[0], file=sys.stderr)
+        return 2
+    ptx_dir = Path(args[1]) if len(args) == 2 else None
+    if ptx_dir is not None:
+        ptx_dir.mkdir(parents=True, exist_ok=True)
+    result = hashes(ptx_dir=ptx_dir)
+    Path(args[0]).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

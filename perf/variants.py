@@ -1,0 +1,52 @@
+"""The ratio=128 kernels beyond the tables that the tests build and the PTX hashes cover.
+
+Forward: every arch's table kernels plus the tuning variants (vec 8, unroll, prefetch,
+one-exp) that the H200 sweep explores. Backward: the staged table kernels and the register-
+window schedules (both coffs, d 128 and 512, vec 1 and 2, both fastexp values) plus the
+tables' own regwin kernels. Shared by the CPU build tests, the GPU contract tests and
+``ptx_hashes``, so they cannot drift apart. Pure Python (no cutlass, no torch).
+"""
+
+from __future__ import annotations
+
+from csagate.kernels.schedule import BwdSchedule, FwdSchedule, selectable_any, threads_x_for
+
+FWD_KERNELS = sorted(selectable_any("fwd"), key=lambda cs: (cs[0], cs[1].astuple()))
+
+
+def fwd_variant(coff, d, vec, tchunks, twophase=False, fastexp=False, unroll=4, prefetch=False,
+                oneexp=False):
+    """((coff, d), schedule) with the tuning fields set."""
+    tx = threads_x_for(d, vec)
+    return (coff, d), FwdSchedule(vec, tchunks, tx, twophase, fastexp, unroll, prefetch, oneexp)
+
+
+FWD_VARIANTS = [
+    fwd_variant(1, 128, 8, 4),                                        # vec 8, d=128 (tx 16)
+    fwd_variant(1, 512, 8, 4, fastexp=True),                          # vec 8, d=512
+    fwd_variant(2, 128, 2, 8, fastexp=True, unroll=8),                # unroll 8, coff 2
+    fwd_variant(2, 512, 4, 4, fastexp=True, unroll=2),                # unroll 2, coff 2
+    fwd_variant(1, 512, 4, 4, oneexp=True),                           # one exp, exact
+    fwd_variant(1, 128, 2, 8, unroll=8, prefetch=True, oneexp=True),  # small bucket: 2 groups
+    fwd_variant(1, 128, 4, 4, True, True, unroll=2, prefetch=True),   # large bucket, two-phase
+    fwd_variant(2, 128, 2, 8, fastexp=True, prefetch=True),           # coff 2, skipped chunks
+    fwd_variant(2, 512, 8, 4, fastexp=True, unroll=2, prefetch=True, oneexp=True),  # vec 8
+]
+
+# Staged table kernels; the tables' register-window kernels join BWD_REGWIN below.
+_BWD_TABLE = sorted(selectable_any("bwd"), key=lambda cs: (cs[0][1], cs[0][0], cs[1].tag))
+BWD_BASE = [(cfg, s) for cfg, s in _BWD_TABLE if not s.regwin]
+
+
+def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool):
+    return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True)
+
+
+# regwin: both coffs, d 128 and 512, vec 1 and 2, both fastexp values; C*vec 32, 16, 16, 32.
+BWD_REGWIN = [
+    _rw(1, 128, 2, 8, True, True),     # 256 threads, 2 CTAs per SM: the register-tightest
+    _rw(2, 128, 1, 16, False, True),   # exact exp, vec 1, 512 threads
+    _rw(1, 512, 2, 16, True, False),   # goreuse off
+    _rw(2, 512, 2, 16, True, True),
+]
+BWD_REGWIN += [(cfg, s) for cfg, s in _BWD_TABLE if s.regwin and (cfg, s) not in BWD_REGWIN]
