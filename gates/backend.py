@@ -132,13 +132,15 @@ class KernelBackend:
         dispatcher's bucket constants); ratio=4: one schedule per config, no buckets
         (``kernels.cache.keys_for``), bucket ``any``."""
         if ratio == 128:
-            from csagate.kernels.schedule import BWD_TABLES, FWD_TABLES
+            from csagate.kernels.schedule import ARCH_TABLES, BWD_TABLES, FWD_TABLES
 
-            tables = (FWD_TABLES if direction == "fwd" else BWD_TABLES)[self.arch]
+            tables = (FWD_TABLES if direction == "fwd" else BWD_TABLES)[ARCH_TABLES[self.arch]]
             return {(bucket, coff, d): Selection(direction, coff, d, sched)
                     for bucket, table in tables.items() for (coff, d), sched in table.items()
                     if configs is None or (coff, d) in configs}
-        from csagate.kernels.cache import R4_COFFS, R4_HEAD_DIMS, keys_for
+        from csagate.kernels.cache import keys_for
+        from csagate.kernels.schedule import COFFS as R4_COFFS
+        from csagate.kernels.schedule import R4_HEAD_DIMS
 
         if configs is None:
             configs = [(c, hd) for c in R4_COFFS for hd in R4_HEAD_DIMS]
