@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # runner the same spec pulls the CUDA build. Override with TORCH_SPEC=... if needed.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test gate lint clean
+.PHONY: setup test gate lint clean mutants
 
 setup: $(VENV)/.installed
 
@@ -30,3 +30,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info build dist .csagate-cache
 	find . -path ./.dsl -prune -o -path ./.whl -prune -o \( -name __pycache__ -o -name '*.pyc' \) \
 		-prune -exec rm -rf {} +
+
+# The mutation self-test (GPU): each catalogued bug must make `csagate run` fail (docs/MUTANTS.md).
+mutants: setup
+	$(PY) mutants/run.py gate --report docs/MUTANTS.md

@@ -1,0 +1,105 @@
+"""The catalogue of planted bugs for the mutation self-test (``mutants/run.py``).
+
+Each mutant is one exact text replacement in one source file, the kind of slip a reviewer
+would worry about: window edges, padding rows, tail tokens, chunk merges, atomics, the first
+block of a coff=2 segment, bucket edges, summation order. ``expect`` names the gate that must
+fail; a mutant that stays inside the contract (an ulp-level change the tolerances are meant to
+absorb) sets ``in_contract`` to the reason instead, and the gate must then pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str            # repository path
+    find: str            # exact text, occurring exactly once in ``file``
+    replace: str
+    ratio: int           # which gate judges it: csagate run --ratio <ratio>
+    expect: str          # the gate that must fail ("G1", "G2", "zeros", "coverage", ...)
+    why: str             # the bug, in a few words
+    in_contract: str = ""  # non-empty: the reason this change is within the contract
+
+
+FWD, BWD, R4, DEV = ("kernels/r128_fwd.py", "kernels/r128_bwd.py", "kernels/r4.py",
+                     "kernels/device.py")
+
+MUTANTS: tuple[Mutant, ...] = (
+    # --- ratio=128 forward ------------------------------------------------------------------
+    Mutant("fwd-merge-drops-nan-chunk", FWD,
+           "                if den_t != F32(0.0):",
+           "                if den_t > F32(0.0):", 128, "G2",
+           "the chunk merge skips a chunk whose partial is NaN (hides eager's NaN)"),
+    Mutant("fwd-first-block-reads-previous-segment", FWD,
+           "                live = live & (blk > 0)",
+           "                live = live & (blk >= 0)", 128, "G2",
+           "coff=2: a segment's first block reads the previous segment as its first half"),
+    Mutant("fwd-window-off-by-one", FWD,
+           "            tok_start = tok0 + k0 - RATIO",
+           "            tok_start = tok0 + k0 - RATIO + 1", 128, "G2",
+           "coff=2: the window starts one token late"),
+    Mutant("fwd-padding-row-reads-block-1", FWD,
+           "            tok0 = I32(0)",
+           "            tok0 = I32(RATIO)", 128, "G2",
+           "capacity padding rows read tokens [128, 256) instead of [0, 128)"),
+    Mutant("fast-exp-drops-log2e-low-part", DEV,
+           "    y = fma_rn(x, F32(L2E_LO), mul_rn(x, F32(L2E_HI)))",
+           "    y = mul_rn(x, F32(L2E_HI))", 128, "",
+           "the fast exp forgets the low part of log2(e)",
+           in_contract="a relative change of at most |x| * 1.3e-8 in exp (|x| < 60 here): "
+                       "ulp-level in fp32, far below one bf16 step of the outputs"),
+    # --- ratio=128 backward -----------------------------------------------------------------
+    Mutant("bwd-merge-drops-last-chunk", BWD,
+           "            for t in cutlass.range_constexpr(self.tchunks):\n"
+           "                den = add_rn(den, sh.den_p[t, c])",
+           "            for t in cutlass.range_constexpr(self.tchunks - 1):\n"
+           "                den = add_rn(den, sh.den_p[t, c])", 128, "G2",
+           "the den / S' merge over chunks stops one chunk short"),
+    Mutant("bwd-tail-token-not-zeroed", BWD,
+           "                    for t in cutlass.range(first + RATIO + ty, mCu[seg + 1]",
+           "                    for t in cutlass.range(first + RATIO + 1 + ty, mCu[seg + 1]",
+           128, "zeros", "zero class (a): the first tail token of a segment is left unwritten"),
+    Mutant("bwd-last-block-first-half-not-zeroed", BWD,
+           "                        for t in cutlass.range(first + ty, first + RATIO, TCH):",
+           "                        for t in cutlass.range(first + ty, first + RATIO - 1, TCH):",
+           128, "zeros",
+           "zero class (b), coff=2: the last own token of a segment's last block is unwritten"),
+    Mutant("bwd-dape-drops-a-row", BWD,
+           "        rDApe[self._dape_slot(g, i)] = add_rn(rDApe[self._dape_slot(g, i)], ds)",
+           "        rDApe[self._dape_slot(g, i)] = ds", 128, "G2",
+           "a CTA's dAPE sum keeps only its last row (accumulation into the atomics lost)"),
+    # --- shared device helpers ---------------------------------------------------------------
+    Mutant("short-segments-not-zeroed", DEV,
+           "        if mCuc[s + 1] == mCuc[s]:",
+           "        if mCuc[s + 1] < mCuc[s]:", 128, "zeros",
+           "zero class (c): segments shorter than ratio (and empty ones) are never zeroed"),
+    Mutant("token-padding-first-token-skipped", DEV,
+           "    for t in cutlass.range(first, n_tokens, step, unroll=unroll):",
+           "    for t in cutlass.range(first + step, n_tokens, step, unroll=unroll):", 128,
+           "zeros", "zero class (d): each thread's first token-capacity padding row is skipped"),
+    Mutant("segment-search-misses-segment-starts", DEV,
+           "            if mCuc[nxt] <= row:",
+           "            if mCuc[nxt] < row:", 4, "drift",
+           "ratio=4: the first row of every segment is taken for the previous segment"),
+    # --- ratio=4 backward ------------------------------------------------------------------
+    Mutant("r4-bwd-fused-sum", R4,
+           "                    dot = add_rn(dot, tk)",
+           "                    dot = fma_rn(mul_rn(go, rU[k]), rS[k], dot)", 4, "drift",
+           "ratio=4: S summed with a fused multiply-add (another rounding order than torch)"),
+    Mutant("r4-bwd-dape-keeps-last-row", R4,
+           "    rG[k] = rG[k] + ds",
+           "    rG[k] = ds", 4, "drift",
+           "ratio=4: the per-CTA dAPE register sum keeps only the last row"),
+    # --- dispatch tables and the case list ----------------------------------------------------
+    Mutant("large-bucket-edge-moved", "kernels/schedule.py",
+           "    if n_rows >= LARGE_NB_MIN and (coff, d) in FWD_LARGE:",
+           "    if n_rows > LARGE_NB_MIN and (coff, d) in FWD_LARGE:", 128, "edges",
+           "the forward large bucket starts at 1025 rows instead of 1024"),
+    Mutant("large-bucket-case-deleted", "gates/cases.py",
+           "    _union(1, 128, (131072,), \"N=1024: forward large bucket (two-phase)\"),\n",
+           "", 128, "coverage",
+           "the only case that reaches the c1d128 large-bucket kernels is deleted"),
+)

@@ -1,0 +1,226 @@
+"""The mutation self-test: plant each catalogued bug in a copy of the tree and prove the gate
+catches it.
+
+    python mutants/run.py check [--arch sm_90a] [--jobs N] [NAME ...]   # CPU: applies + builds
+    python mutants/run.py gate  [--jobs N] [--report FILE] [NAME ...]     # GPU: the gate must fail
+
+``check`` (run by the CPU tests): every mutant's find-text occurs exactly once in its file,
+and the mutated tree's kernels of the mutant's ratio cross-compile for ``--arch``.
+``gate`` (on a GPU): builds every mutated tree with its own fresh compile cache (in
+parallel), then runs ``csagate run --ratio R --json`` on each in turn; an out-of-contract
+mutant must exit 1 with its expected gate among the failed ones, an in-contract mutant must
+exit 0. Prints one row per mutant and writes a Markdown table with ``--report``.
+
+Each mutated tree is a copy of the tracked files; ``csagate`` is imported from it through a
+symlink tree first on PYTHONPATH (``csagate.kernels`` -> ``<copy>/kernels`` ...), so the
+installed package is never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from catalog import MUTANTS, Mutant  # noqa: E402
+
+PACKAGES = ("kernels", "gates", "reference", "perf")
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    ok: bool
+    detail: str
+    exit_code: int | None = None
+    failed: tuple[str, ...] = ()
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def apply(mutant: Mutant, text: str) -> str:
+    """The mutated text; ValueError unless the find-text occurs exactly once."""
+    n = text.count(mutant.find)
+    if n != 1:
+        raise ValueError(f"{mutant.name}: the find-text occurs {n} times in {mutant.file} "
+                         "(must be exactly once: the catalogue no longer matches the source)")
+    return text.replace(mutant.find, mutant.replace)
+
+
+def make_tree(mutant: Mutant, base: Path) -> Path:
+    """A copy of the tracked tree with the mutant applied, plus its import root ``ns/``."""
+    tree = base / mutant.name / "tree"
+    for rel in tracked_files():
+        src = ROOT / rel
+        if not src.is_file():
+            continue
+        dst = tree / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    target = tree / mutant.file
+    target.write_text(apply(mutant, target.read_text()))
+    ns = base / mutant.name / "ns" / "csagate"
+    ns.mkdir(parents=True)
+    for item in (tree / "csagate").iterdir():
+        (ns / item.name).symlink_to(item)
+    for pkg in PACKAGES:
+        if (tree / pkg).is_dir():
+            (ns / pkg).symlink_to(tree / pkg)
+    return tree
+
+
+def env_for(mutant: Mutant, base: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(base / mutant.name / "ns"), env.get("PYTHONPATH", "")) if p)
+    env["CSAGATE_CACHE_DIR"] = str(base / mutant.name / "cache")  # a fresh cache each
+    env.pop("CUTE_DSL_DUMP_DIR", None)
+    return env
+
+
+def _run(args: list[str], mutant: Mutant, base: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "csagate", *args], cwd=base / mutant.name,
+                          env=env_for(mutant, base), capture_output=True, text=True)
+
+
+def build(mutant: Mutant, base: Path, arch: str | None) -> Outcome:
+    try:
+        make_tree(mutant, base)
+    except ValueError as exc:
+        return Outcome(mutant, False, str(exc))
+    args = ["build", "--ratio", str(mutant.ratio)] + (["--arch", arch] if arch else [])
+    proc = _run(args, mutant, base)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        return Outcome(mutant, False, f"build exit {proc.returncode}: {tail[0]}",
+                       proc.returncode)
+    return Outcome(mutant, True, "applies once; kernels build")
+
+
+def failed_gates(report: dict) -> tuple[str, ...]:
+    """Every gate name that failed anywhere in a ``csagate run --json`` report."""
+    found: set[str] = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            status = str(node.get("status", "")).lower()
+            if status in ("fail", "error") and isinstance(node.get("gate"), str):
+                found.add(node["gate"])
+            if status in ("fail", "error") and isinstance(node.get("check"), str):
+                found.add(node["check"])
+            if status == "error" and "name" in node:
+                found.add("error")
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(report)
+    cov = report.get("coverage") or {}
+    if any((cov.get(d) or {}).get("missing") or (cov.get(d) or {}).get("unexpected")
+           for d in ("fwd", "bwd")):
+        found.add("coverage")  # a table entry no case reaches (or a kernel outside the tables)
+    if isinstance(cov.get("edges"), dict) and cov["edges"].get("ok") is False:
+        found.add("edges")     # a bucket edge moved
+    return tuple(sorted(found))
+
+
+def judge(mutant: Mutant, base: Path) -> Outcome:
+    path = base / mutant.name / "verdict.json"
+    proc = _run(["run", "--ratio", str(mutant.ratio), "--json", str(path)], mutant, base)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        report = {}
+    failed = failed_gates(report)
+    if mutant.in_contract:
+        ok = proc.returncode == 0
+        detail = "passes (in contract)" if ok else f"exit {proc.returncode}: {failed}"
+    else:
+        ok = proc.returncode == 1 and mutant.expect in failed
+        detail = (f"caught by {mutant.expect}" if ok else
+                  f"exit {proc.returncode}, failed gates {list(failed)} (expected "
+                  f"{mutant.expect})")
+    if not ok and proc.returncode not in (0, 1):
+        detail += ": " + ((proc.stderr or "").strip().splitlines() or ["?"])[-1]
+    return Outcome(mutant, ok, detail, proc.returncode, failed)
+
+
+def select(names: list[str]) -> list[Mutant]:
+    if not names:
+        return list(MUTANTS)
+    known = {m.name: m for m in MUTANTS}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise SystemExit(f"unknown mutant(s) {missing}; known: {sorted(known)}")
+    return [known[n] for n in names]
+
+
+def report_md(outcomes: list[Outcome]) -> str:
+    lines = ["| # | mutant | file | planted bug | expected | exit | failed gates | result |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, o in enumerate(outcomes, 1):
+        m = o.mutant
+        expect = f"in contract: {m.in_contract}" if m.in_contract else m.expect
+        if not o.ok:
+            result = "MISSED: " + o.detail
+        else:
+            result = "passes" if m.in_contract else "caught"
+        code = "-" if o.exit_code is None else o.exit_code
+        lines.append(f"| {i} | {m.name} | `{m.file}` | {m.why} | {expect} | {code} | "
+                     f"{', '.join(o.failed) or '-'} | {result} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("check", "gate"))
+    ap.add_argument("names", nargs="*")
+    ap.add_argument("--arch", default=None, help="check: cross-compile target (default sm_90a)")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    ap.add_argument("--report", type=Path, help="gate: write the Markdown table here")
+    ap.add_argument("--keep", action="store_true", help="keep the mutated trees")
+    args = ap.parse_intermixed_args(argv)
+    mutants = select(args.names)
+    base = Path(tempfile.mkdtemp(prefix="csagate-mutants-"))
+    try:
+        arch = args.arch or ("sm_90a" if args.mode == "check" else None)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            built = list(pool.map(lambda m: build(m, base, arch), mutants))
+        outcomes = []
+        for b in built:
+            if args.mode == "check" or not b.ok:
+                outcomes.append(b)
+            else:
+                outcomes.append(judge(b.mutant, base))
+                print(f"{b.mutant.name}: {outcomes[-1].detail}", file=sys.stderr, flush=True)
+        width = max(len(o.mutant.name) for o in outcomes)
+        for o in outcomes:
+            print(f"{'ok  ' if o.ok else 'FAIL'} {o.mutant.name:<{width}}  {o.detail}")
+        bad = sum(not o.ok for o in outcomes)
+        what = "checked" if args.mode == "check" else "as expected"
+        print(f"{len(outcomes) - bad}/{len(outcomes)} mutants {what}")
+        if args.report is not None:
+            args.report.write_text(report_md(outcomes))
+        return 1 if bad else 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
