@@ -42,6 +42,11 @@ class Backend(Protocol):
                  coff: int) -> Selection | None:
         """Write ``dkv``/``dscore``, accumulate into the zeroed ``dape``; return the kernel."""
 
+    def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows: int, ratio: int,
+                   coff: int):
+        """``(out, (dkv, dscore, dape))`` through the torch op users call: its forward, then
+        the autograd backward with ``grad_out`` (leaves: fresh copies of kv, score, ape)."""
+
     def entries(self, ratio: int, direction: str,
                 configs: Sequence[tuple[int, int]] | None = None
                 ) -> dict[tuple[str, int, int], Selection]:
@@ -124,6 +129,18 @@ class KernelBackend:
 
         return _selection("bwd", api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv,
                                                   dscore, dape, ratio=ratio, coff=coff))
+
+    def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows: int, ratio: int,
+                   coff: int):
+        import torch
+
+        from csagate import ops
+
+        leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
+        out = ops.csa_compress(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
+        out.backward(grad_out)
+        torch.cuda.synchronize(self.device)
+        return out.detach(), tuple(t.grad for t in leaves)
 
     def entries(self, ratio: int, direction: str,
                 configs: Sequence[tuple[int, int]] | None = None

@@ -84,6 +84,7 @@ class Contract:
     parity_ref: str                      # G3's eager path: "fp32" or "upstream"
     coverage_configs: tuple[tuple[int, int], ...] | None  # None: every config of the tables
     edges: tuple[BucketEdge, ...]        # declared bucket edges (none: no buckets)
+    via_op: bool = False                 # also run each case through the torch op (gate "op")
 
     @property
     def all_cases(self) -> tuple[Case, ...]:
@@ -103,7 +104,7 @@ R128 = Contract(
         ("dkv", Rule("tolerance", checks.MAX_ABS, checks.COUNT_FRACTION, 1)),
         ("dscore", Rule("tolerance", checks.MAX_ABS, checks.COUNT_FRACTION, 2)),
         ("dape", Rule("tolerance", checks.DAPE_MAX_ABS, None, 2))),
-    parity_ref="fp32", coverage_configs=None, edges=R128_EDGES)
+    parity_ref="fp32", coverage_configs=None, edges=R128_EDGES, via_op=True)
 
 R4 = Contract(
     ratio=4, drift=DRIFT, cases=R4_CASES, hardening=(),

@@ -68,6 +68,10 @@ from csagate.reference import (
 )
 
 RUNS = 3
+# dAPE through the op vs the direct path: both accumulate with fp32 atomics in a run-dependent
+# order; at unit scale their difference is a few fp32 ulps of values <= ~1 (the dAPE replay
+# delta recorded per case is ~1e-6), so 1e-5 absolute catches a wrong op and not the order.
+OP_DAPE_NOISE = 1e-5
 GRADS = ("dkv", "dscore")
 OUTPUTS = ("out", "dkv", "dscore")
 DIRECTIONS = ("fwd", "bwd")
@@ -249,6 +253,22 @@ def _as_dict(g) -> dict[str, torch.Tensor]:
     return {"out": g.out, "dkv": g.dkv, "dscore": g.dscore, "dape": g.dape}
 
 
+def _through_op(backend: Backend, case: Case, ins, go, n_rows: int,
+                first: dict[str, torch.Tensor]) -> list[GateResult]:
+    """Gate ``op``: the torch op (forward, then the autograd backward) gives what the direct
+    kernel path gave: out, dKV, dScore bitwise (NaN patterns too), dAPE within the fp32
+    atomics' order noise (1e-5, scaled like dScore). The op adds no numerics."""
+    out, (dkv, dscore, dape) = backend.through_op(*ins, go, n_rows=n_rows, ratio=case.ratio,
+                                                  coff=case.coff)
+    gates = [_gate("op", name, checks.bitwise_replay([first[name], t], allow_nan=True))
+             for name, t in (("out", out), ("dkv", dkv), ("dscore", dscore))]
+    both_nan = torch.isnan(dape) & torch.isnan(first["dape"])  # NaN in one only still fails
+    gates.append(_gate("op", "dape", checks.tolerance(dape, first["dape"],
+                                                      bound=OP_DAPE_NOISE * case.scale ** 2,
+                                                      allowed=None, mask=~both_nan)))
+    return gates
+
+
 def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list[Selection]):
     dev = backend.device
     pack, go, clean, slots = _inputs(case, dev)
@@ -302,6 +322,9 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
         clean_eager = backward(*clean.inputs(), go, ratio=case.ratio, coff=case.coff,
                                precision="fp32")
         gates.extend(_isolation(first, clean_grads, eager_t, _as_dict(clean_eager)))
+
+    if contract.via_op:
+        gates.extend(_through_op(backend, case, ins, go, n_rows, first))
 
     recorded: dict[str, Any] = {
         "n_rows": n_rows,

@@ -1,4 +1,4 @@
-"""The one place that imports the CuTe DSL: environment, arch, compile, pointers.
+"""The one place that imports the CuTe DSL: environment, arch, compile (TVM-FFI), fake args.
 
 The DSL reads its ``CUTE_DSL_*`` variables once, when ``cutlass`` is first imported, so
 every kernel module imports cutlass through :func:`cute_modules` (or after calling it).
@@ -29,7 +29,13 @@ def _prepare_env() -> None:
     if "ptx" not in keep.split(","):
         os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "ptx") if p)
     if "CUTE_DSL_DUMP_DIR" not in os.environ:
-        dump = cache_root() / "ptx"
+        root = cache_root()
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:  # private (0700): compiled kernels are loaded from the disk cache under it
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+        dump = root / "ptx"
         dump.mkdir(parents=True, exist_ok=True)
         os.environ["CUTE_DSL_DUMP_DIR"] = str(dump)
     else:
@@ -44,14 +50,6 @@ def cute_modules():
     import cutlass.cute as cute
 
     return cutlass, cute
-
-
-@functools.cache
-def _make_ptr():
-    _, cute = cute_modules()
-    from cutlass.cute.runtime import make_ptr
-
-    return make_ptr, cute.AddressSpace.gmem
 
 
 def dsl_available() -> tuple[bool, str]:
@@ -90,11 +88,53 @@ def sm_count(device_index: int) -> int:
 
 
 def compile_for(arch: str, jit_fn, *args):
-    """``cute.compile`` one host function for ``arch`` (works with no GPU present)."""
+    """``cute.compile`` one host function for ``arch`` through TVM-FFI (no GPU needed).
+
+    ``args`` are fake tensors (:func:`fake_rows`, :func:`fake_vec`) with symbolic extents and
+    the environment stream (:func:`env_stream`): the result is called with plain torch tensors
+    on torch's current stream, and one compiled function serves every token/row count.
+    """
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     _, cute = cute_modules()
-    return cute.compile(jit_fn, *args, options=f"--gpu-arch {arch}")
+    return cute.compile(jit_fn, *args, options=f"--gpu-arch {arch} --enable-tvm-ffi")
+
+
+# --- TVM-FFI compile arguments: fake tensors with symbolic extents ---------------------
+
+ALIGN_DATA = 16   # bf16/fp32 base pointers: the vector accesses need 16 B (checked per call)
+ALIGN_INDEX = 4   # int32 offsets
+
+
+def sym():
+    """A fresh symbolic extent; the same object in two fake tensors ties their extents."""
+    _, cute = cute_modules()
+    return cute.sym_int()
+
+
+def fake_rows(dtype, rows, width: int, align: int = ALIGN_DATA):
+    """A row-major (rows, width) fake tensor: ``rows`` symbolic or int, ``width`` static."""
+    cute_modules()
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    return make_fake_compact_tensor(dtype, (rows, width), stride_order=(1, 0),
+                                    assumed_align=align)
+
+
+def fake_vec(dtype, n, align: int = ALIGN_INDEX):
+    """A 1-D fake tensor of extent ``n`` (cu_seqlens / cu_seqlens_comp)."""
+    cute_modules()
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    return make_fake_compact_tensor(dtype, (n,), assumed_align=align)
+
+
+def env_stream():
+    """The stream parameter of a TVM-FFI compile: the caller's current torch stream."""
+    cute_modules()
+    from cutlass.cute.runtime import make_fake_stream
+
+    return make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
 def ptx_of(fn) -> str | None:
@@ -117,21 +157,3 @@ def ptx_of(fn) -> str | None:
         text = path.read_text()
         return text if "\n" in text else None
     return None
-
-
-def gmem_ptr(dtype, address: int = 0, align: int = 16):
-    """A global-memory pointer argument; ``address`` 0 is the compile-time placeholder.
-
-    On the launch path: one cached lookup and one ``make_ptr`` (no environment work).
-    """
-    make_ptr, gmem = _make_ptr()
-    return make_ptr(dtype, address, gmem, assumed_align=align)
-
-
-def stream_arg(torch_stream=None):
-    """The CUstream a compiled function takes: the given torch stream, else a placeholder."""
-    import cuda.bindings.driver as cuda
-
-    if torch_stream is None:
-        return cuda.CUstream(0)
-    return cuda.CUstream(torch_stream.cuda_stream)

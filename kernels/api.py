@@ -27,9 +27,12 @@ import warnings
 
 import torch
 from csagate.kernels import registry
+from csagate.kernels._dsl import sm_count
 from csagate.kernels.cache import CACHE, BuildRecord
 from csagate.kernels.registry import COFFS, RATIOS, KernelKey, keys_for, make_key
 from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_FWD_THREADS_WIDE
+from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 __all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support", "forward",
            "kernel_for", "run_backward", "run_forward"]
@@ -46,7 +49,7 @@ _DTYPES = {"kv": torch.bfloat16, "score": torch.bfloat16, "ape": torch.float32,
 
 
 def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, coff: int,
-                  out_name: str = "out") -> None:
+                  out_name: str = "out", devices: bool = True) -> None:
     """Raise ValueError, naming the argument, unless the inputs are in the kernels' envelope.
 
     ``cu`` is ``cu_seqlens`` and ``cuc`` is ``cu_seqlens_comp`` in the messages. Values of
@@ -96,18 +99,21 @@ def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, 
                          f"{MAX_HEAD_DIM} (forward gridDim.y)")
     for what, size in (("T*coff*head_dim (kv/score)", n_tokens * width),
                        ("ratio*coff*head_dim (ape)", ratio * width),
-                       (f"N*head_dim ({out_name})", (n_rows or 0) * d)):
-        if size >= INT32_LIMIT:
+                       (f"N*head_dim ({out_name})", (0 if n_rows is None else n_rows) * d)):
+        # guard_or_false: under torch.compile N may be an unbacked size (the op's forward
+        # without n_rows); a rule that cannot be decided there is left to the run time.
+        if guard_or_false(size >= INT32_LIMIT):
             raise ValueError(f"{what} = {size} does not fit int32 flat offsets (< 2^31)")
     registry.family(ratio, "fwd").check_head_dim(d)
-    if n_rows and n_tokens < ratio:
+    if n_rows is not None and guard_or_false(n_rows != 0) and guard_or_false(n_tokens < ratio):
         raise ValueError(f"N={n_rows} > 0 requires at least ratio={ratio} tokens in kv, "
                          f"got T={n_tokens}")
 
     for name, t in named.items():
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (row-major), got strides {t.stride()}")
-    _check_devices(named)
+    if devices:  # off for fake tensors (no data pointers): shapes and dtypes only
+        _check_devices(named)
 
 
 def _check_ratio_coff(ratio: int, coff: int) -> None:
@@ -250,8 +256,28 @@ def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
     records = CACHE.build(keys, progress=progress)
     if load_on is not None:
         for key in keys:
-            CACHE.executor(key, load_on)
+            _warm(key, torch.device("cuda", load_on))
     return records
+
+
+def _warm(key: KernelKey, device: torch.device) -> None:
+    """One tiny launch of ``key`` on ``device`` (one block, zero inputs): the kernel's module
+    is then loaded there, so a CUDA-graph capture later finds it ready."""
+    ratio, width, d = key.ratio, key.coff * key.d, key.d
+    bf16 = dict(dtype=torch.bfloat16, device=device)
+    with torch.cuda.device(device):
+        kv = torch.zeros(ratio, width, **bf16)
+        tensors = dict(kv=kv, score=torch.zeros_like(kv),
+                       ape=torch.zeros(ratio, width, dtype=torch.float32, device=device),
+                       cu=torch.tensor([0, ratio], dtype=torch.int32, device=device),
+                       cuc=torch.tensor([0, 1], dtype=torch.int32, device=device))
+        if key.direction == "fwd":
+            tensors["out"] = torch.empty(1, d, **bf16)
+        else:
+            tensors.update(grad_out=torch.zeros(1, d, **bf16), dkv=torch.empty_like(kv),
+                           dscore=torch.empty_like(kv), dape=torch.zeros_like(tensors["ape"]))
+        key.family.launch(CACHE.executor(key, device.index), key, **tensors)
+        torch.cuda.current_stream(device).synchronize()
 
 
 # --- launch ---------------------------------------------------------------------------
@@ -272,6 +298,16 @@ def _keep_alive(stream, device: torch.device, tensors) -> None:
 def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=None
                 ) -> KernelKey | None:
     """out = the compressor forward of the inputs, every row of ``out`` (padding included)."""
+    if stream is None:
+        entry = _FAST.get(("fwd", ratio, coff, kv.shape[1], out.shape[1], kv.get_device(),
+                           out.shape[0]))
+        if entry is not None and _fast_ok(kv, cu, ratio):
+            key, fn, tail = entry
+            try:
+                fn(kv, score, ape, cu, cuc, out, *tail(cu))
+                return key
+            except (ValueError, TypeError):  # the compiled checks refused an argument
+                pass  # the slow path below raises the api's one-line error
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
     tensors = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
@@ -284,16 +320,60 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
                    kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out)
 
 
+# --- the launch fast path ------------------------------------------------------------------
+# A call whose signature (direction, ratio, coff, width, head_dim, device, N) has launched
+# before, with no explicit stream, skips the Python validation: the compiled TVM-FFI function
+# checks dtypes, shapes, strides, alignment and the device itself, and the few rules it cannot
+# see (B + 1 >= 2, T >= ratio, int32 flat offsets) are re-checked here per call. Anything
+# unusual (a new signature, an explicit stream, a refused argument) takes the full path, whose
+# errors are the api's one-line messages.
+
+_FAST: dict = {}
+_FAST_MAX = 4096  # signatures remembered (N varies little in training)
+
+
+def _fast_ok(kv, cu, ratio: int) -> bool:
+    return cu.shape[0] >= 2 and kv.shape[0] >= ratio and kv.numel() < INT32_LIMIT
+
+
+def _remember(direction: str, ratio: int, coff: int, kv, d: int, n_rows: int, key, fn,
+              rows_per_cta) -> None:
+    if len(_FAST) >= _FAST_MAX:
+        return
+    if ratio == 4:  # the segment search depth follows from B at every call
+        def tail(cu):
+            return ((cu.shape[0] - 1).bit_length(),)
+    elif direction == "bwd":
+        tail_args = (int(rows_per_cta),)
+
+        def tail(cu):
+            return tail_args
+    else:
+        def tail(cu):
+            return ()
+    _FAST[(direction, ratio, coff, kv.shape[1], d, kv.get_device(), n_rows)] = (key, fn, tail)
+
+
 def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, stream,
             tensors: dict, **launch_args) -> KernelKey:
-    """Dispatch, load onto ``device`` and launch on ``stream`` (or the current one)."""
+    """Dispatch, load onto ``device`` and launch on ``stream`` (or the current one); a launch
+    on the current stream is remembered for the fast path."""
     with torch.cuda.device(device):
+        current = stream is None
         stream = _launch_stream(device, stream)
         key = kernel_for(direction, ratio, coff, d, n_rows, _device_arch(device.index))
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
             fn = CACHE.executor(key, device.index)
         _keep_alive(stream, device, tensors.values())
-        key.family.launch(fn, key, **launch_args, stream=stream)
+        if direction == "bwd" and key.family.takes_rows_per_cta and \
+                launch_args.get("rows_per_cta") is None:
+            launch_args["rows_per_cta"] = _rows_per_cta(n_rows, d, coff, key.schedule,
+                                                        sm_count(device.index))
+        with torch.cuda.stream(stream):  # the compiled function launches on the current one
+            key.family.launch(fn, key, **launch_args)
+    if current:
+        _remember(direction, ratio, coff, tensors["kv"], d, n_rows, key, fn,
+                  launch_args.get("rows_per_cta"))
     return key
 
 
@@ -305,7 +385,18 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
     device's SM count. Raises RuntimeError under ``torch.use_deterministic_algorithms(True)``
     (dAPE uses fp32 atomics); warns once in warn-only mode.
     """
-    _check_deterministic()
+    if torch.are_deterministic_algorithms_enabled():
+        _check_deterministic()
+    if stream is None and rows_per_cta is None:
+        entry = _FAST.get(("bwd", ratio, coff, kv.shape[1], grad_out.shape[1],
+                           kv.get_device(), grad_out.shape[0]))
+        if entry is not None and _fast_ok(kv, cu, ratio):
+            key, fn, tail = entry
+            try:
+                fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *tail(cu))
+                return key
+            except (ValueError, TypeError):  # the compiled checks refused an argument
+                pass  # the slow path below raises the api's one-line error
     return _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
                          coff=coff, rows_per_cta=rows_per_cta, stream=stream)
 
@@ -341,6 +432,11 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
     The default reads ``cuc[-1]`` on the host, a device sync that a CUDA graph cannot
     capture: pass ``n_rows`` (the static capacity) when capturing.
     """
+    if stream is None and n_rows is not None and kv.get_device() >= 0:  # the fast path
+        out = torch.empty((n_rows, kv.shape[1] // coff), dtype=torch.bfloat16,
+                          device=kv.device)
+        run_forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+        return out
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
     device = _check_launchable({"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
@@ -365,6 +461,11 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
     dkv/dscore are allocated uninitialized (the kernel writes every slot; zeros when N == 0,
     where nothing launches) and dape zeroed, on the launch stream.
     """
+    if stream is None and grad_out.shape[0] and kv.get_device() >= 0:  # the fast path
+        dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
+        run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
+                     coff=coff)
+        return dkv, dscore, dape
     _check_deterministic()
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,

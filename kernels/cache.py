@@ -53,7 +53,7 @@ class _Entry:
     fn: object
     seconds: float
     hits: int = 0
-    executors: dict = field(default_factory=dict)  # device index -> JitExecutor
+    loaded: set = field(default_factory=set)  # device indices the module is loaded on
 
 
 class KernelCache:
@@ -93,25 +93,21 @@ class KernelCache:
         return entry.fn
 
     def executor(self, key: KernelKey, device_index: int):
-        """``key``'s function bound to one CUDA device (the DSL binds a plain call to the first
-        device it runs on; an executor per device keeps multi-device launches correct)."""
+        """``key``'s function for a launch on one CUDA device. The TVM-FFI function loads its
+        module onto a device at the first call there; under CUDA graph capture that first call
+        is refused (loading is no stream work a graph can hold): ``api.build()`` warms every
+        kernel on the device first, and so does one eager step."""
         entry, hit = self._entry(key)
         if hit:
             entry.hits += 1
-        ex = entry.executors.get(device_index)
-        if ex is None:
-            with self._lock:
-                ex = entry.executors.get(device_index)
-                if ex is None:
-                    if _capturing():  # loading a module is no stream work a graph can hold
-                        raise RuntimeError(
-                            f"first call for config {key.tag} on cuda:{device_index} under "
-                            "CUDA graph capture: the kernel is compiled but not loaded on "
-                            "this device; call csagate.kernels.api.build() or run one eager step "
-                            "before capturing")
-                    ex = entry.fn.to(device_index)
-                    entry.executors[device_index] = ex
-        return ex
+        if device_index not in entry.loaded:
+            if _capturing():
+                raise RuntimeError(
+                    f"first call for config {key.tag} on cuda:{device_index} under CUDA "
+                    "graph capture: the kernel is compiled but not loaded on this device; "
+                    "call csagate.kernels.api.build() or run one eager step before capturing")
+            entry.loaded.add(device_index)
+        return entry.fn
 
     def build(self, keys: Iterable[KernelKey],
               progress: Callable[[BuildRecord, int, int], None] | None = None

@@ -115,15 +115,3 @@ def red_add_f32(mDst: cute.Tensor, coord, src, src_coord):
     """dst[coord] += src[src_coord] with one relaxed fp32 atomic (``red.global.add.f32``)."""
     ptr = mDst.iterator + cute.crd2idx(coord, mDst.layout)
     cute.arch.red(ptr, src[src_coord], op="add", dtype=F32, sem="relaxed", scope="gpu")
-
-
-def stream_of(stream, device):
-    """The CUstream argument for a launch: ``stream`` (torch or CUstream), else the current."""
-    import torch
-    from csagate.kernels._dsl import stream_arg
-
-    if stream is None:
-        return stream_arg(torch.cuda.current_stream(device))
-    if isinstance(stream, torch.cuda.Stream):
-        return stream_arg(stream)
-    return stream  # already a CUstream

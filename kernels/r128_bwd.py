@@ -39,7 +39,15 @@ import functools
 from types import SimpleNamespace
 
 import cuda.bindings.driver as cuda
-from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, sm_count, stream_arg
+from csagate.kernels._dsl import (
+    compile_for,
+    cute_modules,
+    env_stream,
+    fake_rows,
+    fake_vec,
+    sm_count,
+    sym,
+)
 from csagate.kernels.device import (
     BF16,
     F32,
@@ -50,7 +58,6 @@ from csagate.kernels.device import (
     mul_rn,
     red_add_f32,
     segment_scan,
-    stream_of,
     zero_padding_tokens,
     zero_short_segments,
 )
@@ -120,24 +127,15 @@ class R128Bwd(R128Geometry):
         return f"r128bwd_c{self.coff}d{self.d}_{self.sched.tag}"
 
     @cute.jit
-    def __call__(self, p_kv: cute.Pointer, p_score: cute.Pointer, p_ape: cute.Pointer,
-                 p_cu: cute.Pointer, p_cuc: cute.Pointer, p_go: cute.Pointer,
-                 p_dkv: cute.Pointer, p_dscore: cute.Pointer, p_dape: cute.Pointer,
-                 n_tokens: cutlass.Int32, n_rows: cutlass.Int32, n_seq: cutlass.Int32,
-                 rows_per_cta: cutlass.Int32, stream: cuda.CUstream):
-        W = self.width
-        tok_layout = cute.make_layout((n_tokens, W), stride=(W, 1))
-        ape_layout = cute.make_layout((RATIO, W), stride=(W, 1))
-        seg_layout = cute.make_layout((n_seq + 1,), stride=(1,))
-        mKV = cute.make_tensor(p_kv, tok_layout)
-        mScore = cute.make_tensor(p_score, tok_layout)
-        mDKV = cute.make_tensor(p_dkv, tok_layout)
-        mDScore = cute.make_tensor(p_dscore, tok_layout)
-        mApe = cute.make_tensor(p_ape, ape_layout)
-        mDApe = cute.make_tensor(p_dape, ape_layout)
-        mCu = cute.make_tensor(p_cu, seg_layout)
-        mCuc = cute.make_tensor(p_cuc, seg_layout)
-        mGO = cute.make_tensor(p_go, cute.make_layout((n_rows, self.d), stride=(self.d, 1)))
+    def __call__(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
+                 mCu: cute.Tensor, mCuc: cute.Tensor, mGO: cute.Tensor, mDKV: cute.Tensor,
+                 mDScore: cute.Tensor, mDApe: cute.Tensor, rows_per_cta: cutlass.Int32,
+                 stream: cuda.CUstream):
+        # TVM-FFI: kv/score/dkv/dscore (T, W), ape/dape (128, W), cu/cuc (B+1,), grad_out
+        # (N, d), all row-major; T, B+1 and N symbolic.
+        n_tokens = mKV.shape[0]
+        n_rows = mGO.shape[0]
+        n_seq = mCu.shape[0] - 1
         gx = (n_rows + rows_per_cta - 1) // rows_per_cta
         kernel = self.kernel(mKV, mScore, mApe, mCu, mCuc, mGO, mDKV, mDScore, mDApe,
                              n_tokens, n_seq, rows_per_cta)
@@ -486,46 +484,35 @@ class R128Bwd(R128Geometry):
                             self._dape_slot(g, kk * self.vec + j))
 
 
-def _placeholders():
-    return (
-        gmem_ptr(BF16), gmem_ptr(BF16), gmem_ptr(F32),
-        gmem_ptr(I32, align=4), gmem_ptr(I32, align=4),
-        gmem_ptr(BF16), gmem_ptr(BF16), gmem_ptr(BF16), gmem_ptr(F32),
-    )
+def fake_args(d: int, coff: int):
+    """The compile-time arguments: T, B+1 and N symbolic, so one build serves every size."""
+    W = coff * d
+    T, B1, N = sym(), sym(), sym()
+    return (fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, RATIO, W),
+            fake_vec(I32, B1), fake_vec(I32, B1), fake_rows(BF16, N, d),
+            fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, RATIO, W),
+            I32(1), env_stream())
 
 
 def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
     """Compile the r128 backward for (d, coff, sched) and arch; no GPU needed."""
-    op = R128Bwd(d, coff, sched)
-    one = I32(1)
-    return compile_for(arch, op, *_placeholders(), one, one, one, one, stream_arg())
+    return compile_for(arch, R128Bwd(d, coff, sched), *fake_args(d, coff))
 
 
 def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv, dscore,
-               dape, rows_per_cta: int | None = None, stream=None) -> None:
-    """Launch a compiled r128 backward; no validation (kernels/api.py validates).
-
-    ``rows_per_cta`` None derives R from N and the device's SM count
+               dape, rows_per_cta: int | None = None) -> None:
+    """Launch a compiled r128 backward on torch's current stream; no validation
+    (kernels/api.py validates; the compiled function checks dtypes, shapes, strides, device
+    and alignment). ``rows_per_cta`` None derives R from N and the device's SM count
     (``schedule.rows_per_cta``). Launches nothing when grad_out has no rows.
     """
-    import torch
-
     n_rows = grad_out.shape[0]
     if n_rows == 0:
         return
-    d = grad_out.shape[1]
     if rows_per_cta is None:
-        index = kv.device.index if kv.device.index is not None else torch.cuda.current_device()
-        rows_per_cta = _rows_per_cta(n_rows, d, kv.shape[1] // d, sched, sm_count(index))
+        d = grad_out.shape[1]
+        rows_per_cta = _rows_per_cta(n_rows, d, kv.shape[1] // d, sched,
+                                     sm_count(kv.get_device()))
     if rows_per_cta < 1:
         raise ValueError(f"rows_per_cta must be >= 1, got {rows_per_cta}")
-    with torch.cuda.device(kv.device):
-        fn(gmem_ptr(BF16, kv.data_ptr()), gmem_ptr(BF16, score.data_ptr()),
-           gmem_ptr(F32, ape.data_ptr()),
-           gmem_ptr(I32, cu.data_ptr(), align=4), gmem_ptr(I32, cuc.data_ptr(), align=4),
-           gmem_ptr(BF16, grad_out.data_ptr()),
-           gmem_ptr(BF16, dkv.data_ptr()), gmem_ptr(BF16, dscore.data_ptr()),
-           gmem_ptr(F32, dape.data_ptr()),
-           I32(kv.shape[0]), I32(n_rows), I32(cu.numel() - 1), I32(int(rows_per_cta)),
-           stream_of(stream, kv.device))
-
+    fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, int(rows_per_cta))

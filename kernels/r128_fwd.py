@@ -61,7 +61,7 @@ Known caveats (docs/CONTRACT.md section 6):
 
 from __future__ import annotations
 
-from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
+from csagate.kernels._dsl import compile_for, cute_modules, env_stream, fake_rows, fake_vec, sym
 from csagate.kernels.device import (
     F32,
     I32,
@@ -71,7 +71,6 @@ from csagate.kernels.device import (
     fma_rn,
     mul_rn,
     segment_scan,
-    stream_of,
 )
 from csagate.kernels.schedule import (
     PREFETCH_RING_MAX,
@@ -83,9 +82,6 @@ from csagate.kernels.schedule import (
 
 cutlass, cute = cute_modules()
 import cuda.bindings.driver as cuda  # noqa: E402  (after the DSL environment is prepared)
-
-# Base-pointer alignment promised to the compiler (bytes); the host API checks it.
-ALIGN = {"kv": 16, "score": 16, "ape": 16, "cu": 4, "cuc": 4, "out": 16}
 
 
 class R128FwdKernel(R128Geometry):
@@ -110,17 +106,11 @@ class R128FwdKernel(R128Geometry):
         self.maxntid = sched.vec == 8
 
     @cute.jit
-    def __call__(self, kv_ptr: cute.Pointer, score_ptr: cute.Pointer, ape_ptr: cute.Pointer,
-                 cu_ptr: cute.Pointer, cuc_ptr: cute.Pointer, out_ptr: cute.Pointer,
-                 n_tok: I32, n_rows: I32, n_seq: I32, stream: cuda.CUstream):
-        W = self.width
-        rows = cute.make_layout((n_tok, W), stride=(W, 1))
-        mKV = cute.make_tensor(kv_ptr, rows)
-        mScore = cute.make_tensor(score_ptr, rows)
-        mApe = cute.make_tensor(ape_ptr, cute.make_layout((RATIO, W), stride=(W, 1)))
-        mCu = cute.make_tensor(cu_ptr, cute.make_layout((n_seq + 1,)))
-        mCuc = cute.make_tensor(cuc_ptr, cute.make_layout((n_seq + 1,)))
-        mOut = cute.make_tensor(out_ptr, cute.make_layout((n_rows, self.d), stride=(self.d, 1)))
+    def __call__(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
+                 mCu: cute.Tensor, mCuc: cute.Tensor, mOut: cute.Tensor, stream: cuda.CUstream):
+        # TVM-FFI: (T, W):(W, 1), (128, W), (B+1,), (B+1,), (N, d):(d, 1); T, B+1, N symbolic.
+        n_rows = mOut.shape[0]
+        n_seq = mCu.shape[0] - 1
         block = (self.threads_x, self.tchunks, 1)
         if cutlass.const_expr(self.maxntid):
             self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
@@ -358,34 +348,24 @@ class R128FwdKernel(R128Geometry):
         return exp_of(x, self.fastexp)
 
 
-def _placeholder_args():
+def fake_args(d: int, coff: int):
+    """The compile-time arguments: T, B+1 and N symbolic, so one build serves every size."""
     BF16 = cutlass.BFloat16
-    return (gmem_ptr(BF16, align=ALIGN["kv"]), gmem_ptr(BF16, align=ALIGN["score"]),
-            gmem_ptr(F32, align=ALIGN["ape"]), gmem_ptr(I32, align=ALIGN["cu"]),
-            gmem_ptr(I32, align=ALIGN["cuc"]), gmem_ptr(BF16, align=ALIGN["out"]),
-            I32(0), I32(0), I32(0), stream_arg())
+    W = coff * d
+    T, B1, N = sym(), sym(), sym()
+    return (fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, RATIO, W),
+            fake_vec(I32, B1), fake_vec(I32, B1), fake_rows(BF16, N, d), env_stream())
 
 
 def build_fwd(*, d: int, coff: int, sched: FwdSchedule, arch: str):
     """Compile the r128 forward for (d, coff, sched) on ``arch`` (no GPU needed)."""
-    return compile_for(arch, R128FwdKernel(d, coff, sched), *_placeholder_args())
+    return compile_for(arch, R128FwdKernel(d, coff, sched), *fake_args(d, coff))
 
 
-def launch_fwd(fn, *, sched: FwdSchedule, kv, score, ape, cu, cuc, out, stream) -> None:
-    """Run a compiled forward on torch tensors; no validation (kernels/api.py does it).
-
-    Every schedule field is baked into ``fn``; ``sched`` is accepted for the uniform
-    ``launch_*`` signature. Launches nothing when ``out`` has no rows. Pointers are made with
-    the ``ALIGN`` promises of the build (``make_ptr`` asserts them).
+def launch_fwd(fn, *, sched: FwdSchedule, kv, score, ape, cu, cuc, out) -> None:
+    """Run a compiled forward on torch tensors, on torch's current stream; no validation
+    (kernels/api.py does it; the compiled function checks dtypes, shapes, strides, device and
+    alignment itself). ``sched`` is baked into ``fn``. Nothing launches when ``out`` is empty.
     """
-    n_rows = out.shape[0]
-    if n_rows == 0:
-        return
-    BF16 = cutlass.BFloat16
-    fn(gmem_ptr(BF16, kv.data_ptr(), ALIGN["kv"]),
-       gmem_ptr(BF16, score.data_ptr(), ALIGN["score"]),
-       gmem_ptr(F32, ape.data_ptr(), ALIGN["ape"]),
-       gmem_ptr(I32, cu.data_ptr(), ALIGN["cu"]),
-       gmem_ptr(I32, cuc.data_ptr(), ALIGN["cuc"]),
-       gmem_ptr(BF16, out.data_ptr(), ALIGN["out"]),
-       I32(kv.shape[0]), I32(n_rows), I32(cu.shape[0] - 1), stream_of(stream, kv.device))
+    if out.shape[0]:
+        fn(kv, score, ape, cu, cuc, out)

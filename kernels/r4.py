@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 
 import cuda.bindings.driver as cuda
-from csagate.kernels._dsl import compile_for, cute_modules, gmem_ptr, stream_arg
+from csagate.kernels._dsl import compile_for, cute_modules, env_stream, fake_rows, fake_vec, sym
 from csagate.kernels.device import (
     BF16,
     F32,
@@ -40,7 +40,6 @@ from csagate.kernels.device import (
     red_add_f32,
     segment_bits,
     segment_search,
-    stream_of,
     zero_padding_tokens,
     zero_short_segments,
 )
@@ -144,19 +143,12 @@ def _fwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
 
 
 @cute.jit
-def _fwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute.Pointer,
-              cuc: cute.Pointer, out: cute.Pointer, n_tok: I32, n_rows: I32, n_seq: I32,
-              seg_bits: I32, stream: cuda.CUstream,
+def _fwd_host(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
+              mCuc: cute.Tensor, mOut: cute.Tensor, seg_bits: I32, stream: cuda.CUstream,
               D: cutlass.Constexpr, COFF: cutlass.Constexpr):
-    W = COFF * D
     vec, threads = r4_fwd_schedule(D)
-    rows = cute.make_layout((n_tok, W), stride=(W, 1))
-    mKV = cute.make_tensor(kv, rows)
-    mS = cute.make_tensor(score, rows)
-    mApe = cute.make_tensor(ape, cute.make_layout((R4_RATIO, W), stride=(W, 1)))
-    mCu = cute.make_tensor(cu, cute.make_layout(n_seq + 1))
-    mCuc = cute.make_tensor(cuc, cute.make_layout(n_seq + 1))
-    mOut = cute.make_tensor(out, cute.make_layout((n_rows, D), stride=(D, 1)))
+    n_rows = mOut.shape[0]
+    n_seq = mCu.shape[0] - 1
     _fwd_kernel(mKV, mS, mApe, mCu, mCuc, mOut, n_seq, seg_bits, D, COFF, vec, threads).launch(
         grid=(n_rows, r4_fwd_grid_y(D), 1), block=(threads, 1, 1), stream=stream)
 
@@ -277,23 +269,13 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
 
 
 @cute.jit
-def _bwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute.Pointer,
-              cuc: cute.Pointer, grad_out: cute.Pointer, dkv: cute.Pointer,
-              dscore: cute.Pointer, dape: cute.Pointer, n_tok: I32, n_rows: I32, n_seq: I32,
-              seg_bits: I32, stream: cuda.CUstream,
+def _bwd_host(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
+              mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
+              mDApe: cute.Tensor, seg_bits: I32, stream: cuda.CUstream,
               D: cutlass.Constexpr, COFF: cutlass.Constexpr):
-    W = COFF * D
-    rows = cute.make_layout((n_tok, W), stride=(W, 1))
-    ape_rows = cute.make_layout((R4_RATIO, W), stride=(W, 1))
-    mKV = cute.make_tensor(kv, rows)
-    mS = cute.make_tensor(score, rows)
-    mApe = cute.make_tensor(ape, ape_rows)
-    mCu = cute.make_tensor(cu, cute.make_layout(n_seq + 1))
-    mCuc = cute.make_tensor(cuc, cute.make_layout(n_seq + 1))
-    mGo = cute.make_tensor(grad_out, cute.make_layout((n_rows, D), stride=(D, 1)))
-    mDKV = cute.make_tensor(dkv, rows)
-    mDS = cute.make_tensor(dscore, rows)
-    mDApe = cute.make_tensor(dape, ape_rows)
+    n_tok = mKV.shape[0]
+    n_rows = mGo.shape[0]
+    n_seq = mCu.shape[0] - 1
     _bwd_kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
                 seg_bits, D, COFF).launch(
         grid=(cute.ceil_div(n_rows, R4_BWD_ROWS), -(-D // R4_BWD_THREADS), 1),
@@ -312,13 +294,22 @@ def _check_config(d: int, coff: int) -> None:
         raise ValueError(f"head_dim must be >= 1, got {d}")
 
 
+def _fake_io(d: int, coff: int, grads: bool) -> list:
+    """The compile-time tensors: T, B+1 and N symbolic, so one build serves every size."""
+    W = coff * d
+    T, B1, N = sym(), sym(), sym()
+    args = [fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, R4_RATIO, W),
+            fake_vec(I32, B1), fake_vec(I32, B1), fake_rows(BF16, N, d)]
+    if grads:
+        args += [fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, R4_RATIO, W)]
+    return args
+
+
 def build_fwd(*, d: int, coff: int, arch: str, sched=None):
     """Compile the ratio=4 forward for (d, coff) on ``arch`` (no GPU needed); the schedule
     follows from d (``schedule.r4_schedule``), ``sched`` is taken for the uniform signature."""
     _check_config(d, coff)
-    ptrs = [gmem_ptr(t) for t in (BF16, BF16, F32)] + [gmem_ptr(I32, align=4)] * 2
-    ptrs.append(gmem_ptr(BF16))
-    return compile_for(arch, _fwd_host, *ptrs, I32(0), I32(0), I32(1), I32(1), stream_arg(),
+    return compile_for(arch, _fwd_host, *_fake_io(d, coff, False), I32(1), env_stream(),
                        d, coff)
 
 
@@ -326,35 +317,20 @@ def build_bwd(*, d: int, coff: int, arch: str, sched=None):
     """Compile the ratio=4 backward for (d, coff) on ``arch`` (no GPU needed); ``sched`` as in
     :func:`build_fwd`."""
     _check_config(d, coff)
-    ptrs = [gmem_ptr(t) for t in (BF16, BF16, F32)] + [gmem_ptr(I32, align=4)] * 2
-    ptrs += [gmem_ptr(t) for t in (BF16, BF16, BF16, F32)]
-    return compile_for(arch, _bwd_host, *ptrs, I32(0), I32(0), I32(1), I32(1), stream_arg(),
+    return compile_for(arch, _bwd_host, *_fake_io(d, coff, True), I32(1), env_stream(),
                        d, coff)
 
 
-def _ptr(t, dtype, align=16):
-    return gmem_ptr(dtype, t.data_ptr(), align=align)
-
-
-def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, stream=None, sched=None) -> None:
-    """out[b] for every row b < out.shape[0] (capacity padding rows included)."""
-    n_rows = out.shape[0]
-    if n_rows == 0:
-        return
-    n_seq = cu.numel() - 1
-    fn(_ptr(kv, BF16), _ptr(score, BF16), _ptr(ape, F32), _ptr(cu, I32, 4), _ptr(cuc, I32, 4),
-       _ptr(out, BF16), I32(kv.shape[0]), I32(n_rows), I32(n_seq), I32(segment_bits(n_seq)),
-       stream_of(stream, kv.device))
+def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, sched=None) -> None:
+    """out[b] for every row b < out.shape[0] (capacity padding rows included), on torch's
+    current stream."""
+    if out.shape[0]:
+        fn(kv, score, ape, cu, cuc, out, segment_bits(cu.shape[0] - 1))
 
 
 def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
-               stream=None, sched=None) -> None:
+               sched=None) -> None:
     """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += partials."""
-    n_rows = grad_out.shape[0]
-    if n_rows == 0:
-        return
-    n_seq = cu.numel() - 1
-    fn(_ptr(kv, BF16), _ptr(score, BF16), _ptr(ape, F32), _ptr(cu, I32, 4), _ptr(cuc, I32, 4),
-       _ptr(grad_out, BF16), _ptr(dkv, BF16), _ptr(dscore, BF16), _ptr(dape, F32),
-       I32(kv.shape[0]), I32(n_rows), I32(n_seq), I32(segment_bits(n_seq)),
-       stream_of(stream, kv.device))
+    if grad_out.shape[0]:
+        fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+           segment_bits(cu.shape[0] - 1))

@@ -323,7 +323,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
 
     def launch() -> None:
         with torch.cuda.device(device):
-            family.launch(fn, key, **inputs, **outputs, stream=torch.cuda.current_stream(device))
+            family.launch(fn, key, **inputs, **outputs)
     launch.buffers = tuple(t for name, t in outputs.items() if name != "grad_out")
     return launch
 

@@ -149,6 +149,14 @@ class RefBackend:
                             ratio=ratio, coff=coff)
         return self.dispatch(ratio, "bwd", coff, d, grad_out.shape[0])
 
+    def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows, ratio, coff):
+        """The op path: here the same reference calls into fresh buffers."""
+        out = torch.zeros(n_rows, grad_out.shape[1], dtype=torch.bfloat16)
+        self.forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+        grads = (torch.zeros_like(kv), torch.zeros_like(score), torch.zeros_like(ape))
+        self.backward(kv, score, ape, cu, cuc, grad_out, *grads, ratio=ratio, coff=coff)
+        return out, grads
+
     def after_forward(self, kv, score, ape, cu, cuc, out, *, ratio, coff) -> None:
         """Where a fault edits the forward's output."""
 
@@ -209,6 +217,13 @@ class FaultyBackend(RefBackend):
         self.opts = opts
         self.fwd_calls = 0
         self.bwd_calls = 0
+
+    def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows, ratio, coff):
+        out, grads = super().through_op(kv, score, ape, cu, cuc, grad_out, n_rows=n_rows,
+                                        ratio=ratio, coff=coff)
+        if self.fault == "op" and self._hit(kv, cu, ratio, coff):
+            bump(grads[1], (0, 0))  # the op's dScore differs from the direct path's by a step
+        return out, grads
 
     def _hit(self, kv, cu, ratio, coff) -> bool:
         return self.case is not None and matches(self.case, kv, cu, ratio, coff)

@@ -301,11 +301,13 @@ def test_kernel_modules_take_the_keywords_the_api_passes():
     x = object()
     inputs = dict(kv=x, score=x, ape=x, cu=x, cuc=x)
     grads = dict(grad_out=x, dkv=x, dscore=x, dape=x)
-    inspect.signature(r4.launch_fwd).bind(x, **inputs, out=x, stream=x)
-    inspect.signature(r4.launch_bwd).bind(x, **inputs, **grads, stream=x)
-    inspect.signature(r128_fwd.launch_fwd).bind(x, sched=x, **inputs, out=x, stream=x)
-    inspect.signature(r128_bwd.launch_bwd).bind(x, sched=x, **inputs, **grads,
-                                                rows_per_cta=1, stream=x)
+    # launches go to torch's current stream (the TVM-FFI environment stream): no stream arg
+    inspect.signature(r4.launch_fwd).bind(x, sched=x, **inputs, out=x)
+    inspect.signature(r4.launch_bwd).bind(x, sched=x, **inputs, **grads)
+    inspect.signature(r128_fwd.launch_fwd).bind(x, sched=x, **inputs, out=x)
+    inspect.signature(r128_bwd.launch_bwd).bind(x, sched=x, **inputs, **grads, rows_per_cta=1)
+    with pytest.raises(TypeError):
+        inspect.signature(r128_fwd.launch_fwd).bind(x, sched=x, **inputs, out=x, stream=x)
     for build, kw in ((r4.build_fwd, {}), (r4.build_bwd, {}), (r128_fwd.build_fwd, {"sched": x}),
                       (r128_bwd.build_bwd, {"sched": x})):
         inspect.signature(build).bind(d=128, coff=1, arch="sm_90a", **kw)

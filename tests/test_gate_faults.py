@@ -102,6 +102,7 @@ def test_every_case_runs_every_gate(clean):
         assert {"out", "dkv", "dscore", "dape"} <= {g.tensor for g in r.results("G2")}
         assert {g.tensor for g in r.results("G3")} == {"out", "dkv", "dscore", "dape"}
         assert {"dkv", "dscore"} <= {g.tensor for g in r.results("zeros")}
+        assert {g.tensor for g in r.results("op")} == {"out", "dkv", "dscore", "dape"}
         assert r.schedules("fwd") and r.schedules("bwd")
         for key in ("bitwise_equal_to_eager", "err_fused", "err_eager", "dape_replay_delta"):
             assert key in r.recorded
@@ -230,6 +231,16 @@ def test_nondeterministic_output_fails_g1():
     g1 = r.result("G1", "out").numbers
     assert g1["first_run"] == 3 and g1["n_diff"] == (0, 1)
     assert len(set(g1["bits"])) == 2
+
+
+def test_an_op_that_differs_from_the_direct_path_fails_op():
+    """The torch op must add no numerics: one dScore step off through the op fails gate op."""
+    name = "c2d32/1x48"
+    v = faulted("op", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("op", "dscore")}
+    assert r.result("op", "dscore").numbers["n_diff"] == (1,)
 
 
 def test_wrong_nan_mask_on_overflow_fails_g2():

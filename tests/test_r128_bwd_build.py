@@ -191,7 +191,7 @@ def test_launch_nothing_without_rows():
                cu=torch.tensor([0, 256], dtype=torch.int32),
                cuc=torch.tensor([0, 0], dtype=torch.int32),
                grad_out=torch.empty(0, d, dtype=torch.bfloat16), dkv=dkv, dscore=dkv,
-               dape=torch.zeros(128, coff * d), rows_per_cta=1, stream=None)
+               dape=torch.zeros(128, coff * d), rows_per_cta=1)
     assert bool((dkv == 7.0).all())
 
 

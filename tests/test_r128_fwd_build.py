@@ -342,7 +342,7 @@ def test_launch_with_no_rows_launches_nothing():
         raise AssertionError("launch_fwd called the kernel for N == 0")
 
     launch_fwd(must_not_run, sched=sched, kv=kv, score=kv, ape=ape, cu=cu, cuc=cu * 0,
-               out=out, stream=None)
+               out=out)
 
 
 def test_rejects_invalid_schedule():

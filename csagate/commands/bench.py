@@ -105,13 +105,16 @@ def _sweep_json(rows) -> list[dict]:
               help="A/B a schedule field per bucket (repeatable) instead of the shape table.")
 @click.option("--sweep", "sweep_dirs", type=click.Choice(["fwd", "bwd", "all"]), default=None,
               help="Search each bucket's schedule space and A/B the winner against the table.")
+@click.option("--host", "host", is_flag=True,
+              help="Host time per call instead: the api path, the torch op and a do-nothing op "
+                   "with the op's signature (1000 calls, median of 5; c1d128, 1024 tokens).")
 @click.option("--shape", "shapes", multiple=True, metavar="cCdD:TOKENS",
               help="Only these shapes, e.g. c1d128:8192 (repeatable).")
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(1))
 @click.option("--warmup", default=30, show_default=True, type=click.IntRange(0))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               callback=existing_parent, help="Also write every number to this JSON file.")
-def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> None:
+def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path) -> None:
     from csagate.kernels import schedule as S
     from csagate.perf import bench
 
@@ -133,6 +136,25 @@ def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> N
     err = console.err()
     report = {"gpu": torch.cuda.get_device_name(), "cc": list(torch.cuda.get_device_capability()),
               "iters": iters, "warmup": warmup}
+    if host:
+        from csagate.perf.hostus import host_us_table
+
+        with err.status("host us per call"):
+            host_rows = host_us_table()
+        table = console.new_table("host time per call (CPU wall, 1000 back-to-back calls, "
+                                  "median of 5; c1d128, 1024 tokens, N = 8)",
+                                  ("path", "us/call", "sync tail us"),
+                                  marks=("us/call", "sync tail us"),
+                                  right=("us/call", "sync tail us"))
+        for r in host_rows:
+            table.add_row(r.path, f"{r.us:.1f}", f"{r.sync_tail_us:.1f}")
+        console.print_table(table)
+        report["host_us"] = [dataclasses.asdict(r) for r in host_rows]
+        if json_path:
+            from pathlib import Path
+
+            Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        return
     with err.status("measuring the copy bandwidth"):
         copy_bw = bench.copy_bandwidth()
     report["copy_bw_Bps"] = copy_bw

@@ -94,7 +94,7 @@ def run_fused(coff: int, d: int, sched: BwdSchedule, pack, go, *, fill: float,
     kv, score, ape, cu, cuc = pack.inputs()
     launch_bwd(compiled(coff, d, sched), sched=sched, kv=kv, score=score, ape=ape, cu=cu,
                cuc=cuc, grad_out=go, dkv=dkv, dscore=dscore, dape=dape,
-               rows_per_cta=rows_per_cta, stream=torch.cuda.current_stream())
+               rows_per_cta=rows_per_cta)
     torch.cuda.synchronize()
     return dkv, dscore, dape
 

@@ -79,7 +79,7 @@ def run_fused(coff: int, d: int, sched: FwdSchedule, pack, fill: float) -> torch
     out = torch.full((pack.n_rows, d), fill, dtype=torch.bfloat16, device="cuda")
     kv, score, ape, cu, cuc = pack.inputs()
     launch_fwd(compiled(coff, d, sched), sched=sched, kv=kv, score=score, ape=ape, cu=cu,
-               cuc=cuc, out=out, stream=torch.cuda.current_stream())
+               cuc=cuc, out=out)
     torch.cuda.synchronize()
     return out
 

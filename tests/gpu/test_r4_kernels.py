@@ -73,8 +73,9 @@ def _run_fwd(pack, *, fill=float("nan"), stream=None) -> torch.Tensor:
     out = torch.full((pack.n_rows, pack.d), fill, dtype=torch.bfloat16, device="cuda")
     if stream is not None:  # the fill above runs on the current stream
         stream.wait_stream(torch.cuda.current_stream())
-    r4.launch_fwd(_kernels(pack.d, pack.coff)[0], kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
-                  out=out, stream=stream)
+    with torch.cuda.stream(stream or torch.cuda.current_stream()):  # launches on the current
+        r4.launch_fwd(_kernels(pack.d, pack.coff)[0], kv=kv, score=score, ape=ape, cu=cu,
+                      cuc=cuc, out=out)
     torch.cuda.synchronize()
     return out
 
@@ -88,8 +89,9 @@ def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None):
     dape = torch.zeros_like(ape)
     if stream is not None:  # the fills above run on the current stream
         stream.wait_stream(torch.cuda.current_stream())
-    r4.launch_bwd(_kernels(pack.d, pack.coff)[1], kv=kv, score=score, ape=ape, cu=cu, cuc=cuc,
-                  grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape, stream=stream)
+    with torch.cuda.stream(stream or torch.cuda.current_stream()):
+        r4.launch_bwd(_kernels(pack.d, pack.coff)[1], kv=kv, score=score, ape=ape, cu=cu,
+                      cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape)
     torch.cuda.synchronize()
     return dkv, dscore, dape
 

@@ -1,0 +1,204 @@
+"""The torch op on the GPU (the ``gpu`` marker; run on the H200): opcheck, gradients equal to
+the api's, ape.grad across calls, torch.compile(fullgraph=True) training steps (backed and
+unbacked row counts), CUDA-graph capture after a warm-up, the environment stream and an
+explicit stream, and the api's one-line errors through the op. dAPE is compared within 1e-5
+(fp32 atomics: not bitwise run to run); out, dKV and dScore bitwise."""
+
+from __future__ import annotations
+
+import csagate.kernels.api as A
+import csagate.reference as R
+import pytest
+import torch
+
+from csagate import ops
+
+pytestmark = pytest.mark.gpu
+
+DEV = torch.device("cuda")
+CONFIGS = [(128, 1, 128), (128, 2, 128), (128, 1, 512), (128, 2, 512), (4, 2, 128), (4, 1, 65)]
+
+
+def pack(ratio, coff, d, lens=(8192 + 37, 300, 0, 129), pad_rows=2, seed=0):
+    p = R.make_pack(lens, ratio=ratio, coff=coff, d=d, pad_rows=pad_rows, pad_tokens=5,
+                    seed=seed, device=DEV)
+    return p
+
+
+def grad_out(p, seed=1):
+    return R.make_grad_out(p.n_rows, p.d, seed=seed, device=DEV)
+
+
+def _dape_close(a, b, what):
+    same = torch.equal(a, b)
+    if not same:
+        err = (a - b).abs().max().item()
+        assert err <= 1e-5
+    return same
+
+
+# --- the op -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio, coff, d", CONFIGS[:2] + CONFIGS[4:5])
+def test_opcheck(ratio, coff, d):
+    p = pack(ratio, coff, d, lens=(300, 129))
+    kv, score, ape, cu, cuc = p.inputs()
+    for t in (kv, score, ape):
+        t.requires_grad_(True)
+    torch.library.opcheck(torch.ops.csagate.csa_compress_fwd.default,
+                          (kv, score, ape, cu, cuc, ratio, coff, p.n_rows))
+    torch.library.opcheck(torch.ops.csagate.csa_compress_fwd.default,
+                          (kv, score, ape, cu, cuc, ratio, coff, None))
+    go = grad_out(p)
+    torch.library.opcheck(torch.ops.csagate.csa_compress_bwd.default,
+                          (kv.detach(), score.detach(), ape.detach(), cu, cuc, go, ratio, coff))
+
+
+@pytest.mark.parametrize("ratio, coff, d", CONFIGS)
+def test_op_eager_grads_equal_api(ratio, coff, d):
+    p = pack(ratio, coff, d)
+    kv, score, ape, cu, cuc = (t.clone() for t in p.inputs())
+    for t in (kv, score, ape):
+        t.requires_grad_(True)
+    out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=p.n_rows)
+    go = grad_out(p)
+    out.backward(go)
+    ref_out = A.forward(*p.inputs(), ratio=ratio, coff=coff, n_rows=p.n_rows)
+    dkv, dscore, dape = A.backward(*p.inputs(), go, ratio=ratio, coff=coff)
+    assert torch.equal(out.detach(), ref_out)
+    assert torch.equal(kv.grad, dkv) and torch.equal(score.grad, dscore)
+    _dape_close(ape.grad, dape, "op vs api")
+
+
+def test_ape_grad_across_calls():
+    p = pack(128, 2, 128)
+    kv, score, ape, cu, cuc = p.inputs()
+    ape = ape.clone().requires_grad_(True)
+    go = grad_out(p)
+    for _ in range(2):
+        ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=2, n_rows=p.n_rows) \
+            .backward(go)
+    one = A.backward(kv, score, ape.detach(), cu, cuc, go, ratio=128, coff=2)[2]
+    assert (ape.grad - 2 * one).abs().max().item() <= 2e-5
+
+
+def test_op_without_n_rows():
+    p = pack(128, 1, 128, pad_rows=0)
+    kv, score, ape, cu, cuc = p.inputs()
+    out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1)
+    assert out.shape == (int(cuc[-1]), 128)
+
+
+def test_compile_fullgraph_training_step():
+    torch._dynamo.reset()
+    p = pack(128, 2, 128)
+    kv0, score0, ape0, cu, cuc = p.inputs()
+    proj = torch.nn.Linear(128, 128, dtype=torch.bfloat16, device=DEV)
+
+    def step(kv, score, ape):
+        out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=2, n_rows=p.n_rows)
+        return proj(out).float().square().mean()
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_(True) for t in (kv0, score0, ape0)]
+        proj.zero_grad(set_to_none=True)
+        loss = fn(*leaves)
+        loss.backward()
+        return loss.detach(), [t.grad for t in leaves]
+
+    eager_loss, eager_g = run(step)
+    compiled = torch.compile(step, fullgraph=True)
+    for _ in range(2):  # second call: no recompile, same bits
+        loss, g = run(compiled)
+    assert torch.equal(loss, eager_loss)
+    assert torch.equal(g[0], eager_g[0]) and torch.equal(g[1], eager_g[1])
+    _dape_close(g[2], eager_g[2], "compiled vs eager")
+
+
+def test_compile_fullgraph_unbacked_rows():
+    torch._dynamo.reset()
+    p = pack(128, 1, 128, pad_rows=0)
+    kv, score, ape, cu, cuc = (t.clone() for t in p.inputs())
+    ape.requires_grad_(True)
+
+    @torch.compile(fullgraph=True)
+    def step(kv, score, ape):
+        return ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1).float().sum()
+
+    step(kv, score, ape).backward()
+    assert ape.grad is not None
+
+
+def test_cuda_graph_capture_after_warmup():
+    p = pack(128, 2, 128)
+    kv, score, ape, cu, cuc = (t.clone() for t in p.inputs())
+    for t in (kv, score, ape):
+        t.requires_grad_(True)
+    go = grad_out(p)
+
+    def fwd_bwd():
+        for t in (kv, score, ape):
+            t.grad = None
+        out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=2, n_rows=p.n_rows)
+        out.backward(go)
+        return out
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fwd_bwd()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fwd_bwd()
+    new = pack(128, 2, 128, seed=7)
+    with torch.no_grad():
+        kv.copy_(new.kv)
+        score.copy_(new.score)
+        ape.copy_(new.ape)
+    g.replay()
+    torch.cuda.synchronize()
+    ref = A.forward(new.kv, new.score, new.ape, cu, cuc, ratio=128, coff=2, n_rows=p.n_rows)
+    assert torch.equal(out, ref)
+    dkv, dscore, _ = A.backward(new.kv, new.score, new.ape, cu, cuc, go, ratio=128, coff=2)
+    assert torch.equal(kv.grad, dkv) and torch.equal(score.grad, dscore)
+
+
+def test_env_stream_follows_current_and_explicit_stream():
+    p = pack(128, 1, 512)
+    kv, score, ape, cu, cuc = p.inputs()
+    ref = A.forward(kv, score, ape, cu, cuc, ratio=128, coff=1, n_rows=p.n_rows)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    torch.cuda._sleep(50_000_000)  # keep the default stream busy: a wrong stream races
+    with torch.cuda.stream(s):
+        out1 = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1, n_rows=p.n_rows)
+    out2 = A.forward(kv, score, ape, cu, cuc, ratio=128, coff=1, n_rows=p.n_rows, stream=s)
+    s.synchronize()
+    assert torch.equal(out1, ref) and torch.equal(out2, ref)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("misaligned", "base pointer"),
+    ("dtype", "kv must be torch.bfloat16"),
+    ("cpu", "must be a CUDA tensor"),
+    ("short_out", "requires at least ratio=128 tokens"),
+])
+def test_bad_input_gives_api_errors(bad, message):
+    p = pack(128, 1, 128, lens=(300,))
+    kv, score, ape, cu, cuc = p.inputs()
+    if bad == "misaligned":
+        kv = torch.empty(kv.numel() + 8, dtype=kv.dtype, device=DEV)[1:kv.numel() + 1] \
+            .view(kv.shape)
+    elif bad == "dtype":
+        kv = kv.float()
+    elif bad == "cpu":
+        cu = cu.cpu()
+    elif bad == "short_out":
+        kv, score = kv[:100], score[:100]
+        cu = torch.tensor([0, 100], dtype=torch.int32, device=DEV)
+        cuc = torch.tensor([0, 0], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=message):
+        ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1, n_rows=2)
