@@ -6,10 +6,11 @@ catches it.
 
 ``check`` (run by the CPU tests): every mutant's find-text occurs exactly once in its file,
 and the mutated tree's kernels of the mutant's ratio cross-compile for ``--arch``.
-``gate`` (on a GPU): builds every mutated tree with its own fresh compile cache (in
-parallel), then runs ``csagate run --ratio R --json`` on each in turn; an out-of-contract
-mutant must exit 1 with its expected gate among the failed ones, an in-contract mutant must
-exit 0. Prints one row per mutant and writes a Markdown table with ``--report``.
+``gate`` (on a GPU): runs ``csagate run --ratio R --json`` on every mutated tree, each with
+its own fresh compile cache, ``--jobs`` at a time (the builds are CPU work; the gates share the
+GPU); an out-of-contract mutant must exit 1 with its expected gate among the failed ones, an
+in-contract mutant must exit 0. Prints one row per mutant and writes a Markdown table with
+``--report``.
 
 Each mutated tree is a copy of the tracked files; ``csagate`` is imported from it through a
 symlink tree first on PYTHONPATH (``csagate.kernels`` -> ``<copy>/kernels`` ...), so the
@@ -191,23 +192,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=("check", "gate"))
     ap.add_argument("names", nargs="*")
     ap.add_argument("--arch", default=None, help="check: cross-compile target (default sm_90a)")
-    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    ap.add_argument("--jobs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--report", type=Path, help="gate: write the Markdown table here")
     ap.add_argument("--keep", action="store_true", help="keep the mutated trees")
     args = ap.parse_intermixed_args(argv)
     mutants = select(args.names)
     base = Path(tempfile.mkdtemp(prefix="csagate-mutants-"))
     try:
-        arch = args.arch or ("sm_90a" if args.mode == "check" else None)
-        with ThreadPoolExecutor(args.jobs) as pool:
-            built = list(pool.map(lambda m: build(m, base, arch), mutants))
-        outcomes = []
-        for b in built:
-            if args.mode == "check" or not b.ok:
-                outcomes.append(b)
-            else:
-                outcomes.append(judge(b.mutant, base))
-                print(f"{b.mutant.name}: {outcomes[-1].detail}", file=sys.stderr, flush=True)
+        if args.mode == "check":
+            with ThreadPoolExecutor(args.jobs) as pool:
+                outcomes = list(pool.map(lambda m: build(m, base, args.arch or "sm_90a"),
+                                         mutants))
+        else:  # each `csagate run` builds its own tree's kernels in its fresh cache
+            def one(m: Mutant) -> Outcome:
+                try:
+                    make_tree(m, base)
+                except ValueError as exc:
+                    return Outcome(m, False, str(exc))
+                outcome = judge(m, base)
+                print(f"{m.name}: {outcome.detail}", file=sys.stderr, flush=True)
+                return outcome
+
+            with ThreadPoolExecutor(args.jobs) as pool:
+                outcomes = list(pool.map(one, mutants))
         width = max(len(o.mutant.name) for o in outcomes)
         for o in outcomes:
             print(f"{'ok  ' if o.ok else 'FAIL'} {o.mutant.name:<{width}}  {o.detail}")
