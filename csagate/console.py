@@ -26,19 +26,24 @@ def _kwargs() -> dict:
     return {}
 
 
+def _make(name: str) -> Console:
+    """The one Console of stdout (results, kept whole) or stderr (status, soft-wrapped)."""
+    stream = sys.stdout if name == "out" else sys.stderr
+    return Console(file=stream, markup=False, emoji=False, highlight=False,
+                   soft_wrap=name == "err", **_kwargs())
+
+
 def out() -> Console:
     global _out
     if _out is None:
-        _out = Console(file=sys.stdout, markup=False, emoji=False, highlight=False,
-                       soft_wrap=False, **_kwargs())
+        _out = _make("out")
     return _out
 
 
 def err() -> Console:
     global _err
     if _err is None:
-        _err = Console(file=sys.stderr, markup=False, emoji=False, highlight=False,
-                       soft_wrap=True, **_kwargs())
+        _err = _make("err")
     return _err
 
 

@@ -15,7 +15,7 @@ import math
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -23,20 +23,10 @@ from rich.text import Text
 
 from csagate import console as _console
 from csagate.exitcodes import ExitCode
-from csagate.gates.verdict import (
-    ERROR,
-    FAIL,
-    NOT_ASSERTED,
-    PASS,
-    RECORDED,
-    SKIP,
-    UNTRUSTED,
-    CaseResult,
-    CoverageResult,
-    GateResult,
-    Selection,
-    Verdict,
-)
+from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
+
+if TYPE_CHECKING:  # annotations only: the renderers read the verdict's records
+    from csagate.gates.verdict import CaseResult, CoverageResult, GateResult, Selection, Verdict
 
 SCHEMA = "csagate.verdict/1"
 COULD_NOT_EVALUATE = "COULD NOT EVALUATE"   # the verdict of an exit-3 run

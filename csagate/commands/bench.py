@@ -53,35 +53,35 @@ def _where(r) -> str:
     return f"{r.direction} {r.config} {r.bucket} @{r.tokens}"
 
 
-def ab_table(rows) -> Table:
-    cols = ("bucket", "base", "variant", "order 1 us", "order 2 us", "delta\n1 / 2", "noise",
-            "decision")
-    t = console.new_table("A/B: base -> variant, graph replay per launch (us), interleaved, "
-                          "order 1 base first, order 2 variant first", cols,
-                          marks=("noise",), right=("noise",))
+def _orders_table(title: str, rows, cols: tuple[str, ...], other, extra) -> Table:
+    """base -> other (us per launch) in both orders: the A/B and the sweep tables.
+    ``other(r)`` is ``(name, (us order 1, us order 2))``, ``extra(r)`` the last mark column."""
+    t = console.new_table(title, cols, marks=(cols[-2],), right=(cols[-2],))
     for r in rows:
-        t.add_row(_where(r), r.base, r.variant,
-                  f"{r.base_us[0]:.2f} -> {r.variant_us[0]:.2f}",
-                  f"{r.base_us[1]:.2f} -> {r.variant_us[1]:.2f}",
-                  f"{100 * r.delta(0):+.1f}% / {100 * r.delta(1):+.1f}%",
-                  f"{100 * r.noise:.1f}%", r.decision)
+        name, us = other(r)
+        t.add_row(_where(r), r.base, name, f"{r.base_us[0]:.2f} -> {us[0]:.2f}",
+                  f"{r.base_us[1]:.2f} -> {us[1]:.2f}",
+                  f"{100 * r.delta(0):+.1f}% / {100 * r.delta(1):+.1f}%", extra(r), r.decision)
     return t
+
+
+def ab_table(rows) -> Table:
+    return _orders_table(
+        "A/B: base -> variant, graph replay per launch (us), interleaved, order 1 base first, "
+        "order 2 variant first", rows,
+        ("bucket", "base", "variant", "order 1 us", "order 2 us", "delta\n1 / 2", "noise",
+         "decision"),
+        lambda r: (r.variant, r.variant_us), lambda r: f"{100 * r.noise:.1f}%")
 
 
 def sweep_table(rows) -> Table:
-    cols = ("bucket", "table entry", "best", "order 1 us", "order 2 us", "delta\n1 / 2",
-            "tried", "decision")
-    t = console.new_table("schedule sweep per bucket: fastest candidate passing G2, then an "
-                          "interleaved A/B (both orders) against the shipped table entry; graph "
-                          "replay us/launch", cols, marks=("tried",), right=("tried",))
-    for r in rows:
-        ok = sum(1 for c in r.candidates if c.ok)
-        t.add_row(_where(r), r.base, r.best,
-                  f"{r.base_us[0]:.2f} -> {r.best_us[0]:.2f}",
-                  f"{r.base_us[1]:.2f} -> {r.best_us[1]:.2f}",
-                  f"{100 * r.delta(0):+.1f}% / {100 * r.delta(1):+.1f}%",
-                  f"{ok}/{len(r.candidates)}", r.decision)
-    return t
+    return _orders_table(
+        "schedule sweep per bucket: fastest candidate passing G2, then an interleaved A/B (both "
+        "orders) against the shipped table entry; graph replay us/launch", rows,
+        ("bucket", "table entry", "best", "order 1 us", "order 2 us", "delta\n1 / 2", "tried",
+         "decision"),
+        lambda r: (r.best, r.best_us),
+        lambda r: f"{sum(1 for c in r.candidates if c.ok)}/{len(r.candidates)}")
 
 
 def _sweep_json(rows) -> list[dict]:

@@ -56,6 +56,14 @@ def resolve_arch(arch: str | None) -> str:
     return FALLBACK_ARCH
 
 
+def ratio_option(fn):
+    """``--ratio 4|128|all``: the kernel families to build or probe (build and probe alike)."""
+    return click.option("--ratio", type=click.Choice(RATIO_CHOICES), default="all",
+                        show_default=True,
+                        help="ratio=4: coff 1/2 x d 65/128/512 (vec=1, vec=2, drift d); "
+                             "ratio=128: the kernels of the dispatch tables.")(fn)
+
+
 def arch_option(fn):
     return click.option("--arch", type=click.Choice(ARCH_CHOICES), default=None,
                         help=ARCH_HELP)(fn)
@@ -109,9 +117,7 @@ def build_table(records, arch: str):
 @click.command("build", help="Compile (or cross-compile) every kernel a ratio can select, "
                "and show each kernel's schedule and compile time. Compiled kernels live in "
                "this process only: every run compiles.")
-@click.option("--ratio", type=click.Choice(RATIO_CHOICES), default="all", show_default=True,
-              help="ratio=4: coff 1/2 x d 65/128/512 (vec=1, vec=2, drift d); ratio=128: the "
-                   "16 kernels of the dispatch tables.")
+@ratio_option
 @arch_option
 @click.option("--json", "as_json", is_flag=True,
               help="Print the kernels as JSON on stdout (the shape of `probe --json`).")

@@ -4,7 +4,6 @@ import click
 
 from csagate import console
 from csagate.commands.build import (
-    RATIO_CHOICES,
     arch_option,
     existing_parent,
     kernel_json,
@@ -12,6 +11,7 @@ from csagate.commands.build import (
     one_line,
     print_table,
     progress_bar,
+    ratio_option,
     ratios_of,
     require_dsl,
     resolve_arch,
@@ -38,9 +38,7 @@ def probe_table(rows, arch: str):
                "on its PTX and report registers, spills, stack and ex2.approx. Exit 0 only if "
                "every kernel has 0 spill / 0 stack and none was skipped. ptxas: the "
                "nvidia-cuda-nvcc-cu12 wheel's (dev extra), else PATH, else $CUDA_HOME/bin.")
-@click.option("--ratio", type=click.Choice(RATIO_CHOICES), default="all", show_default=True,
-              help="ratio=128: the 16 kernels of the dispatch tables; ratio=4: coff 1/2 x "
-                   "d 65/128/512.")
+@ratio_option
 @arch_option
 @click.option("--keep-ptx", "keep_ptx", metavar="DIR", callback=existing_parent,
               type=click.Path(file_okay=False, writable=True),
