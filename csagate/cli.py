@@ -19,6 +19,7 @@ COMMANDS = {
     "probe": "Register probe: ptxas -v on every kernel's PTX (spills, stack, ex2.approx).",
     "schedules": "Print the ratio=128 dispatch tables and the kernels they can select.",
     "bench": "Benchmark the fused kernels against the eager reference and the roofline.",
+    "cache": "The disk cache of compiled kernels: info (where, how many), clear.",
     "reference": "Show the in-place eager reference; --check runs the drift check alone.",
 }
 

@@ -12,15 +12,23 @@ RuntimeError: compiling takes a fraction of a second of host work that a graph w
 replay, so capture must find every kernel it needs already built
 (``csagate.kernels.api.build()`` or one eager step).
 
+Behind it sits the disk cache (:mod:`csagate.kernels.diskcache`, on unless
+``CSAGATE_DISK_CACHE=0``): a compiled kernel is stored once per user, keyed by the kernel
+sources, the compile key and the toolchain, and a later process loads it instead of compiling
+(a lookup that loads from disk counts as a hit).
+
 Importing this module does not import cutlass or torch.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from csagate.kernels.registry import KernelKey, keys_for, make_key, sort_keys
 
@@ -53,14 +61,16 @@ class _Entry:
     fn: object
     seconds: float
     hits: int = 0
+    ptx: str | None = None  # the PTX text, for an entry loaded from the disk cache
     loaded: set = field(default_factory=set)  # device indices the module is loaded on
 
 
 class KernelCache:
     """Compiled kernels by :class:`KernelKey`; thread-safe, compile-once."""
 
-    def __init__(self, compiler: Callable[[KernelKey], object] = compile_key):
+    def __init__(self, compiler: Callable[[KernelKey], object] = compile_key, disk=None):
         self._compile = compiler
+        self._disk = disk  # a diskcache.DiskCache: compiled kernels that outlive the process
         self._entries: dict[KernelKey, _Entry] = {}
         self._lock = threading.RLock()
         self._misses = 0
@@ -79,6 +89,14 @@ class KernelCache:
                     "compiling cannot be captured; call csagate.kernels.api.build() or run one "
                     "eager step before capturing")
             t0 = time.perf_counter()
+            if self._disk is not None:
+                fn, ptx, record = self._disk.get(disk_key(key), lambda: self._compile(key))
+                entry = _Entry(fn, time.perf_counter() - t0, ptx=ptx or None)
+                self._entries[key] = entry
+                if record.hit:  # loaded from disk: a true cache hit, nothing compiled
+                    return entry, True
+                self._misses += 1
+                return entry, False
             fn = self._compile(key)
             entry = _Entry(fn, time.perf_counter() - t0)
             self._entries[key] = entry
@@ -125,6 +143,13 @@ class KernelCache:
                 progress(record, i + 1, len(keys))
         return records
 
+    def ptx(self, key: KernelKey) -> str | None:
+        """The PTX text of ``key``'s kernel (compiling or loading it first), None if none."""
+        from csagate.kernels import _dsl
+
+        entry, _ = self._entry(key)
+        return entry.ptx if entry.ptx is not None else _dsl.ptx_of(entry.fn)
+
     def contains(self, key: KernelKey) -> bool:
         return key in self._entries
 
@@ -146,4 +171,35 @@ class KernelCache:
         }
 
 
-CACHE = KernelCache()
+def disk_key(key: KernelKey) -> dict:
+    """The disk cache's key of a kernel: the typed compile key's fields, the kernels package's
+    source hash, and (added by the disk cache) the toolchain versions."""
+    import dataclasses
+
+    from csagate.kernels import diskcache
+
+    fields = {"d": key.d, "coff": key.coff}
+    fields.update({f"sched.{k}": v for k, v in dataclasses.asdict(key.schedule).items()})
+    return diskcache.make_key(family=f"r{key.ratio}", direction=key.direction, fields=fields,
+                              arch=key.arch, options="--enable-tvm-ffi",
+                              sources=_kernel_sources())
+
+
+@functools.cache
+def _kernel_sources() -> str:
+    from csagate.kernels import diskcache
+
+    return diskcache.source_hash(diskcache.package_sources(Path(__file__).parent))
+
+
+def default_disk_cache():
+    """The per-user disk cache (``CSAGATE_CACHE_DIR`` overrides the folder), or None when
+    ``CSAGATE_DISK_CACHE=0`` turns it off."""
+    if os.environ.get("CSAGATE_DISK_CACHE", "1") == "0":
+        return None
+    from csagate.kernels import diskcache
+
+    return diskcache.DiskCache()
+
+
+CACHE = KernelCache(disk=default_disk_cache())

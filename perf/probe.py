@@ -115,10 +115,9 @@ def _schedule_tuple(key: KernelKey) -> tuple:
 
 def probe_one(key: KernelKey, out_dir: Path, ptxas: str, cache: KernelCache = CACHE
               ) -> ProbeRow:
-    from csagate.kernels._dsl import ptx_of
 
     sched = _schedule_tuple(key)
-    ptx = ptx_of(cache.get(key))
+    ptx = cache.ptx(key)
     if ptx is None:
         return ProbeRow(key.tag, key.kind, sched, key.arch, None, None, None, None, None, None,
                         False, "skipped: no PTX retained (need CUTE_DSL_KEEP=ptx)")

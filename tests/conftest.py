@@ -7,6 +7,10 @@ import pytest
 os.environ.setdefault("CSAGATE_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..",
                                                          ".csagate-cache"))
 
+# The disk cache has its own tests (test_diskcache.py); elsewhere each test compiles what it
+# checks (a probe test must see the compiler's PTX, not an entry of an earlier run).
+os.environ.setdefault("CSAGATE_DISK_CACHE", "0")
+
 from csagate.kernels._dsl import _prepare_env  # noqa: E402
 
 _prepare_env()

@@ -105,18 +105,21 @@ def progress_bar(total: int, what: str):
 
 
 def build_table(records, arch: str):
-    """One row per kernel: its tag, every field of its schedule, the compile seconds."""
+    """One row per kernel: its tag, every field of its schedule, where it came from (compiled,
+    or a cache hit: loaded from the disk cache or built earlier in this process), seconds."""
     table = console.new_table(f"csagate build: {len(records)} kernels for {arch}",
-                              ("kernel", "schedule", "compile s"), marks=("compile s",),
-                              right=("compile s",))
+                              ("kernel", "schedule", "cached", "s"), marks=("cached", "s"),
+                              right=("s",))
     for rec in records:
-        table.add_row(rec.key.tag, console.schedule_text(rec.key.schedule), f"{rec.seconds:.2f}")
+        table.add_row(rec.key.tag, console.schedule_text(rec.key.schedule),
+                      "hit" if rec.hit else "no", f"{rec.seconds:.2f}")
     return table
 
 
 @click.command("build", help="Compile (or cross-compile) every kernel a ratio can select, "
-               "and show each kernel's schedule and compile time. Compiled kernels live in "
-               "this process only: every run compiles.")
+               "and show each kernel's schedule, whether it was a cache hit, and its compile "
+               "(or load) time. Compiled kernels are kept in the per-user disk cache "
+               "(`csagate cache info`).")
 @ratio_option
 @arch_option
 @click.option("--json", "as_json", is_flag=True,
@@ -147,14 +150,14 @@ def command(ratio: str, arch: str | None, as_json: bool) -> None:
             "build", ratio, arch,
             [kernel_json(rec.key) | {"compile_s": round(rec.seconds, 4),
                                      "cache_hit": rec.hit} for rec in records],
-            cache="in-process: cache_hit means this process had already compiled the kernel",
+            cache="cache_hit: loaded from the disk cache (or compiled earlier in this process)",
             compile_s=round(sum(rec.seconds for rec in compiled), 4)))
         return
     print_table(build_table(records, arch))
     line = (f"{len(records)} kernels: {len(compiled)} compiled in "
             f"{sum(rec.seconds for rec in compiled):.1f} s")
     if len(compiled) < len(records):
-        line += f", {len(records) - len(compiled)} already compiled by this process"
+        line += f", {len(records) - len(compiled)} cache hits"
     console.out().print(line, soft_wrap=True)
 
 

@@ -1,0 +1,378 @@
+"""A compile cache on disk for the TVM-FFI kernels (prototype for issue 11 part 3).
+
+Why not the DSL's own file cache (nvidia-cutlass-dsl 4.8.1, ``cutlass/base_dsl/
+cache_helpers.py`` + ``compile_backend.py``): ``cute.compile`` passes ``compile_only``, which
+forces ``no_cache`` (so is ``CUTE_DSL_KEEP=ptx``), so that cache is never used by our builds;
+it is keyed by a hash of the *traced* IR (the Python tracing, most of a compile, still runs),
+lives in ``/tmp/$USER/cutlass_python_cache`` created with the umask's mode, has no owner or
+permission check, and stores MLIR bytecode (+CRC32), not a loadable binary. See DESIGN.md.
+
+What this cache stores: the TVM-FFI object file that ``export_to_c`` writes (host launcher +
+embedded cubin), loaded back with the DSL's JITLink engine (``cute.runtime.load_module``'s
+path) as a ``tvm_ffi.Function`` that takes plain torch tensors. A cold build compiles,
+exports, writes the entry and then loads it like a hit, so both paths run the same object.
+
+Entry file ``<root>/kernels/<sha256(key)[:40]>.cso``::
+
+    MAGIC (8 B) | header length (4 B, little endian) | header JSON | payload
+    header: {"format", "key": {...the full key...}, "payload_sha256", "payload_len",
+             "ptx_len", "function", "compile_s", "created"}
+    payload: the object file, then the PTX text (UTF-8; for the register probe)
+
+Rules:
+* root = ``$CSAGATE_CACHE_DIR`` or ``$XDG_CACHE_HOME/csagate`` or ``~/.cache/csagate``; it and
+  ``kernels/`` are created 0700; an existing one is used only if it is a real directory (not a
+  symlink) owned by the current user and not group/other-writable, else the disk cache is off
+  for the process (one warning; kernels are compiled in memory).
+* an entry is used only if it is a regular file (opened with O_NOFOLLOW, checked with fstat
+  on the open descriptor: no check/use race) owned by the current user, not group/other-
+  writable, its magic/format/lengths/sha256 check out and its header key equals the
+  requested key exactly. Anything else is a miss that rebuilds and atomically replaces it.
+* writes: ``mkstemp`` in ``kernels/`` (0600), write, fsync, ``os.replace`` onto the final name.
+  Concurrent builders of one key each write a complete file; the last rename wins; a reader
+  sees the old or the new file, never a partial one.
+* the key holds everything that changes the binary: the kernel sources' hash, the typed
+  compile key (family, direction, d, coff, schedule fields, arch), the DSL, its libs, the
+  CUDA bindings and TVM-FFI versions, the DSL's compile-affecting environment, the compile
+  options, the Python version and machine, and this file's FORMAT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"CSAGKRN1"
+FORMAT = 1
+EXPORT_NAME = "func"
+_SUFFIX = ".cso"
+_HDR_MAX = 1 << 20
+
+
+class CacheUnsafe(RuntimeError):
+    """The cache folder fails the ownership/permission rules."""
+
+
+class BadEntry(Exception):
+    """An entry that must not be loaded (reason in the message)."""
+
+
+# --- keys ----------------------------------------------------------------------------
+
+
+def source_hash(paths) -> str:
+    """sha256 over (relative name, size, bytes) of the given source files, sorted."""
+    h = hashlib.sha256()
+    files = sorted(Path(p) for p in paths)
+    for p in files:
+        data = p.read_bytes()
+        h.update(p.name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def package_sources(pkg_dir) -> list[Path]:
+    """Every .py file of a kernels package (any change there invalidates every entry)."""
+    return sorted(Path(pkg_dir).glob("*.py"))
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
+_TOOLCHAIN = None
+
+
+def toolchain() -> dict:
+    """What, besides our sources and the compile key, changes the binary or its loading."""
+    global _TOOLCHAIN
+    if _TOOLCHAIN is None:
+        dists = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base",
+                 "nvidia-cutlass-dsl-libs-core", "nvidia-cutlass-dsl-libs-cu12",
+                 "nvidia-cutlass-dsl-libs-cu13", "cuda-bindings", "apache-tvm-ffi")
+        tc = {d: _dist_version(d) for d in dists}
+        tc["python"] = f"{sys.implementation.name}-{sys.version_info[0]}.{sys.version_info[1]}"
+        tc["machine"] = os.uname().machine
+        try:  # the DSL's own compile-affecting CUTE_DSL_* settings (its cache key string)
+            from csagate.kernels._dsl import cute_modules
+
+            cute_modules()  # cutlass is imported through _dsl (environment first)
+            from cutlass.cutlass_dsl.cutlass import CuTeDSL
+
+            tc["dsl_env"] = CuTeDSL._get_dsl().envar.cache_key_str()
+        except Exception as exc:  # pragma: no cover - internal API moved
+            tc["dsl_env"] = f"unknown:{type(exc).__name__}"
+        loaded = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
+        tc["dsl_ir_lib"] = os.path.basename(getattr(loaded, "__file__", "") or "")
+        _TOOLCHAIN = tc
+    return dict(_TOOLCHAIN)
+
+
+def make_key(*, family: str, direction: str, fields: dict, arch: str, options: str,
+             sources: str) -> dict:
+    """The full key of one kernel; ``fields`` holds d, coff and the schedule's fields."""
+    return {"format": FORMAT, "family": family, "direction": direction,
+            "fields": {k: fields[k] for k in sorted(fields)}, "arch": arch,
+            "options": options, "sources": sources, "toolchain": toolchain()}
+
+
+def key_digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:40]
+
+
+# --- the folder ------------------------------------------------------------------------
+
+
+def default_root() -> Path:
+    env = os.environ.get("CSAGATE_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "csagate"
+    return Path.home() / ".cache" / "csagate"
+
+
+def _check_dir(path: Path) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheUnsafe(f"{path} is not a directory (a symlink or file)")
+    if st.st_uid != os.getuid():
+        raise CacheUnsafe(f"{path} belongs to uid {st.st_uid}, not to the current user "
+                          f"(uid {os.getuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheUnsafe(f"{path} is writable by group or others "
+                          f"(mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def _ensure_private_dir(path: Path) -> None:
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask; make it exact
+    except FileExistsError:
+        pass
+    _check_dir(path)
+
+
+# --- the cache -----------------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    digest: str
+    hit: bool
+    seconds: float      # compile + export (miss) or load (hit)
+    reason: str = ""    # why a miss was a miss: absent, corrupt, foreign owner, ...
+
+
+class DiskCache:
+    """Compiled kernels on disk; ``get(key, build)`` returns ``(fn, ptx, Record)``."""
+
+    def __init__(self, root: Path | str | None = None, *, loader=None):
+        self.root = Path(root) if root is not None else default_root()
+        self.dir = self.root / "kernels"
+        self._loader = loader or load_object
+        self._lock = threading.Lock()
+        self._usable = None
+        self.records: list[Record] = []
+
+    # folder
+    def usable(self) -> bool:
+        """Whether the folder passes the rules (checked once per process)."""
+        if self._usable is None:
+            try:
+                self.root.parent.mkdir(parents=True, exist_ok=True)
+                _ensure_private_dir(self.root)
+                _ensure_private_dir(self.dir)
+                self._usable = True
+            except (CacheUnsafe, OSError) as exc:
+                warnings.warn(f"csagate kernel cache disabled: {exc}", RuntimeWarning,
+                              stacklevel=3)
+                self._usable = False
+        return self._usable
+
+    def path_of(self, key: dict) -> Path:
+        return self.dir / (key_digest(key) + _SUFFIX)
+
+    # read
+    def _read(self, path: Path, key: dict) -> tuple[bytes, str, dict]:
+        """Verified (object bytes, ptx, header) of an entry, or BadEntry."""
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise BadEntry("absent") from None
+        except OSError as exc:  # ELOOP: a symlink
+            raise BadEntry(f"unopenable ({exc.strerror})") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise BadEntry("not a regular file")
+            if st.st_uid != os.getuid():
+                raise BadEntry(f"owned by uid {st.st_uid}")
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise BadEntry(f"writable by group/others (mode {stat.S_IMODE(st.st_mode):o})")
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                blob = fh.read()
+        finally:
+            os.close(fd)
+        if len(blob) < 12 or blob[:8] != MAGIC:
+            raise BadEntry("corrupt (magic)")
+        n = int.from_bytes(blob[8:12], "little")
+        if n > _HDR_MAX or 12 + n > len(blob):
+            raise BadEntry("truncated (header)")
+        try:
+            hdr = json.loads(blob[12:12 + n])
+        except ValueError:
+            raise BadEntry("corrupt (header)") from None
+        body = blob[12 + n:]
+        if not isinstance(hdr, dict) or hdr.get("format") != FORMAT:
+            raise BadEntry("other format")
+        if hdr.get("key") != key:
+            raise BadEntry("key mismatch")
+        olen, plen = hdr.get("payload_len"), hdr.get("ptx_len")
+        if not isinstance(olen, int) or not isinstance(plen, int) or len(body) != olen + plen:
+            raise BadEntry("truncated (payload)")
+        if hashlib.sha256(body).hexdigest() != hdr.get("payload_sha256"):
+            raise BadEntry("corrupt (checksum)")
+        return body[:olen], body[olen:].decode(), hdr
+
+    # write
+    def _write(self, path: Path, key: dict, obj: bytes, ptx: str, compile_s: float) -> None:
+        ptx_b = (ptx or "").encode()
+        body = obj + ptx_b
+        hdr = json.dumps({"format": FORMAT, "key": key, "function": EXPORT_NAME,
+                          "payload_len": len(obj), "ptx_len": len(ptx_b),
+                          "payload_sha256": hashlib.sha256(body).hexdigest(),
+                          "compile_s": round(compile_s, 3), "created": time.time()},
+                         sort_keys=True).encode()
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=_SUFFIX, dir=self.dir)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(MAGIC + len(hdr).to_bytes(4, "little") + hdr + body)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    # the one entry point
+    def get(self, key: dict, build):
+        """``build() -> compiled TVM-FFI function`` (called on a miss). Returns ``(fn, ptx,
+        Record)``; ``fn`` is always the object loaded from the entry's bytes."""
+        digest = key_digest(key)
+        if not self.usable():
+            t0 = time.perf_counter()
+            fn = build()
+            rec = Record(digest, False, time.perf_counter() - t0, "cache disabled")
+            self.records.append(rec)
+            return fn, _ptx_of(fn), rec
+        path = self.dir / (digest + _SUFFIX)
+        t0 = time.perf_counter()
+        try:
+            obj, ptx, _ = self._read(path, key)
+            fn = self._loader(obj)
+            rec = Record(digest, True, time.perf_counter() - t0)
+            self.records.append(rec)
+            return fn, ptx, rec
+        except BadEntry as exc:
+            reason = str(exc)
+        with self._lock:
+            t0 = time.perf_counter()
+            compiled = build()
+            obj = export_object(compiled)
+            ptx = _ptx_of(compiled)
+            seconds = time.perf_counter() - t0
+            self._write(path, key, obj, ptx, seconds)
+            fn = self._loader(obj)
+        rec = Record(digest, False, seconds, reason)
+        self.records.append(rec)
+        return fn, ptx, rec
+
+    # maintenance
+    def _entries(self) -> list[Path]:
+        if not self.dir.is_dir():
+            return []
+        return sorted(p for p in self.dir.glob("*" + _SUFFIX) if not p.name.startswith("."))
+
+    def info(self) -> dict:
+        entries = self._entries()
+        return {"root": str(self.root), "usable": self.usable(), "entries": len(entries),
+                "bytes": sum(p.stat().st_size for p in entries)}
+
+    def clear(self) -> int:
+        """Remove our entries and stale temp files; returns how many files were removed."""
+        if not self.dir.is_dir():
+            return 0
+        _check_dir(self.dir)
+        n = 0
+        for p in self._entries() + sorted(self.dir.glob(".tmp-*")):
+            p.unlink(missing_ok=True)
+            n += 1
+        return n
+
+
+# --- DSL glue (nvidia-cutlass-dsl 4.8.1) ----------------------------------------------
+
+
+def export_object(compiled) -> bytes:
+    """The object file of a TVM-FFI compiled function (``export_to_c``), as bytes."""
+    fd, tmp = tempfile.mkstemp(suffix=".o")
+    os.close(fd)
+    try:
+        compiled.export_to_c(tmp, function_name=EXPORT_NAME)
+        return Path(tmp).read_bytes()
+    finally:
+        os.unlink(tmp)
+
+
+_RUNTIME_LIBS = []
+
+
+def load_object(obj: bytes):
+    """A ``tvm_ffi.Function`` from object-file bytes: the DSL's ``load_module`` path (JITLink
+    engine + the runtime libraries) without re-reading a file after it was verified."""
+    import ctypes
+
+    import cutlass.cute.export  # noqa: F401  (sets ExternalBinaryModule.load_provider)
+    from cutlass.base_dsl.export.external_binary_module import ExternalBinaryModule
+    from cutlass.runtime import find_runtime_libraries
+
+    if not _RUNTIME_LIBS:
+        for p in find_runtime_libraries(enable_tvm_ffi=True):
+            if os.path.exists(p):
+                _RUNTIME_LIBS.append(ctypes.CDLL(p))
+    mod = ExternalBinaryModule.__new__(ExternalBinaryModule)
+    mod.enable_tvm_ffi = True
+    provider = ExternalBinaryModule.load_provider
+    shared_libs = provider.dsl._get_dsl().get_shared_libs()
+    mod.engine = provider.execution_engine_constructor(obj, shared_libs, True)
+    return mod[EXPORT_NAME]
+
+
+def _ptx_of(compiled) -> str:
+    ptx = getattr(compiled, "__ptx__", None)
+    if not ptx:
+        return ""
+    if isinstance(ptx, bytes):
+        ptx = ptx.decode()
+    if "\n" not in ptx and os.path.isfile(ptx):
+        return Path(ptx).read_text()
+    return ptx
