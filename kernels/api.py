@@ -255,8 +255,10 @@ def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
                     keys.append(key)
     records = CACHE.build(keys, progress=progress)
     if load_on is not None:
+        device = torch.device("cuda", load_on)
         for key in keys:
-            _warm(key, torch.device("cuda", load_on))
+            _warm(key, device)
+        torch.cuda.current_stream(device).synchronize()
     return records
 
 
@@ -277,7 +279,6 @@ def _warm(key: KernelKey, device: torch.device) -> None:
             tensors.update(grad_out=torch.zeros(1, d, **bf16), dkv=torch.empty_like(kv),
                            dscore=torch.empty_like(kv), dape=torch.zeros_like(tensors["ape"]))
         key.family.launch(CACHE.executor(key, device.index), key, **tensors)
-        torch.cuda.current_stream(device).synchronize()
 
 
 # --- launch ---------------------------------------------------------------------------
