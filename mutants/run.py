@@ -47,9 +47,26 @@ class Outcome:
     failed: tuple[str, ...] = ()
 
 
+SKIP = {".git", ".venv", ".dsl", ".devrun", ".csagate-cache", "build", "dist", "__pycache__",
+        ".pytest_cache", ".ruff_cache"}
+
+
 def tracked_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
-    return [p for p in out.stdout.decode().split("\0") if p]
+    """The tree's files: git's list, or (a copy without .git, e.g. on a GPU machine) every
+    regular file outside the ignored build and cache folders."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True)
+        return [p for p in out.stdout.decode().split("\0") if p]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for path in ROOT.rglob("*"):
+            rel = path.relative_to(ROOT)
+            if any(part in SKIP or part.endswith(".egg-info") for part in rel.parts):
+                continue
+            if path.is_file() and not path.is_symlink():
+                files.append(str(rel))
+        return files
 
 
 def apply(mutant: Mutant, text: str) -> str:
