@@ -60,12 +60,12 @@ def tracked_files() -> list[str]:
         return [p for p in out.stdout.decode().split("\0") if p]
     except (OSError, subprocess.CalledProcessError):
         files = []
-        for path in ROOT.rglob("*"):
-            rel = path.relative_to(ROOT)
-            if any(part in SKIP or part.endswith(".egg-info") for part in rel.parts):
-                continue
-            if path.is_file() and not path.is_symlink():
-                files.append(str(rel))
+        for top, dirs, names in os.walk(ROOT):  # symlinked folders are not entered
+            dirs[:] = [d for d in dirs if d not in SKIP and not d.endswith(".egg-info")]
+            for name in names:
+                path = Path(top) / name
+                if path.is_file() and not path.is_symlink():
+                    files.append(str(path.relative_to(ROOT)))
         return files
 
 
