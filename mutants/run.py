@@ -52,21 +52,17 @@ SKIP = {".git", ".venv", ".dsl", ".devrun", ".csagate-cache", "build", "dist", "
 
 
 def tracked_files() -> list[str]:
-    """The tree's files: git's list, or (a copy without .git, e.g. on a GPU machine) every
-    regular file outside the ignored build and cache folders."""
-    try:
-        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                             check=True)
-        return [p for p in out.stdout.decode().split("\0") if p]
-    except (OSError, subprocess.CalledProcessError):
-        files = []
-        for top, dirs, names in os.walk(ROOT):  # symlinked folders are not entered
-            dirs[:] = [d for d in dirs if d not in SKIP and not d.endswith(".egg-info")]
-            for name in names:
-                path = Path(top) / name
-                if path.is_file() and not path.is_symlink():
-                    files.append(str(path.relative_to(ROOT)))
-        return files
+    """The tree's source files: every regular file outside the ignored build and cache
+    folders (symlinked folders are not entered). Not git's list: a copy of the tree on a GPU
+    machine may carry a stale or no .git."""
+    files = []
+    for top, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP and not d.endswith(".egg-info")]
+        for name in names:
+            path = Path(top) / name
+            if path.is_file() and not path.is_symlink():
+                files.append(str(path.relative_to(ROOT)))
+    return files
 
 
 def apply(mutant: Mutant, text: str) -> str:
