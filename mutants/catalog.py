@@ -28,19 +28,22 @@ FWD, BWD, R4, DEV = ("kernels/r128_fwd.py", "kernels/r128_bwd.py", "kernels/r4.p
                      "kernels/device.py")
 
 MUTANTS: tuple[Mutant, ...] = (
-    # --- ratio=128 forward ------------------------------------------------------------------
+    # (Every mutant stays in bounds: a kernel that reads or writes outside its tensors faults the
+# GPU, and the gate then reports "could not evaluate" (exit 3), not a contract failure.)
+# --- ratio=128 forward ------------------------------------------------------------------
     Mutant("fwd-merge-drops-nan-chunk", FWD,
            "                if den_t != F32(0.0):",
            "                if den_t > F32(0.0):", 128, "G2",
            "the chunk merge skips a chunk whose partial is NaN (hides eager's NaN)"),
     Mutant("fwd-first-block-reads-previous-segment", FWD,
            "                live = live & (blk > 0)",
-           "                live = live & (blk >= 0)", 128, "G2",
-           "coff=2: a segment's first block reads the previous segment as its first half"),
-    Mutant("fwd-window-off-by-one", FWD,
-           "            tok_start = tok0 + k0 - RATIO",
-           "            tok_start = tok0 + k0 - RATIO + 1", 128, "G2",
-           "coff=2: the window starts one token late"),
+           "                live = live & ((blk > 0) | (tok0 >= RATIO))", 128, "G2",
+           "coff=2: the first block of every segment but the first reads the previous "
+           "segment's last tokens as its first half"),
+    Mutant("fwd-own-half-reads-first-half-columns", FWD,
+           "                cblk = col + self.ncols",
+           "                cblk = col", 128, "G2",
+           "coff=2: the own block's half of the window reads columns [0, d), not [d, 2d)"),
     Mutant("fwd-padding-row-reads-block-1", FWD,
            "            tok0 = I32(0)",
            "            tok0 = I32(RATIO)", 128, "G2",
@@ -82,7 +85,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "zeros", "zero class (d): each thread's first token-capacity padding row is skipped"),
     Mutant("segment-search-misses-segment-starts", DEV,
            "            if mCuc[nxt] <= row:",
-           "            if mCuc[nxt] < row:", 4, "drift",
+           "            if mCuc[nxt] < row:", 4, "G2",
            "ratio=4: the first row of every segment is taken for the previous segment"),
     # --- ratio=4 backward ------------------------------------------------------------------
     Mutant("r4-bwd-fused-sum", R4,
