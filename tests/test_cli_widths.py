@@ -235,8 +235,8 @@ def test_listing_commands_fit(args, width):
 def _bench_rows():
     shape = SimpleNamespace(
         config="c1d512", tokens=131072, fwd_kernel="v4t4x32_2ph_fexp_u8_pf_1e",
-        fused_fwd_graph_us=1234.5, fused_fwd_us=1240.1, eager_fwd_us=98765.4, fwd_speedup=80.0,
-        bwd_kernel="v2t16x32_fexp_gor_rw", fused_bwd_graph_us=2345.6, fused_bwd_us=2350.7,
+        fused_fwd_cold_us=1234.5, fused_fwd_graph_us=1240.1, eager_fwd_us=98765.4, fwd_speedup=80.0,
+        bwd_kernel="v2t16x32_fexp_gor_rw", fused_bwd_cold_us=2345.6, fused_bwd_graph_us=2350.7,
         eager_total_us=345678.9, total_speedup=96.3,
         bw=lambda d: 4.12e12, roofline=lambda d: 0.87)
     ab = SimpleNamespace(direction="bwd", config="c2d512", bucket="default", tokens=65536,
