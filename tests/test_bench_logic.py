@@ -127,3 +127,12 @@ def test_shape_json_has_cold_and_graph_figures():
     assert rec["fwd_cold_Bps"] == pytest.approx(4e12)
     assert rec["fwd_graph_roofline"] == pytest.approx(1.0)
     assert rec["fwd_bytes"] == 40_000_000 and rec["fused_bwd_cold_us"] == 20.0
+
+
+def test_profile_shapes():
+    from csagate.perf import profile as P
+
+    assert P.parse_shape("c2d512:131072") == (2, 512, 131072)
+    shapes = P.table_shapes()
+    assert set(P.LARGE) <= set(shapes) and len(shapes) == 8
+    assert {(c, d) for c, d, t in shapes if t == P.SHORT_TOKENS} == {(c, d) for c, d, _ in P.LARGE}
