@@ -40,6 +40,7 @@ from csagate.kernels.device import (
     red_add_f32,
     segment_bits,
     segment_search,
+    store_partial_f32,
     stream_of,
     zero_padding_tokens,
     zero_short_segments,
@@ -147,7 +148,7 @@ def _fwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
 def _fwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute.Pointer,
               cuc: cute.Pointer, out: cute.Pointer, n_tok: I32, n_rows: I32, n_seq: I32,
               seg_bits: I32, stream: cuda.CUstream,
-              D: cutlass.Constexpr, COFF: cutlass.Constexpr):
+              D: cutlass.Constexpr, COFF: cutlass.Constexpr, DET: cutlass.Constexpr = False):
     W = COFF * D
     vec, threads = r4_fwd_schedule(D)
     rows = cute.make_layout((n_tok, W), stride=(W, 1))
@@ -192,7 +193,7 @@ def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
 def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
                 mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
                 mDApe: cute.Tensor, n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32,
-                D: cutlass.Constexpr, COFF: cutlass.Constexpr):
+                D: cutlass.Constexpr, COFF: cutlass.Constexpr, DET: cutlass.Constexpr = False):
     WIN = COFF * R4_RATIO
     tx, _, _ = cute.arch.thread_idx()
     bx, by, _ = cute.arch.block_idx()
@@ -270,10 +271,16 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                     for tok in cutlass.range(tok0 + R4_RATIO, mCu[seg + 1], unroll=1):
                         _zero_token(mDKV, mDS, tok, j, D, COFF)
 
-        # One fp32 atomic per (window position, column) per CTA.
+        # One fp32 atomic per (window position, column) per CTA. DET: the same values STORED
+        # into CTA bx's slice of the (gx*R4_RATIO, W) partials buffer mDApe points at; the
+        # (by, tx, k) of the CTAs (bx, *) cover every (APE row, column) once, so every slot of
+        # slice bx is written once (zeros where no row ran).
         for k in cutlass.range_constexpr(WIN):
             _, col_off, ape_row = _window_slot(k, COFF, D)
-            red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
+            if cutlass.const_expr(DET):
+                store_partial_f32(mDApe, bx, (ape_row, j + col_off), rG, k)
+            else:
+                red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
 
 
 @cute.jit
@@ -281,7 +288,7 @@ def _bwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute
               cuc: cute.Pointer, grad_out: cute.Pointer, dkv: cute.Pointer,
               dscore: cute.Pointer, dape: cute.Pointer, n_tok: I32, n_rows: I32, n_seq: I32,
               seg_bits: I32, stream: cuda.CUstream,
-              D: cutlass.Constexpr, COFF: cutlass.Constexpr):
+              D: cutlass.Constexpr, COFF: cutlass.Constexpr, DET: cutlass.Constexpr = False):
     W = COFF * D
     rows = cute.make_layout((n_tok, W), stride=(W, 1))
     ape_rows = cute.make_layout((R4_RATIO, W), stride=(W, 1))
@@ -295,7 +302,7 @@ def _bwd_host(kv: cute.Pointer, score: cute.Pointer, ape: cute.Pointer, cu: cute
     mDS = cute.make_tensor(dscore, rows)
     mDApe = cute.make_tensor(dape, ape_rows)
     _bwd_kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
-                seg_bits, D, COFF).launch(
+                seg_bits, D, COFF, DET).launch(
         grid=(cute.ceil_div(n_rows, R4_BWD_ROWS), -(-D // R4_BWD_THREADS), 1),
         block=(R4_BWD_THREADS, 1, 1), stream=stream)
 
@@ -328,6 +335,9 @@ def build_bwd(*, d: int, coff: int, arch: str, sched=None):
     _check_config(d, coff)
     ptrs = [gmem_ptr(t) for t in (BF16, BF16, F32)] + [gmem_ptr(I32, align=4)] * 2
     ptrs += [gmem_ptr(t) for t in (BF16, BF16, BF16, F32)]
+    if sched is not None and sched.deterministic:  # the dAPE partials path (BwdSchedule)
+        return compile_for(arch, _bwd_host, *ptrs, I32(0), I32(0), I32(1), I32(1),
+                           stream_arg(), d, coff, True)
     return compile_for(arch, _bwd_host, *ptrs, I32(0), I32(0), I32(1), I32(1), stream_arg(),
                        d, coff)
 
