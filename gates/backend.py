@@ -39,8 +39,9 @@ class Backend(Protocol):
         """Write ``out``; return the kernel selected (None when nothing launched)."""
 
     def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
-                 coff: int) -> Selection | None:
-        """Write ``dkv``/``dscore``, accumulate into the zeroed ``dape``; return the kernel."""
+                 coff: int, deterministic: bool = False) -> Selection | None:
+        """Write ``dkv``/``dscore``, accumulate into the zeroed ``dape``; return the kernel.
+        ``deterministic``: the deterministic backward (dAPE bitwise run to run)."""
 
     def entries(self, ratio: int, direction: str,
                 configs: Sequence[tuple[int, int]] | None = None
@@ -119,11 +120,17 @@ class KernelBackend:
                                                  coff=coff))
 
     def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
-                 coff: int) -> Selection | None:
+                 coff: int, deterministic: bool = False) -> Selection | None:
         from csagate.kernels import api  # launches on kv's device
 
-        return _selection("bwd", api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv,
-                                                  dscore, dape, ratio=ratio, coff=coff))
+        key = api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+                               ratio=ratio, coff=coff, deterministic=bool(deterministic))
+        if key is not None and deterministic:  # the table entry it stands for (coverage)
+            import dataclasses
+
+            key = dataclasses.replace(key, schedule=dataclasses.replace(
+                key.schedule, deterministic=False))
+        return _selection("bwd", key)
 
     def entries(self, ratio: int, direction: str,
                 configs: Sequence[tuple[int, int]] | None = None
@@ -138,7 +145,9 @@ class KernelBackend:
             return {(bucket, coff, d): Selection(direction, coff, d, sched)
                     for bucket, table in tables.items() for (coff, d), sched in table.items()
                     if configs is None or (coff, d) in configs}
-        from csagate.kernels.cache import R4_COFFS, R4_HEAD_DIMS, keys_for
+        from csagate.kernels.cache import keys_for
+        from csagate.kernels.schedule import COFFS as R4_COFFS
+        from csagate.kernels.schedule import R4_HEAD_DIMS
 
         if configs is None:
             configs = [(c, hd) for c in R4_COFFS for hd in R4_HEAD_DIMS]
