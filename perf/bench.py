@@ -94,6 +94,11 @@ def bandwidth(nbytes: int, us: float) -> float:
     return nbytes / (us * 1e-6) if us > 0 else 0.0
 
 
+def deterministic_cost(default_us: float, det_us: float) -> float:
+    """(det - default) / default; 0 when either time is missing."""
+    return (det_us - default_us) / default_us if default_us > 0 and det_us > 0 else 0.0
+
+
 class L2Flush:
     """Evicts the L2: writes a buffer of ``flush_bytes(L2 size)`` on the current stream."""
 
@@ -228,6 +233,7 @@ class ShapeRow:
     fused_bwd_cold_us: float = 0.0
     fused_bwd_graph_us: float = 0.0
     fused_bwd_us: float = 0.0
+    fused_bwd_det_cold_us: float = 0.0  # deterministic=True (partials + reduction), cold
     eager_fwd_us: float = 0.0
     eager_total_us: float = 0.0      # eager forward + autograd backward
     fwd_bytes: int = 0
@@ -247,6 +253,11 @@ class ShapeRow:
     def total_speedup(self) -> float:
         fused = self.us("fwd") + self.us("bwd")
         return self.eager_total_us / fused if fused else 0.0
+
+    @property
+    def det_cost(self) -> float:
+        """Relative cost of the deterministic backward over the default one (cold)."""
+        return deterministic_cost(self.fused_bwd_cold_us, self.fused_bwd_det_cold_us)
 
     def bw(self, direction: str, which: str = "cold") -> float:
         nbytes = self.fwd_bytes if direction == "fwd" else self.bwd_bytes
@@ -292,6 +303,10 @@ def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 
     # the dAPE zeroing runs before the flush, outside the timed region
     row.fused_bwd_cold_us = cold_median(bwd_only, flush, iters=iters, warmup=warmup,
                                         before=dape.zero_).median_us
+    row.fused_bwd_det_cold_us = cold_median(
+        lambda: api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff,
+                                 deterministic=True),
+        flush, iters=iters, warmup=warmup, before=dape.zero_).median_us
     row.fused_bwd_us = _events_median(bwd, iters, warmup).median_us
     row.fused_bwd_graph_us = graph_median(bwd, iters=iters, warmup=warmup).median_us
     row.eager_fwd_us = _events_median(

@@ -136,3 +136,11 @@ def test_profile_shapes():
     shapes = P.table_shapes()
     assert set(P.LARGE) <= set(shapes) and len(shapes) == 8
     assert {(c, d) for c, d, t in shapes if t == P.SHORT_TOKENS} == {(c, d) for c, d, _ in P.LARGE}
+
+
+def test_deterministic_cost():
+    assert B.deterministic_cost(100.0, 104.0) == pytest.approx(0.04)
+    assert B.deterministic_cost(0.0, 5.0) == 0.0 and B.deterministic_cost(5.0, 0.0) == 0.0
+    row = B.ShapeRow("c1d128", 8192, 64, "f", "b", fused_bwd_cold_us=50.0,
+                     fused_bwd_det_cold_us=51.0)
+    assert row.det_cost == pytest.approx(0.02)

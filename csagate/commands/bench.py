@@ -49,6 +49,18 @@ def shape_tables(rows, copy_bw: float) -> tuple[Table, Table]:
     return fwd, bwd
 
 
+def det_table(rows) -> Table:
+    """The deterministic backward's cost (cold, both modes)."""
+    cols = ("config", "tokens", "default\nus", "determ.\nus", "cost")
+    t = console.new_table("ratio=128 backward: deterministic=True (per-CTA dAPE partials + "
+                          "ordered reduction) vs the default atomics, cold us", cols,
+                          marks=cols[2:], right=(cols[1], *cols[2:]))
+    for r in rows:
+        t.add_row(r.config, str(r.tokens), f"{r.fused_bwd_cold_us:.1f}",
+                  f"{r.fused_bwd_det_cold_us:.1f}", f"{100 * r.det_cost:+.1f}%")
+    return t
+
+
 def shape_json(r) -> dict:
     """One shape's record: every timing, the bytes moved, and the derived figures (cold
     headline, warm graph second)."""
@@ -57,7 +69,8 @@ def shape_json(r) -> dict:
         for which in ("cold", "graph"):
             out[f"{direction}_{which}_Bps"] = r.bw(direction, which)
             out[f"{direction}_{which}_roofline"] = r.roofline(direction, which)
-    return out | {"fwd_roofline": r.roofline("fwd"), "bwd_roofline": r.roofline("bwd"),
+    return out | {"bwd_det_cost": r.det_cost,
+                  "fwd_roofline": r.roofline("fwd"), "bwd_roofline": r.roofline("bwd"),
                   "fwd_speedup": r.fwd_speedup, "total_speedup": r.total_speedup}
 
 
@@ -173,7 +186,7 @@ def command(ratio, ab_fields, sweep_dirs, shapes, iters, warmup, json_path) -> N
                 rows.append(bench.bench_shape(coff, d, tokens, copy_bw=copy_bw, iters=iters,
                                               warmup=warmup, flush=flush))
             torch.cuda.empty_cache()
-        for table in shape_tables(rows, copy_bw):
+        for table in (*shape_tables(rows, copy_bw), det_table(rows)):
             console.print_table(table)
         report["shapes"] = [shape_json(r) for r in rows]
     if json_path:
