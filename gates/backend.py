@@ -39,8 +39,9 @@ class Backend(Protocol):
         """Write ``out``; return the kernel selected (None when nothing launched)."""
 
     def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
-                 coff: int) -> Selection | None:
-        """Write ``dkv``/``dscore``, accumulate into the zeroed ``dape``; return the kernel."""
+                 coff: int, deterministic: bool = False) -> Selection | None:
+        """Write ``dkv``/``dscore``, accumulate into the zeroed ``dape``; return the kernel.
+        ``deterministic``: the deterministic backward (dAPE bitwise run to run)."""
 
     def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows: int, ratio: int,
                    coff: int):
@@ -124,11 +125,17 @@ class KernelBackend:
                                                  coff=coff))
 
     def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
-                 coff: int) -> Selection | None:
+                 coff: int, deterministic: bool = False) -> Selection | None:
         from csagate.kernels import api  # launches on kv's device
 
-        return _selection("bwd", api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv,
-                                                  dscore, dape, ratio=ratio, coff=coff))
+        key = api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+                               ratio=ratio, coff=coff, deterministic=bool(deterministic))
+        if key is not None and deterministic:  # the table entry it stands for (coverage)
+            import dataclasses
+
+            key = dataclasses.replace(key, schedule=dataclasses.replace(
+                key.schedule, deterministic=False))
+        return _selection("bwd", key)
 
     def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows: int, ratio: int,
                    coff: int):

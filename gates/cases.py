@@ -4,6 +4,8 @@
 * ``CASES``: the 21 upstream cases of the ratio=128 gate (section 5).
 * ``HARDENING``: the three hardening cases run after them (section 7.2).
 * ``R4_CASES``: the production ratio=4 kernels' own cases (section 7.4).
+* ``DETERMINISTIC``, ``R4_DETERMINISTIC``: the deterministic backward (section 7.5): cases
+  run with ``deterministic=True``, in which G1 covers dAPE bitwise too.
 
 The odd packs are the point: ``ragged3`` has tails in every segment, ``edgepack`` has a short
 first segment, an empty segment, a 3-token segment, exact multiples and one-token tails; the
@@ -22,7 +24,8 @@ RAGGED3 = (1023, 2048, 509)
 EDGEPACK = (127, 8192, 0, 129, 128, 3, 515, 1024)
 SHORT4 = (3, 515, 1024, 129)   # ratio=4: a first segment shorter than ratio
 
-KINDS = ("drift", "union", "scaled", "padding", "overflow", "partial-overflow", "hardening")
+KINDS = ("drift", "union", "scaled", "padding", "overflow", "partial-overflow", "hardening",
+         "deterministic")
 INPUTS = ("random", "overflow", "partial_overflow", "pad_nonfinite")
 
 
@@ -42,6 +45,7 @@ class Case:
     pad_rows: int = 0
     pad_tokens: int = 0
     inputs: str = "random"
+    deterministic: bool = False  # the backward runs with deterministic=True (section 7.5)
 
     @property
     def config(self) -> str:
@@ -162,8 +166,33 @@ R4_CASES: tuple[Case, ...] = (
 )
 
 
+_DET = ("deterministic backward: dAPE from per-CTA partials summed in a fixed order, bitwise "
+        "over the runs (G1); out, dKV, dScore and the tolerances as in the default mode")
+
+
+def _det(base: Case, why: str) -> Case:
+    return Case(f"{base.name}/deterministic", base.coff, base.d, base.lens, "deterministic",
+                f"{_DET}; {why}", ratio=base.ratio, pad_rows=base.pad_rows,
+                pad_tokens=base.pad_tokens, grad_seed=base.grad_seed, deterministic=True)
+
+
+# ratio=128: one per config on a ragged or edge pack (staged and regwin kernels both run).
+DETERMINISTIC: tuple[Case, ...] = (
+    _det(_union(1, 128, EDGEPACK, ""), "short, empty and exact-multiple segments"),
+    _det(_union(2, 128, RAGGED3, ""), "overlap windows, tails in every segment"),
+    _det(_union(1, 512, EDGEPACK, ""), "wide head, short and empty segments"),
+    _det(_padding(2, 512, 8, 21), "widest window, capacity padding rows and tokens"),
+)
+
+# ratio=4: two (both coffs, one with padding).
+R4_DETERMINISTIC: tuple[Case, ...] = (
+    _det(_r4(1, 128, EDGEPACK, ""), "short, empty and exact-multiple segments"),
+    _det(_r4_padding(2, 512, RAGGED3, 8, 21, ""), "widest window, capacity padding rows"),
+)
+
+
 def case_by_name(name: str) -> Case:
-    for case in (DRIFT, *CASES, *HARDENING, *R4_CASES):
+    for case in (DRIFT, *CASES, *HARDENING, *R4_CASES, *DETERMINISTIC, *R4_DETERMINISTIC):
         if case.name == name:
             return case
     raise KeyError(name)

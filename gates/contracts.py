@@ -17,7 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from csagate.gates import checks
-from csagate.gates.cases import CASES, DRIFT, HARDENING, R4_CASES, Case
+from csagate.gates.cases import (
+    CASES,
+    DETERMINISTIC,
+    DRIFT,
+    HARDENING,
+    R4_CASES,
+    R4_DETERMINISTIC,
+    Case,
+)
 from csagate.gates.checks import BucketEdge
 
 # The declared bucket edges of the ratio=128 dispatcher (docs/CONTRACT.md section 7.3), stated
@@ -85,10 +93,12 @@ class Contract:
     coverage_configs: tuple[tuple[int, int], ...] | None  # None: every config of the tables
     edges: tuple[BucketEdge, ...]        # declared bucket edges (none: no buckets)
     via_op: bool = False                 # also run each case through the torch op (gate "op")
+    # run last, with deterministic=True: G1 covers dAPE bitwise too (CONTRACT.md 7.5)
+    deterministic: tuple[Case, ...] = ()
 
     @property
     def all_cases(self) -> tuple[Case, ...]:
-        return self.cases + self.hardening
+        return self.cases + self.hardening + self.deterministic
 
     def rule(self, tensor: str) -> Rule:
         return dict(self.g2)[tensor]
@@ -104,7 +114,8 @@ R128 = Contract(
         ("dkv", Rule("tolerance", checks.MAX_ABS, checks.COUNT_FRACTION, 1)),
         ("dscore", Rule("tolerance", checks.MAX_ABS, checks.COUNT_FRACTION, 2)),
         ("dape", Rule("tolerance", checks.DAPE_MAX_ABS, None, 2))),
-    parity_ref="fp32", coverage_configs=None, edges=R128_EDGES, via_op=True)
+    parity_ref="fp32", coverage_configs=None, edges=R128_EDGES, via_op=True,
+    deterministic=DETERMINISTIC)
 
 R4 = Contract(
     ratio=4, drift=DRIFT, cases=R4_CASES, hardening=(),
@@ -113,6 +124,7 @@ R4 = Contract(
         ("dkv", Rule("bitwise")),
         ("dscore", Rule("bitwise")),
         ("dape", Rule("tolerance", checks.DAPE_MAX_ABS, None, 2))),
-    parity_ref="upstream", coverage_configs=R4_CONFIGS, edges=())
+    parity_ref="upstream", coverage_configs=R4_CONFIGS, edges=(),
+    deterministic=R4_DETERMINISTIC)
 
 CONTRACTS = {128: R128, 4: R4}

@@ -245,7 +245,8 @@ def _fused_backward(backend: Backend, case: Case, ins, go, fill: float):
     dkv = torch.full((n_tokens, width), fill, dtype=torch.bfloat16, device=dev)
     dscore = torch.full_like(dkv, fill)
     dape = torch.zeros((case.ratio, width), dtype=torch.float32, device=dev)
-    sel = backend.backward(*ins, go, dkv, dscore, dape, ratio=case.ratio, coff=case.coff)
+    det = {"deterministic": True} if case.deterministic else {}
+    sel = backend.backward(*ins, go, dkv, dscore, dape, ratio=case.ratio, coff=case.coff, **det)
     return sel, {"dkv": dkv, "dscore": dscore, "dape": dape}
 
 
@@ -295,7 +296,7 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
 
     gates: list[GateResult] = []
     nan_ok = NAN_EXPECTED[case.inputs]
-    for name in OUTPUTS:
+    for name in OUTPUTS + (("dape",) if case.deterministic else ()):
         gates.append(_gate("G1", name, checks.bitwise_replay(fused[name],
                                                              allow_nan=name in nan_ok)))
 

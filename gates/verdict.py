@@ -191,7 +191,22 @@ class Verdict:
     ratio: int = 128           # the contract family
 
     def _of(self, hardening: bool) -> tuple[CaseResult, ...]:
-        return tuple(c for c in self.cases if (c.case.kind == "hardening") == hardening)
+        """hardening True: the hardening cases; False: the named (upstream) cases (the
+        deterministic-mode cases, section 7.5, are counted apart: ``_kind``)."""
+        if hardening:
+            return self._kind("hardening")
+        return tuple(c for c in self.cases if c.case.kind not in ("hardening", "deterministic"))
+
+    def _kind(self, kind: str) -> tuple[CaseResult, ...]:
+        return tuple(c for c in self.cases if c.case.kind == kind)
+
+    @property
+    def deterministic_passed(self) -> int:
+        return sum(1 for c in self._kind("deterministic") if c.ok)
+
+    @property
+    def deterministic_total(self) -> int:
+        return len(self._kind("deterministic"))
 
     @property
     def passed(self) -> int:
@@ -222,6 +237,9 @@ class Verdict:
         line = f"GATE {word} {self.passed}/{self.total}"
         if self.hardening_total:
             line += f" + {self.hardening_passed}/{self.hardening_total} hardening"
+        if self.deterministic_total:
+            line += (f" + {self.deterministic_passed}/{self.deterministic_total} "
+                     "deterministic")
         if not self.full:
             line += " (subset run: schedule coverage not asserted, not the full contract)"
         return line

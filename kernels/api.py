@@ -23,7 +23,6 @@ segment boundaries from ``cu``/``cuc`` on the device, so no call here synchroniz
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 from csagate.kernels import registry
@@ -190,16 +189,65 @@ def _device_arch(index: int) -> str:
     return arch
 
 
-def _check_deterministic() -> None:
-    """The backward accumulates dAPE with fp32 atomics: not run-to-run deterministic."""
-    if not torch.are_deterministic_algorithms_enabled():
-        return
-    message = ("the CSA compressor backward is not deterministic: dAPE is accumulated with "
-               "fp32 atomics (out, dKV and dScore are deterministic)")
-    if torch.is_deterministic_algorithms_warn_only_enabled():
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-    else:
-        raise RuntimeError(message + "; torch.use_deterministic_algorithms(True) is set")
+def _deterministic(flag: bool | None) -> bool:
+    """The backward's mode: ``deterministic`` as given, None follows torch's flag
+    (``torch.use_deterministic_algorithms``, warn-only included: the mode is deterministic)."""
+    return torch.are_deterministic_algorithms_enabled() if flag is None else bool(flag)
+
+
+# Test hook: when not None, the deterministic path fills its dAPE partials buffer with this
+# value before the launch (NaN proves that the kernel writes every slot).
+PARTIALS_FILL: float | None = None
+
+
+def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_index: int
+              ) -> tuple[int, int | None]:
+    """(gx, rows_per_cta) of a backward launch: the CTAs along the rows, each of which owns
+    one slice of the deterministic dAPE partials buffer."""
+    from csagate.kernels import schedule as S
+
+    if key.ratio == S.R4_RATIO:
+        return -(-n_rows // S.R4_BWD_ROWS), None
+    if rows_per_cta is None:
+        from csagate.kernels._dsl import sm_count
+
+        rows_per_cta = S.rows_per_cta(n_rows, key.d, key.coff, key.schedule,
+                                      sm_count(device_index))
+    return -(-n_rows // int(rows_per_cta)), int(rows_per_cta)
+
+
+def _launch_deterministic(ratio: int, coff: int, d: int, n_rows: int, device, stream,
+                          tensors: dict, rows_per_cta: int | None, **launch_args) -> KernelKey:
+    """The deterministic backward: the ``_det`` kernel stores per-CTA dAPE partials into a
+    (gx, ratio, W) fp32 buffer (allocated here, on the launch stream: the caching allocator
+    serves it under CUDA graph capture too), then kernels/reduce.py adds their sum, in
+    ascending CTA order, to dape."""
+    import dataclasses
+
+    from csagate.kernels import reduce
+
+    with torch.cuda.device(device):
+        stream = _launch_stream(device, stream)
+        arch = _device_arch(device.index)
+        base = kernel_for("bwd", ratio, coff, d, n_rows, arch)
+        key = dataclasses.replace(
+            base, schedule=dataclasses.replace(base.schedule, deterministic=True))
+        gx, rpc = _bwd_ctas(key, n_rows, rows_per_cta, device.index)
+        dape = launch_args.pop("dape")
+        with torch.cuda.stream(stream):  # the capture check looks at the launch stream
+            fn = CACHE.executor(key, device.index)
+            red = reduce.executor(arch, device.index)
+            partials = torch.empty((gx, *dape.shape), dtype=torch.float32, device=device)
+            if PARTIALS_FILL is not None:
+                partials.fill_(PARTIALS_FILL)
+        _keep_alive(stream, device, tensors.values())
+        extra = {"rows_per_cta": rpc} if rpc is not None else {}
+        with torch.cuda.stream(stream):  # the compiled functions launch on the current one
+            # partials[0] has dape's shape and the buffer's base: the kernel reaches its CTA's
+            # slice bx by a pointer offset (device.store_partial_f32)
+            key.family.launch(fn, key, **launch_args, dape=partials[0], **extra)
+            reduce.launch_reduce(red, partials=partials, dape=dape)
+    return key
 
 
 # --- dispatch -------------------------------------------------------------------------
@@ -379,16 +427,18 @@ def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, 
 
 
 def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
-                 coff: int, rows_per_cta: int | None = None, stream=None) -> KernelKey | None:
+                 coff: int, rows_per_cta: int | None = None, stream=None,
+                 deterministic: bool | None = None) -> KernelKey | None:
     """Write dkv and dscore (every slot) and accumulate into dape (the caller zeroes it).
 
     ``rows_per_cta`` (ratio=128 only) defaults to ``schedule.rows_per_cta`` for N and the
-    device's SM count. Raises RuntimeError under ``torch.use_deterministic_algorithms(True)``
-    (dAPE uses fp32 atomics); warns once in warn-only mode.
+    device's SM count. ``deterministic`` (None: follow
+    ``torch.are_deterministic_algorithms_enabled()``): dAPE from per-CTA partials summed in a
+    fixed order, bitwise identical run to run; out, dKV and dScore are the same either way.
+    Otherwise dAPE is accumulated with fp32 atomics.
     """
-    if torch.are_deterministic_algorithms_enabled():
-        _check_deterministic()
-    if stream is None and rows_per_cta is None:
+    deterministic = _deterministic(deterministic)
+    if stream is None and rows_per_cta is None and not deterministic:
         entry = _FAST.get(("bwd", ratio, coff, kv.shape[1], grad_out.shape[1],
                            kv.get_device(), grad_out.shape[0]))
         if entry is not None and _fast_ok(kv, cu, ratio):
@@ -399,11 +449,12 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
             except (ValueError, TypeError):  # the compiled checks refused an argument
                 pass  # the slow path below raises the api's one-line error
     return _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
-                         coff=coff, rows_per_cta=rows_per_cta, stream=stream)
+                         coff=coff, rows_per_cta=rows_per_cta, stream=stream,
+                         deterministic=deterministic)
 
 
 def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio, coff,
-                  rows_per_cta, stream) -> KernelKey | None:
+                  rows_per_cta, stream, deterministic: bool = False) -> KernelKey | None:
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
                   out_name="grad_out")
@@ -419,6 +470,11 @@ def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio
     n_rows, d = grad_out.shape
     if n_rows == 0:
         return None
+    if deterministic:
+        return _launch_deterministic(ratio, coff, d, n_rows, device, stream, tensors,
+                                     rows_per_cta, kv=kv, score=score, ape=ape, cu=cu,
+                                     cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore,
+                                     dape=dape)
     # rows_per_cta None: the launch derives it (schedule.rows_per_cta, the device's SMs).
     extra = {"rows_per_cta": rows_per_cta} if rows_per_cta is not None else {}
     return _launch("bwd", ratio, coff, d, n_rows, device, stream, tensors, kv=kv, score=score,
@@ -455,19 +511,21 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
     return out
 
 
-def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream=None
+def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream=None,
+             deterministic: bool | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dkv, dscore, dape) for ``grad_out`` (its capacity padding rows are ignored).
 
     dkv/dscore are allocated uninitialized (the kernel writes every slot; zeros when N == 0,
-    where nothing launches) and dape zeroed, on the launch stream.
+    where nothing launches) and dape zeroed, on the launch stream. ``deterministic`` as in
+    :func:`run_backward`.
     """
-    if stream is None and grad_out.shape[0] and kv.get_device() >= 0:  # the fast path
+    if stream is None and grad_out.shape[0] and kv.get_device() >= 0 \
+            and not _deterministic(deterministic):  # the fast path
         dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
         run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
-                     coff=coff)
+                     coff=coff, deterministic=False)
         return dkv, dscore, dape
-    _check_deterministic()
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
                   out_name="grad_out")
@@ -478,5 +536,5 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
         dscore = alloc(score)
         dape = torch.zeros_like(ape)
     _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio, coff=coff,
-                  rows_per_cta=None, stream=stream)
+                  rows_per_cta=None, stream=stream, deterministic=_deterministic(deterministic))
     return dkv, dscore, dape

@@ -115,3 +115,12 @@ def red_add_f32(mDst: cute.Tensor, coord, src, src_coord):
     """dst[coord] += src[src_coord] with one relaxed fp32 atomic (``red.global.add.f32``)."""
     ptr = mDst.iterator + cute.crd2idx(coord, mDst.layout)
     cute.arch.red(ptr, src[src_coord], op="add", dtype=F32, sem="relaxed", scope="gpu")
+
+
+def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
+    """dst[part * size(dst) + coord] = src[src_coord]: a plain store into CTA ``part``'s own
+    slice of a partials buffer laid out as ``part`` copies of ``mDst`` back to back (the
+    deterministic dAPE path; kernels/reduce.py sums the slices in a fixed order)."""
+    ptr = (mDst.iterator + part * cute.size(mDst.layout)
+           + cute.crd2idx(coord, mDst.layout))
+    cute.make_tensor(ptr, cute.make_layout(1))[0] = src[src_coord]

@@ -58,6 +58,7 @@ from csagate.kernels.device import (
     mul_rn,
     red_add_f32,
     segment_scan,
+    store_partial_f32,
     zero_padding_tokens,
     zero_short_segments,
 )
@@ -475,13 +476,23 @@ class R128Bwd(R128Geometry):
     def _dape_epilogue(self, m, g, rDApe):
         """One fp32 atomic per (window position, column); chunks that never ran add 0.
         regwin: the barrier is not needed for the thread-private sums; it keeps the compiler
-        from carrying them in registers through the row loop (forwarding the last stores)."""
+        from carrying them in registers through the row loop (forwarding the last stores).
+        Deterministic schedules STORE the same values into this CTA's slice bx of the
+        (gx*RATIO, W) partials buffer ``m.dape`` points at: the (ty, tx, j, kk) of the CTAs
+        (bx, *) cover every (window position, column) exactly once, as the atomics do, so
+        every slot of slice bx is written once (zeros for chunks that never ran)."""
         if self.regwin:
             cute.arch.sync_threads()
+        if cutlass.const_expr(self.sched.deterministic):
+            bx, _, _ = cute.arch.block_idx()
         for kk in range(self.chunk):
             for j in range(self.vec):
-                red_add_f32(m.dape, (g.ape_row0 + kk, g.wgrp * self.vec + j), rDApe,
-                            self._dape_slot(g, kk * self.vec + j))
+                coord = (g.ape_row0 + kk, g.wgrp * self.vec + j)
+                slot = self._dape_slot(g, kk * self.vec + j)
+                if cutlass.const_expr(self.sched.deterministic):
+                    store_partial_f32(m.dape, bx, coord, rDApe, slot)
+                else:
+                    red_add_f32(m.dape, coord, rDApe, slot)
 
 
 def fake_args(d: int, coff: int):

@@ -40,6 +40,7 @@ from csagate.kernels.device import (
     red_add_f32,
     segment_bits,
     segment_search,
+    store_partial_f32,
     zero_padding_tokens,
     zero_short_segments,
 )
@@ -184,7 +185,8 @@ def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
 def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
                 mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
                 mDApe: cute.Tensor, n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32,
-                D: cutlass.Constexpr, COFF: cutlass.Constexpr):
+                D: cutlass.Constexpr, COFF: cutlass.Constexpr,
+              DET: cutlass.Constexpr = False):
     WIN = COFF * R4_RATIO
     tx, _, _ = cute.arch.thread_idx()
     bx, by, _ = cute.arch.block_idx()
@@ -262,22 +264,29 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                     for tok in cutlass.range(tok0 + R4_RATIO, mCu[seg + 1], unroll=1):
                         _zero_token(mDKV, mDS, tok, j, D, COFF)
 
-        # One fp32 atomic per (window position, column) per CTA.
+        # One fp32 atomic per (window position, column) per CTA. DET: the same values STORED
+        # into CTA bx's slice of the (gx*R4_RATIO, W) partials buffer mDApe points at; the
+        # (by, tx, k) of the CTAs (bx, *) cover every (APE row, column) once, so every slot of
+        # slice bx is written once (zeros where no row ran).
         for k in cutlass.range_constexpr(WIN):
             _, col_off, ape_row = _window_slot(k, COFF, D)
-            red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
+            if cutlass.const_expr(DET):
+                store_partial_f32(mDApe, bx, (ape_row, j + col_off), rG, k)
+            else:
+                red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
 
 
 @cute.jit
 def _bwd_host(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
               mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
               mDApe: cute.Tensor, seg_bits: I32, stream: cuda.CUstream,
-              D: cutlass.Constexpr, COFF: cutlass.Constexpr):
+              D: cutlass.Constexpr, COFF: cutlass.Constexpr,
+              DET: cutlass.Constexpr = False):
     n_tok = mKV.shape[0]
     n_rows = mGo.shape[0]
     n_seq = mCu.shape[0] - 1
     _bwd_kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
-                seg_bits, D, COFF).launch(
+                seg_bits, D, COFF, DET).launch(
         grid=(cute.ceil_div(n_rows, R4_BWD_ROWS), -(-D // R4_BWD_THREADS), 1),
         block=(R4_BWD_THREADS, 1, 1), stream=stream)
 
@@ -317,8 +326,10 @@ def build_bwd(*, d: int, coff: int, arch: str, sched=None):
     """Compile the ratio=4 backward for (d, coff) on ``arch`` (no GPU needed); ``sched`` as in
     :func:`build_fwd`."""
     _check_config(d, coff)
-    return compile_for(arch, _bwd_host, *_fake_io(d, coff, True), I32(1), env_stream(),
-                       d, coff)
+    fake = (*_fake_io(d, coff, True), I32(1), env_stream())
+    if sched is not None and sched.deterministic:  # the dAPE partials path (BwdSchedule)
+        return compile_for(arch, _bwd_host, *fake, d, coff, True)
+    return compile_for(arch, _bwd_host, *fake, d, coff)
 
 
 def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, sched=None) -> None:

@@ -80,12 +80,16 @@ class BwdSchedule:
     fastexp: bool
     goreuse: bool
     regwin: bool = False     # window held in registers instead of staged in shared memory
+    # Deterministic dAPE (issue 12.3): each CTA STORES its dAPE partial into its own slice of
+    # a (gx*ratio, W) buffer instead of the fp32 atomic; kernels/reduce.py sums the slices in
+    # ascending CTA order. Never in a dispatch table: the api sets it (``deterministic=``).
+    deterministic: bool = False
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
                 + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else "")
-                + ("_rw" if self.regwin else ""))
+                + ("_rw" if self.regwin else "") + ("_det" if self.deterministic else ""))
 
     def astuple(self) -> tuple:
         """The upstream 5-tuple (vec, tchunks, threads_x, fastexp, goreuse)."""
@@ -414,10 +418,12 @@ class R4Schedule:
     vec: int
     threads: int
     rows_per_cta: int
+    deterministic: bool = False  # backward only: dAPE partials stored per CTA (BwdSchedule)
 
     @property
     def tag(self) -> str:
-        return f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
+        return (f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
+                + ("_det" if self.deterministic else ""))
 
     def astuple(self) -> tuple:
         return (self.vec, self.threads, self.rows_per_cta)

@@ -1,9 +1,13 @@
 """Timing the fused kernels against the eager reference and the copy roofline (GPU only).
 
-Method (docs/PERF_NOTES.md): CUDA events around each launch, warm-ups first, medians; a
-CUDA-graph figure that replays many launches to take host launch overhead out; A/B variants
-interleaved in one process on the same inputs and repeated in swapped order. The roofline is
-this device's own device-to-device copy bandwidth, measured in the same process.
+Method (docs/PERF_NOTES.md, issue 12.1): the headline kernel time is COLD: before each timed
+launch a buffer of at least twice the L2 size (and at least 256 MB) is written, outside the
+timed region, so no operand is L2-resident; CUDA events bracket ONE launch; the median of at
+least 60 such launches after warm-ups. A second, warm figure replays a CUDA graph of many
+back-to-back launches (host launch overhead out, operands partly L2-resident). A/B variants and
+sweep finalists are timed cold, interleaved in one process on the same inputs and repeated in
+swapped order. The roofline is this device's own device-to-device copy bandwidth (a 1 GiB copy,
+far larger than L2), measured in the same process.
 Nothing here prints: functions return records that ``csagate bench`` renders.
 """
 
@@ -47,6 +51,68 @@ AB_FLOOR = 0.005
 SWEEP_FLOOR = 0.01
 
 
+# The cold method's constants (issue 12.1).
+COLD_MIN_ITERS = 60
+FLUSH_MIN_BYTES = 256 << 20
+COPY_BYTES = 1 << 30
+
+
+def flush_bytes(l2_bytes: int) -> int:
+    """Size of the L2 flush buffer: at least twice the L2 and at least 256 MB."""
+    return max(2 * int(l2_bytes), FLUSH_MIN_BYTES)
+
+
+def cold_iters(iters: int) -> int:
+    """Timed cold launches: what was asked, but never fewer than COLD_MIN_ITERS."""
+    return max(int(iters), COLD_MIN_ITERS)
+
+
+def method(l2_bytes: int, flush: int, *, iters: int, warmup: int, launches: int = 20) -> dict:
+    """The measuring method, recorded in the JSON next to the numbers."""
+    return {
+        "headline": "cold",
+        "cold": (f"L2 flushed before each timed launch by writing {flush} bytes "
+                 f"(>= 2x L2 = {l2_bytes} bytes, >= {FLUSH_MIN_BYTES}) outside the timed "
+                 f"region; CUDA events around one launch; median of {cold_iters(iters)} "
+                 f"after {warmup} warm-ups"),
+        "graph": (f"warm: CUDA graph of {launches} back-to-back launches, per-launch time, "
+                  f"median of {iters} replays after {warmup}"),
+        "copy_ceiling": f"device-to-device copy of {COPY_BYTES} bytes, read + written bytes",
+        "bytes": "op_bytes: every consumed input read once, every output written once",
+        "l2_bytes": l2_bytes, "flush_bytes": flush, "cold_iters": cold_iters(iters),
+        "warmup": warmup,
+    }
+
+
+def percent_of(bw: float, ceiling: float) -> float:
+    """Fraction of the copy ceiling reached (0 when either is unknown)."""
+    return bw / ceiling if bw > 0 and ceiling > 0 else 0.0
+
+
+def bandwidth(nbytes: int, us: float) -> float:
+    """Bytes per second for ``nbytes`` moved in ``us`` microseconds (0 for no time)."""
+    return nbytes / (us * 1e-6) if us > 0 else 0.0
+
+
+def deterministic_cost(default_us: float, det_us: float) -> float:
+    """(det - default) / default; 0 when either time is missing."""
+    return (det_us - default_us) / default_us if default_us > 0 and det_us > 0 else 0.0
+
+
+class L2Flush:
+    """Evicts the L2: writes a buffer of ``flush_bytes(L2 size)`` on the current stream."""
+
+    def __init__(self, device: int | None = None):
+        props = torch.cuda.get_device_properties(
+            torch.cuda.current_device() if device is None else device)
+        self.l2_bytes = int(props.L2_cache_size)
+        self.nbytes = flush_bytes(self.l2_bytes)
+        self.buf = torch.empty(self.nbytes, dtype=torch.uint8, device="cuda")
+
+    def __call__(self) -> None:
+        self.buf.fill_(1)
+
+
 @dataclass(frozen=True)
 class Timing:
     median_us: float
@@ -67,6 +133,34 @@ def _events_median(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return Timing(statistics.median(times), iters)
+
+
+def _cold_once(fn: Callable[[], None], flush: Callable[[], None],
+               before: Callable[[], None] | None) -> float:
+    if before is not None:
+        before()
+    flush()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()          # queued behind the flush: the host launch cost hides under it
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def cold_median(fn: Callable[[], None], flush: Callable[[], None], *, iters: int = 100,
+                warmup: int = 30, before: Callable[[], None] | None = None) -> Timing:
+    """COLD time of one launch: L2 flushed (and ``before`` run) outside the timed region,
+    CUDA events around one launch, median of ``cold_iters(iters)`` after ``warmup``."""
+    for _ in range(warmup):
+        if before is not None:
+            before()
+        fn()
+    torch.cuda.synchronize()
+    n = cold_iters(iters)
+    times = [_cold_once(fn, flush, before) for _ in range(n)]
+    return Timing(statistics.median(times), n)
 
 
 def _graph(fn: Callable[[], None], launches: int) -> torch.cuda.CUDAGraph:
@@ -106,7 +200,7 @@ def graph_median(fn: Callable[[], None], *, launches: int = 20, iters: int = 100
     return Timing(statistics.median(times), iters)
 
 
-def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 50, warmup: int = 10) -> float:
+def copy_bandwidth(nbytes: int = COPY_BYTES, iters: int = 50, warmup: int = 10) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
@@ -133,10 +227,13 @@ class ShapeRow:
     rows: int
     fwd_kernel: str
     bwd_kernel: str
-    fused_fwd_us: float = 0.0        # events around one launch (includes host launch cost)
-    fused_fwd_graph_us: float = 0.0  # per launch, graph of back-to-back launches (kernel time)
-    fused_bwd_us: float = 0.0
+    fused_fwd_cold_us: float = 0.0   # HEADLINE: L2 flushed, events around one launch
+    fused_fwd_graph_us: float = 0.0  # warm: per launch, graph of back-to-back launches
+    fused_fwd_us: float = 0.0        # warm: events around one call (includes host launch cost)
+    fused_bwd_cold_us: float = 0.0
     fused_bwd_graph_us: float = 0.0
+    fused_bwd_us: float = 0.0
+    fused_bwd_det_cold_us: float = 0.0  # deterministic=True (partials + reduction), cold
     eager_fwd_us: float = 0.0
     eager_total_us: float = 0.0      # eager forward + autograd backward
     fwd_bytes: int = 0
@@ -144,31 +241,41 @@ class ShapeRow:
     copy_bw: float = 0.0
     extra: dict = field(default_factory=dict)
 
+    def us(self, direction: str, which: str = "cold") -> float:
+        return getattr(self, f"fused_{direction}_{which}_us")
+
     @property
     def fwd_speedup(self) -> float:
-        return self.eager_fwd_us / self.fused_fwd_graph_us if self.fused_fwd_graph_us else 0.0
+        us = self.us("fwd")
+        return self.eager_fwd_us / us if us else 0.0
 
     @property
     def total_speedup(self) -> float:
-        fused = self.fused_fwd_graph_us + self.fused_bwd_graph_us
+        fused = self.us("fwd") + self.us("bwd")
         return self.eager_total_us / fused if fused else 0.0
 
-    def bw(self, direction: str) -> float:
-        us = self.fused_fwd_graph_us if direction == "fwd" else self.fused_bwd_graph_us
-        nbytes = self.fwd_bytes if direction == "fwd" else self.bwd_bytes
-        return nbytes / (us * 1e-6) if us else 0.0
+    @property
+    def det_cost(self) -> float:
+        """Relative cost of the deterministic backward over the default one (cold)."""
+        return deterministic_cost(self.fused_bwd_cold_us, self.fused_bwd_det_cold_us)
 
-    def roofline(self, direction: str) -> float:
-        return self.bw(direction) / self.copy_bw if self.copy_bw else 0.0
+    def bw(self, direction: str, which: str = "cold") -> float:
+        nbytes = self.fwd_bytes if direction == "fwd" else self.bwd_bytes
+        return bandwidth(nbytes, self.us(direction, which))
+
+    def roofline(self, direction: str, which: str = "cold") -> float:
+        return percent_of(self.bw(direction, which), self.copy_bw)
 
 
 def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 100,
-                warmup: int = 30, eager_iters: int = 20, seed: int = 1234) -> ShapeRow:
+                warmup: int = 30, eager_iters: int = 20, seed: int = 1234,
+                flush: L2Flush | None = None) -> ShapeRow:
     from csagate.kernels import api
     from csagate.reference import backward as ref_backward
     from csagate.reference import forward as ref_forward
     from csagate.reference import make_grad_out, make_pack
 
+    flush = flush or L2Flush()
     pack = make_pack((tokens,), ratio=128, coff=coff, d=d, seed=seed, device="cuda")
     n = pack.n_rows
     go = make_grad_out(n, d, device="cuda")
@@ -178,10 +285,11 @@ def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 
     dape = torch.zeros_like(pack.ape)
     args = pack.inputs()
     fwd = lambda: api.run_forward(*args, out, ratio=128, coff=coff)
+    bwd_only = lambda: api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff)
 
     def bwd():
         dape.zero_()   # the contract: the caller zeroes dAPE before every call
-        api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff)
+        bwd_only()
 
     fkey = fwd()
     bkey = api.run_backward(*args, go, dkv, dscore, dape.zero_(), ratio=128, coff=coff)
@@ -189,8 +297,16 @@ def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 
                    fwd_bytes=op_bytes("fwd", coff=coff, d=d, n_tokens=tokens, n_rows=n),
                    bwd_bytes=op_bytes("bwd", coff=coff, d=d, n_tokens=tokens, n_rows=n),
                    copy_bw=copy_bw)
+    row.fused_fwd_cold_us = cold_median(fwd, flush, iters=iters, warmup=warmup).median_us
     row.fused_fwd_us = _events_median(fwd, iters, warmup).median_us
     row.fused_fwd_graph_us = graph_median(fwd, iters=iters, warmup=warmup).median_us
+    # the dAPE zeroing runs before the flush, outside the timed region
+    row.fused_bwd_cold_us = cold_median(bwd_only, flush, iters=iters, warmup=warmup,
+                                        before=dape.zero_).median_us
+    row.fused_bwd_det_cold_us = cold_median(
+        lambda: api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff,
+                                 deterministic=True),
+        flush, iters=iters, warmup=warmup, before=dape.zero_).median_us
     row.fused_bwd_us = _events_median(bwd, iters, warmup).median_us
     row.fused_bwd_graph_us = graph_median(bwd, iters=iters, warmup=warmup).median_us
     row.eager_fwd_us = _events_median(
@@ -231,23 +347,23 @@ def _flip(sched, name: str):
     return replace(sched, **{name: not getattr(sched, name)})
 
 
-def interleaved(launchers, *, iters: int, warmup: int, launches: int):
-    """Graph-replay medians of two launchers, interleaved, in both orders.
+def interleaved(launchers, *, iters: int, warmup: int, flush: Callable[[], None]):
+    """COLD medians of two launchers, interleaved, in both orders (issue 12.1).
 
-    Returns ((a_order1, a_order2), (b_order1, b_order2)) in us per launch; order 1 replays
-    A then B each round, order 2 B then A.
+    Each sample: L2 flushed, CUDA events around one launch. Returns
+    ((a_order1, a_order2), (b_order1, b_order2)) in us per launch; order 1 times A then B each
+    round, order 2 B then A; ``cold_iters(iters)`` rounds per order.
     """
-    graphs = [_graph(fn, launches) for fn in launchers]
     medians = []
     for order in ((0, 1), (1, 0)):
-        for g in graphs:
+        for fn in launchers:
             for _ in range(warmup):
-                g.replay()
+                fn()
         torch.cuda.synchronize()
         samples: list[list[float]] = [[], []]
-        for _ in range(iters):
+        for _ in range(cold_iters(iters)):
             for which in order:
-                samples[which].append(_graph_replay_us(graphs[which], launches))
+                samples[which].append(_cold_once(launchers[which], flush, None))
         medians.append([statistics.median(x) for x in samples])
     return (medians[0][0], medians[1][0]), (medians[0][1], medians[1][1])
 
@@ -263,10 +379,13 @@ def _bucket_inputs(direction: str, coff: int, d: int, bucket: str, tokens: int):
     return pack, go
 
 
-def ab_field(name: str, *, iters: int = 100, warmup: int = 30, launches: int = 20) -> list[ABRow]:
-    """For every bucket whose schedule has field ``name``: the kernel with it on and off."""
+def ab_field(name: str, *, iters: int = 100, warmup: int = 30,
+             flush: L2Flush | None = None) -> list[ABRow]:
+    """For every bucket whose schedule has field ``name``: the kernel with it on and off,
+    timed cold (``interleaved``)."""
     from csagate.kernels._dsl import device_arch
 
+    flush = flush or L2Flush()
     rows = []
     for (direction, coff, d, bucket), tokens in AB_SHAPES.items():
         select = S.select_fwd if direction == "fwd" else S.select_bwd
@@ -279,7 +398,7 @@ def ab_field(name: str, *, iters: int = 100, warmup: int = 30, launches: int = 2
         pack, go = _bucket_inputs(direction, coff, d, bucket, tokens)
         launchers = [schedule_launcher(direction, pack, go, sched)
                      for sched in (base, variant)]
-        base_us, var_us = interleaved(launchers, iters=iters, warmup=warmup, launches=launches)
+        base_us, var_us = interleaved(launchers, iters=iters, warmup=warmup, flush=flush)
         noise = abs(base_us[0] - base_us[1]) / min(base_us)
         rows.append(ABRow(direction, S.config_name(coff, d), bucket, tokens, name, base.tag,
                           variant.tag, base_us, var_us, noise))
@@ -406,8 +525,12 @@ def _tolerance_ok(got: torch.Tensor, ref: torch.Tensor) -> bool:
 
 def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
                  quick_iters: int = 15, iters: int = 60, warmup: int = 10,
-                 launches: int = 10, progress: Callable[[str], None] | None = None) -> SweepRow:
-    """Search this bucket's schedule space on the device; A/B the winner against the table."""
+                 flush: L2Flush | None = None,
+                 progress: Callable[[str], None] | None = None) -> SweepRow:
+    """Search this bucket's schedule space on the device; A/B the winner against the table.
+
+    Every candidate and the final A/B are timed cold (``cold_median``, ``interleaved``): at
+    least COLD_MIN_ITERS flushed launches each."""
     import tempfile
     from pathlib import Path
 
@@ -416,6 +539,7 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
     from csagate.perf import probe
     from csagate.reference import backward as ref_backward
 
+    flush = flush or L2Flush()
     ptxas = probe.find_ptxas()
     arch = device_arch()
     ptx_dir = Path(tempfile.mkdtemp(prefix="csagate-sweep-"))
@@ -449,8 +573,9 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
             if not cand.ok:
                 cand.note = "fails G2 tolerance"
                 return cand
-            cand.us = graph_median(launch, launches=launches, iters=quick_iters,
-                                   warmup=warmup).median_us
+            before = launch.buffers[2].zero_ if direction == "bwd" else None
+            cand.us = cold_median(launch, flush, iters=quick_iters, warmup=warmup,
+                                  before=before).median_us
         except Exception as exc:  # a candidate that fails to build or run is recorded
             cand.note = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return cand
@@ -471,13 +596,15 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
     if best.sched != base and seen[base].ok:
         launchers = [schedule_launcher(direction, pack, go, s) for s in (base, best.sched)]
         row.base_us, row.best_us = interleaved(launchers, iters=iters, warmup=warmup,
-                                               launches=launches)
+                                               flush=flush)
     else:
         row.base_us = row.best_us = (seen[base].us, seen[base].us)
     return row
 
 
 def sweep(directions=("fwd", "bwd"), **kwargs) -> list[SweepRow]:
+    if kwargs.get("flush") is None:
+        kwargs["flush"] = L2Flush()
     rows = []
     for (direction, coff, d, bucket), tokens in AB_SHAPES.items():
         if direction in directions:

@@ -71,7 +71,15 @@ SMALL_EDGES = (BucketEdge("fwd", "small", FWD_SMALL_MAX, upper=True),
                BucketEdge("bwd", "small", BWD_SMALL_MAX, upper=True))
 
 SMALL_CONTRACT = replace(contracts.R128, ratio=RATIO, drift=SMALL_DRIFT, cases=SMALL_CASES,
-                         hardening=SMALL_HARDENING, edges=SMALL_EDGES)
+                         hardening=SMALL_HARDENING, edges=SMALL_EDGES, deterministic=())
+
+# The deterministic-mode cases (CONTRACT.md 7.5): run with deterministic=True, G1 on dAPE too.
+SMALL_DETERMINISTIC: tuple[Case, ...] = (
+    _case("c1d16/edge/deterministic", 1, 16, EDGE, "deterministic", deterministic=True),
+    _case("c2d32/ragged+pad2r3t/deterministic", 2, 32, RAGGED, "deterministic",
+          grad_seed=PAD_GRAD_SEED, pad_rows=2, pad_tokens=3, deterministic=True),
+)
+SMALL_DET_CONTRACT = replace(SMALL_CONTRACT, deterministic=SMALL_DETERMINISTIC)
 
 
 def _r4(name, coff, d, lens, kind="union", **kw) -> Case:
@@ -91,7 +99,7 @@ SMALL_R4_CASES: tuple[Case, ...] = (
         inputs="partial_overflow"),
 )
 SMALL_R4_CONTRACT = replace(contracts.R4, drift=SMALL_DRIFT, cases=SMALL_R4_CASES,
-                            coverage_configs=CONFIGS)
+                            coverage_configs=CONFIGS, deterministic=())
 
 
 def fwd_schedule(coff: int, d: int, n: int) -> str:
@@ -121,6 +129,8 @@ class RefBackend:
         self.device = torch.device("cpu")
         self.built: list = []
         self.grad_outs: list[torch.Tensor] = []
+        self.deterministic_calls = 0
+        self.deterministic_now = False
 
     def build(self, targets, progress=None) -> list:
         for i, target in enumerate(targets):
@@ -137,8 +147,11 @@ class RefBackend:
         self.after_forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
         return self.dispatch(ratio, "fwd", coff, d, out.shape[0])
 
-    def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio, coff):
+    def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio, coff,
+                 deterministic=False):
         d = grad_out.shape[1]
+        self.deterministic_calls += bool(deterministic)
+        self.deterministic_now = bool(deterministic)
         self.grad_outs.append(grad_out.clone())
         prefill = (dkv.clone(), dscore.clone())
         res = backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
@@ -204,7 +217,8 @@ def bump(t: torch.Tensor, index, steps: int = 1) -> None:
 
 
 def case_named(name: str) -> Case:
-    return next(c for c in SMALL_CASES + SMALL_HARDENING + SMALL_R4_CASES if c.name == name)
+    return next(c for c in SMALL_CASES + SMALL_HARDENING + SMALL_R4_CASES + SMALL_DETERMINISTIC
+                if c.name == name)
 
 
 class FaultyBackend(RefBackend):
@@ -287,6 +301,11 @@ class FaultyBackend(RefBackend):
             dkv[-1, 0] = 2.0 ** -100  # tiny: no tolerance notices, exact zeros must
         elif self.fault == "dape":
             dape[0, 0] += 2e-3
+        elif self.fault == "nondeterministic_dape" and self.deterministic_now:
+            # a "deterministic" backward whose dAPE moves by one fp32 ulp in its second run
+            self.det_hits = getattr(self, "det_hits", 0) + 1
+            if self.det_hits == 2:
+                bump(dape, (1, 2))
         elif self.fault == "pad_leak":
             # Padding rows multiplied by zero instead of excluded: 0 * inf = NaN leaks.
             leaked = leaky_backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)

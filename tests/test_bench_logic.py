@@ -80,3 +80,67 @@ def test_bench_cli_exits():
     if not torch.cuda.is_available():
         r = runner.invoke(cli, ["bench"])
         assert r.exit_code == 3 and "no CUDA GPU" in r.output
+
+
+def test_flush_is_at_least_twice_l2_and_256mb():
+    assert B.flush_bytes(60 << 20) == 256 << 20            # H200: 60 MB L2 -> the 256 MB floor
+    assert B.flush_bytes(200 << 20) == 400 << 20           # a larger L2: twice it
+    assert B.flush_bytes(0) == B.FLUSH_MIN_BYTES
+
+
+def test_cold_iters_never_below_sixty():
+    assert B.cold_iters(1) == 60 and B.cold_iters(60) == 60 and B.cold_iters(100) == 100
+
+
+def test_bandwidth_and_percent():
+    assert B.bandwidth(4_000_000, 1.0) == pytest.approx(4e12)
+    assert B.bandwidth(1, 0.0) == 0.0
+    assert B.percent_of(2e12, 4e12) == 0.5
+    assert B.percent_of(2e12, 0.0) == 0.0 and B.percent_of(0.0, 4e12) == 0.0
+
+
+def test_shape_row_headline_is_cold_and_graph_is_second():
+    row = B.ShapeRow("c1d128", 8192, 64, "f", "b", fused_fwd_cold_us=10.0,
+                     fused_fwd_graph_us=5.0, fused_bwd_cold_us=20.0, fused_bwd_graph_us=10.0,
+                     eager_fwd_us=100.0, eager_total_us=600.0, fwd_bytes=40_000_000,
+                     bwd_bytes=80_000_000, copy_bw=8e12)
+    assert row.bw("fwd") == pytest.approx(4e12) and row.bw("fwd", "graph") == pytest.approx(8e12)
+    assert row.roofline("fwd") == pytest.approx(0.5)
+    assert row.roofline("bwd", "graph") == pytest.approx(1.0)
+    assert row.fwd_speedup == 10.0 and row.total_speedup == 20.0
+
+
+def test_method_record_names_flush_iters_and_ceiling():
+    m = B.method(60 << 20, B.flush_bytes(60 << 20), iters=10, warmup=5)
+    assert m["headline"] == "cold" and m["cold_iters"] == 60
+    assert m["flush_bytes"] == 256 << 20 and m["l2_bytes"] == 60 << 20
+    assert "one launch" in m["cold"] and str(B.COPY_BYTES) in m["copy_ceiling"]
+
+
+def test_shape_json_has_cold_and_graph_figures():
+    from csagate.commands.bench import shape_json
+
+    row = B.ShapeRow("c1d128", 8192, 64, "f", "b", fused_fwd_cold_us=10.0,
+                     fused_fwd_graph_us=5.0, fused_bwd_cold_us=20.0, fused_bwd_graph_us=10.0,
+                     fwd_bytes=40_000_000, bwd_bytes=80_000_000, copy_bw=8e12)
+    rec = shape_json(row)
+    assert rec["fwd_cold_Bps"] == pytest.approx(4e12)
+    assert rec["fwd_graph_roofline"] == pytest.approx(1.0)
+    assert rec["fwd_bytes"] == 40_000_000 and rec["fused_bwd_cold_us"] == 20.0
+
+
+def test_profile_shapes():
+    from csagate.perf import profile as P
+
+    assert P.parse_shape("c2d512:131072") == (2, 512, 131072)
+    shapes = P.table_shapes()
+    assert set(P.LARGE) <= set(shapes) and len(shapes) == 8
+    assert {(c, d) for c, d, t in shapes if t == P.SHORT_TOKENS} == {(c, d) for c, d, _ in P.LARGE}
+
+
+def test_deterministic_cost():
+    assert B.deterministic_cost(100.0, 104.0) == pytest.approx(0.04)
+    assert B.deterministic_cost(0.0, 5.0) == 0.0 and B.deterministic_cost(5.0, 0.0) == 0.0
+    row = B.ShapeRow("c1d128", 8192, 64, "f", "b", fused_bwd_cold_us=50.0,
+                     fused_bwd_det_cold_us=51.0)
+    assert row.det_cost == pytest.approx(0.02)

@@ -48,10 +48,10 @@ def test_cases_cover_every_selectable_kernel_of_every_arch():
 
 
 def test_three_hardening_cases_after_the_21():
-    from csagate.gates.cases import HARDENING
+    from csagate.gates.cases import DETERMINISTIC, HARDENING
     from csagate.gates.contracts import R128
 
-    assert R128.all_cases == CASES + HARDENING
+    assert R128.all_cases == CASES + HARDENING + DETERMINISTIC
     assert [(c.config, c.lens, c.inputs, c.kind) for c in HARDENING] == [
         ("c2d128", RAGGED3, "partial_overflow", "hardening"),
         ("c1d512", RAGGED3, "partial_overflow", "hardening"),
@@ -64,10 +64,10 @@ def test_three_hardening_cases_after_the_21():
 
 
 def test_r4_cases_are_the_contracts():
-    from csagate.gates.cases import R4_CASES, SHORT4
+    from csagate.gates.cases import R4_CASES, R4_DETERMINISTIC, SHORT4
     from csagate.gates.contracts import R4
 
-    assert R4.all_cases == R4_CASES and len(R4_CASES) == 18
+    assert R4.all_cases == R4_CASES + R4_DETERMINISTIC and len(R4_CASES) == 18
     assert all(c.ratio == 4 and c.name.startswith("r4/") for c in R4_CASES)
     union = [(c.config, c.lens) for c in R4_CASES if c.kind == "union"]
     for config in ("c1d128", "c2d128", "c1d512", "c2d512"):
@@ -87,8 +87,31 @@ def test_r4_cases_are_the_contracts():
 
 
 def test_case_names_are_unique_across_both_contracts():
-    from csagate.gates.cases import DRIFT, HARDENING, R4_CASES, case_by_name
+    from csagate.gates.cases import (
+        DETERMINISTIC,
+        DRIFT,
+        HARDENING,
+        R4_CASES,
+        R4_DETERMINISTIC,
+        case_by_name,
+    )
 
-    names = [c.name for c in (DRIFT, *CASES, *HARDENING, *R4_CASES)]
+    names = [c.name for c in (DRIFT, *CASES, *HARDENING, *R4_CASES, *DETERMINISTIC,
+                              *R4_DETERMINISTIC)]
     assert len(names) == len(set(names))
     assert case_by_name("r4/c2d128/ragged3/partial-overflow").ratio == 4
+
+
+def test_deterministic_cases():
+    """CONTRACT.md 7.5: ratio=128 one per config on a ragged/edge pack, ratio=4 two; each runs
+    the backward with deterministic=True (G1 then covers dAPE too)."""
+    from csagate.gates.cases import DETERMINISTIC, R4_DETERMINISTIC, case_by_name
+
+    assert {c.config for c in DETERMINISTIC} == {"c1d128", "c2d128", "c1d512", "c2d512"}
+    assert len(DETERMINISTIC) == 4 and len(R4_DETERMINISTIC) == 2
+    assert {c.coff for c in R4_DETERMINISTIC} == {1, 2}
+    for c in DETERMINISTIC + R4_DETERMINISTIC:
+        assert c.deterministic and c.kind == "deterministic" and c.inputs == "random"
+        assert c.lens in (RAGGED3, EDGEPACK) and c.name.endswith("/deterministic")
+        assert case_by_name(c.name) == c
+    assert not any(c.deterministic for c in CASES)

@@ -37,11 +37,13 @@ def test_cases_table():
     r = run("cases", "--ratio", "128")
     assert r.exit_code == 0, r.output
     lines = _rows(r.output)
-    assert len(lines) == 25
+    assert len(lines) == 29
     assert "drift/r4-c2d128/1x2048" in lines[0] and "c1d128/overflow" in lines[21]
-    assert all("hardening" in line for line in lines[22:])
-    assert "pad-no" in lines[-1]  # c2d128/edgepack+pad5r21t/pad-nonfinite, folded
-    assert "drift check + 21 named cases + 3 hardening" in r.output
+    assert all("hardening" in line for line in lines[22:25])
+    assert "edgepack+pad5r21t" in lines[24]  # .../pad-nonfinite, folded
+    assert all("determin" in line for line in lines[25:])
+    assert "drift check + 21 named cases + 3 hardening + 4" in " ".join(r.output.split())
+    assert "4 deterministic" in " ".join(r.output.split())
     assert "131072" in r.output and "padding" in r.output
 
 
@@ -49,14 +51,15 @@ def test_cases_table_ratio4_and_all():
     r = run("cases", "--ratio", "4")
     assert r.exit_code == 0, r.output
     lines = _rows(r.output)
-    assert len(lines) == 19 and "drift check + 18 named cases" in r.output
-    assert "r4/c1d128/1x8192" in lines[1] and "r4/c2d128/ragged3/parti" in lines[-1]
+    assert len(lines) == 21
+    assert "drift check + 18 named cases + 2 deterministic" in " ".join(r.output.split())
+    assert "r4/c1d128/1x8192" in lines[1] and "r4/c2d128/ragged3/parti" in lines[18]
     wide = CliRunner().invoke(cli, ["cases", "--ratio", "4"], env={"COLUMNS": "200"}).output
     assert "r4/c2d512/1x65536" in wide and "r4/c1d512/short4+pad8r37t" in wide
     both = run("cases", "--ratio", "all")
     assert both.exit_code == 0
     assert "ratio=128 gate" in both.output and "ratio=4 gate" in both.output
-    assert len(_rows(both.output)) == 25 + 19
+    assert len(_rows(both.output)) == 29 + 21
 
 
 def test_bad_ratio_is_a_usage_error():

@@ -235,8 +235,9 @@ def test_listing_commands_fit(args, width):
 def _bench_rows():
     shape = SimpleNamespace(
         config="c1d512", tokens=131072, fwd_kernel="v4t4x32_2ph_fexp_u8_pf_1e",
-        fused_fwd_graph_us=1234.5, fused_fwd_us=1240.1, eager_fwd_us=98765.4, fwd_speedup=80.0,
-        bwd_kernel="v2t16x32_fexp_gor_rw", fused_bwd_graph_us=2345.6, fused_bwd_us=2350.7,
+        fused_fwd_cold_us=1234.5, fused_fwd_graph_us=1240.1, eager_fwd_us=98765.4, fwd_speedup=80.0,
+        bwd_kernel="v2t16x32_fexp_gor_rw", fused_bwd_cold_us=2345.6, fused_bwd_graph_us=2350.7,
+        fused_bwd_det_cold_us=2400.1, det_cost=0.0232,
         eager_total_us=345678.9, total_speedup=96.3,
         bw=lambda d: 4.12e12, roofline=lambda d: 0.87)
     ab = SimpleNamespace(direction="bwd", config="c2d512", bucket="default", tokens=65536,
@@ -257,14 +258,16 @@ def test_bench_tables_fit(width):
 
     shape, ab, sweep = _bench_rows()
     con = fixed(width)
-    for table in (*bench.shape_tables([shape], 4.5e12), bench.ab_table([ab]),
+    for table in (*bench.shape_tables([shape], 4.5e12), bench.det_table([shape]),
+                  bench.ab_table([ab]),
                   bench.sweep_table([sweep])):
         _console.print_table(table, con)
     text = text_of(con)
     assert_fits(text, width)
     flat = columnwise(text)
     for number in ("131072", "1234.5", "98765.4", "345678.9", "96.3", "87%", "4.12",
-                   "12.34->12.01", "-2.7%", "0.4%", "7/7", "v4t4x32_2ph_fexp_u8_pf_1e"):
+                   "12.34->12.01", "-2.7%", "0.4%", "7/7", "2400.1", "+2.3%",
+                   "v4t4x32_2ph_fexp_u8_pf_1e"):
         assert number in flat, number
 
 

@@ -489,9 +489,12 @@ def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
                         select_fwd(coff, out.shape[1], out.shape[0], "sm_90a"), "sm_90a")
 
     def run_backward(kv, score, ape, cu, cuc, go, dkv, dscore, dape, *, ratio, coff,
-                     rows_per_cta=None, stream=None):
-        return make_key("bwd", ratio, coff, go.shape[1],
-                        select_bwd(coff, go.shape[1], go.shape[0], "sm_90a"), "sm_90a")
+                     rows_per_cta=None, stream=None, deterministic=None):
+        seen["bwd_deterministic"] = deterministic
+        sched = select_bwd(coff, go.shape[1], go.shape[0], "sm_90a")
+        if deterministic:
+            sched = replace(sched, deterministic=True)
+        return make_key("bwd", ratio, coff, go.shape[1], sched, "sm_90a")
 
     monkeypatch.setattr(api, "run_forward", run_forward)
     monkeypatch.setattr(api, "run_backward", run_backward)
@@ -506,6 +509,10 @@ def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
                             coff=2)
     assert bsel in set(backend.entries(128, "bwd").values())
     assert bsel.name == f"bwd c2d128 {select_bwd(2, 128, 64, 'sm_90a').tag}"
+    assert seen["bwd_deterministic"] is False   # the default mode, whatever torch's flag
+    det = backend.backward(None, None, None, None, None, go, None, None, None, ratio=128,
+                           coff=2, deterministic=True)
+    assert seen["bwd_deterministic"] is True and det == bsel   # coverage: the table entry
 
 
 def test_kernel_backend_build_failure_is_a_build_error(monkeypatch):
@@ -711,3 +718,32 @@ def test_r4_coverage_names_a_config_no_case_has():
     assert not v.ok and all(r.status == PASS for r in v.cases)
     assert v.reasons == ("coverage (table entries): no case selects fwd c1d64 r4",
                          "coverage (table entries): no case selects bwd c1d64 r4")
+
+
+# --- the deterministic backward (CONTRACT.md 7.5) -------------------------------------------
+
+
+def test_deterministic_cases_run_with_deterministic_true_and_pass():
+    from gate_backends import SMALL_DET_CONTRACT, SMALL_DETERMINISTIC
+
+    backend = RefBackend()
+    v = gate(backend, contract=SMALL_DET_CONTRACT)
+    assert v.ok, v.reasons
+    assert backend.deterministic_calls == 3 * len(SMALL_DETERMINISTIC)
+    assert v.headline.endswith(f" + {len(SMALL_DETERMINISTIC)}/{len(SMALL_DETERMINISTIC)} "
+                               "deterministic")
+    for case in SMALL_DETERMINISTIC:
+        assert row(v, case.name).result("G1", "dape").status == PASS
+    # the default-mode cases do not gate dAPE bitwise (atomics)
+    assert all(g.tensor != "dape" for g in row(v, SMALL_CASES[0].name).gates if g.gate == "G1")
+
+
+def test_deterministic_backend_whose_dape_moves_fails_g1():
+    from gate_backends import SMALL_DET_CONTRACT
+
+    name = "c1d16/edge/deterministic"
+    v = faulted("nondeterministic_dape", name, contract=SMALL_DET_CONTRACT)
+    assert not v.ok
+    r = row(v, name)
+    assert failed_gates(r) == {("G1", "dape")}
+    assert all(x.ok for x in v.cases if x.name != name)

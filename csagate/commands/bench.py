@@ -28,25 +28,50 @@ def _need_gpu() -> None:
 
 def shape_tables(rows, copy_bw: float) -> tuple[Table, Table]:
     """The forward table and the backward (+ forward-and-backward totals) table."""
-    note = (f"copy roofline {copy_bw / 1e12:.2f} TB/s; graph us = graph replay per launch, "
-            "call us = events around one call")
-    fwd_cols = ("config", "tokens", "kernel", "graph\nus", "call\nus", "eager\nus", "x",
+    note = (f"copy roofline {copy_bw / 1e12:.2f} TB/s; cold us = L2 flushed, events around one "
+            "launch (headline: x, TB/s, % roof); graph us = warm graph replay per launch")
+    fwd_cols = ("config", "tokens", "kernel", "cold\nus", "graph\nus", "eager\nus", "x",
                 "TB/s", "%\nroof")
     fwd = console.new_table(f"ratio=128 forward, fused vs eager fp32 ({note})", fwd_cols,
                             marks=fwd_cols[3:], right=(fwd_cols[1], *fwd_cols[3:]))
-    bwd_cols = ("config", "tokens", "kernel", "graph\nus", "call\nus", "TB/s", "%\nroof",
+    bwd_cols = ("config", "tokens", "kernel", "cold\nus", "graph\nus", "TB/s", "%\nroof",
                 "eager f+b\nus", "f+b\nx")
     bwd = console.new_table("ratio=128 backward, and forward+backward vs eager", bwd_cols,
                             marks=bwd_cols[3:], right=(bwd_cols[1], *bwd_cols[3:]))
     for r in rows:
-        fwd.add_row(r.config, str(r.tokens), r.fwd_kernel, f"{r.fused_fwd_graph_us:.1f}",
-                    f"{r.fused_fwd_us:.1f}", f"{r.eager_fwd_us:.1f}", f"{r.fwd_speedup:.1f}",
+        fwd.add_row(r.config, str(r.tokens), r.fwd_kernel, f"{r.fused_fwd_cold_us:.1f}",
+                    f"{r.fused_fwd_graph_us:.1f}", f"{r.eager_fwd_us:.1f}", f"{r.fwd_speedup:.1f}",
                     f"{r.bw('fwd') / 1e12:.2f}", f"{100 * r.roofline('fwd'):.0f}%")
-        bwd.add_row(r.config, str(r.tokens), r.bwd_kernel, f"{r.fused_bwd_graph_us:.1f}",
-                    f"{r.fused_bwd_us:.1f}", f"{r.bw('bwd') / 1e12:.2f}",
+        bwd.add_row(r.config, str(r.tokens), r.bwd_kernel, f"{r.fused_bwd_cold_us:.1f}",
+                    f"{r.fused_bwd_graph_us:.1f}", f"{r.bw('bwd') / 1e12:.2f}",
                     f"{100 * r.roofline('bwd'):.0f}%", f"{r.eager_total_us:.1f}",
                     f"{r.total_speedup:.1f}")
     return fwd, bwd
+
+
+def det_table(rows) -> Table:
+    """The deterministic backward's cost (cold, both modes)."""
+    cols = ("config", "tokens", "default\nus", "determ.\nus", "cost")
+    t = console.new_table("ratio=128 backward: deterministic=True (per-CTA dAPE partials + "
+                          "ordered reduction) vs the default atomics, cold us", cols,
+                          marks=cols[2:], right=(cols[1], *cols[2:]))
+    for r in rows:
+        t.add_row(r.config, str(r.tokens), f"{r.fused_bwd_cold_us:.1f}",
+                  f"{r.fused_bwd_det_cold_us:.1f}", f"{100 * r.det_cost:+.1f}%")
+    return t
+
+
+def shape_json(r) -> dict:
+    """One shape's record: every timing, the bytes moved, and the derived figures (cold
+    headline, warm graph second)."""
+    out = dataclasses.asdict(r)
+    for direction in ("fwd", "bwd"):
+        for which in ("cold", "graph"):
+            out[f"{direction}_{which}_Bps"] = r.bw(direction, which)
+            out[f"{direction}_{which}_roofline"] = r.roofline(direction, which)
+    return out | {"bwd_det_cost": r.det_cost,
+                  "fwd_roofline": r.roofline("fwd"), "bwd_roofline": r.roofline("bwd"),
+                  "fwd_speedup": r.fwd_speedup, "total_speedup": r.total_speedup}
 
 
 def _where(r) -> str:
@@ -67,8 +92,8 @@ def _orders_table(title: str, rows, cols: tuple[str, ...], other, extra) -> Tabl
 
 def ab_table(rows) -> Table:
     return _orders_table(
-        "A/B: base -> variant, graph replay per launch (us), interleaved, order 1 base first, "
-        "order 2 variant first", rows,
+        "A/B: base -> variant, cold us per launch (L2 flushed, events around one launch), "
+        "interleaved, order 1 base first, order 2 variant first", rows,
         ("bucket", "base", "variant", "order 1 us", "order 2 us", "delta\n1 / 2", "noise",
          "decision"),
         lambda r: (r.variant, r.variant_us), lambda r: f"{100 * r.noise:.1f}%")
@@ -77,7 +102,7 @@ def ab_table(rows) -> Table:
 def sweep_table(rows) -> Table:
     return _orders_table(
         "schedule sweep per bucket: fastest candidate passing G2, then an interleaved A/B (both "
-        "orders) against the shipped table entry; graph replay us/launch", rows,
+        "orders) against the shipped table entry; cold us/launch (L2 flushed)", rows,
         ("bucket", "table entry", "best", "order 1 us", "order 2 us", "delta\n1 / 2", "tried",
          "decision"),
         lambda r: (r.best, r.best_us),
@@ -110,7 +135,8 @@ def _sweep_json(rows) -> list[dict]:
                    "with the op's signature (1000 calls, median of 5; c1d128, 1024 tokens).")
 @click.option("--shape", "shapes", multiple=True, metavar="cCdD:TOKENS",
               help="Only these shapes, e.g. c1d128:8192 (repeatable).")
-@click.option("--iters", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(1),
+              help="Timed launches per figure (cold figures use at least 60).")
 @click.option("--warmup", default=30, show_default=True, type=click.IntRange(0))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               callback=existing_parent, help="Also write every number to this JSON file.")
@@ -157,11 +183,13 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
         return
     with err.status("measuring the copy bandwidth"):
         copy_bw = bench.copy_bandwidth()
+    flush = bench.L2Flush()
     report["copy_bw_Bps"] = copy_bw
+    report["method"] = bench.method(flush.l2_bytes, flush.nbytes, iters=iters, warmup=warmup)
     if sweep_dirs:
         dirs = ("fwd", "bwd") if sweep_dirs == "all" else (sweep_dirs,)
         with err.status("sweeping") as status:
-            rows = bench.sweep(dirs, iters=min(iters, 60), warmup=min(warmup, 10),
+            rows = bench.sweep(dirs, iters=iters, warmup=min(warmup, 10), flush=flush,
                                progress=lambda what: status.update(f"sweep {what}"))
         console.print_table(sweep_table(rows))
         report["sweep"] = _sweep_json(rows)
@@ -169,7 +197,7 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
         rows = []
         for name in ab_fields:
             with err.status(f"A/B {name}"):
-                rows += bench.ab_field(name, iters=iters, warmup=warmup)
+                rows += bench.ab_field(name, iters=iters, warmup=warmup, flush=flush)
         console.print_table(ab_table(rows))
         report["ab"] = [dataclasses.asdict(r) | {"decision": r.decision} for r in rows]
     else:
@@ -177,13 +205,11 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
         for coff, d, tokens in picked or bench.SHAPES:
             with err.status(f"c{coff}d{d} {tokens} tokens"):
                 rows.append(bench.bench_shape(coff, d, tokens, copy_bw=copy_bw, iters=iters,
-                                              warmup=warmup))
+                                              warmup=warmup, flush=flush))
             torch.cuda.empty_cache()
-        for table in shape_tables(rows, copy_bw):
+        for table in (*shape_tables(rows, copy_bw), det_table(rows)):
             console.print_table(table)
-        report["shapes"] = [dataclasses.asdict(r) | {
-            "fwd_roofline": r.roofline("fwd"), "bwd_roofline": r.roofline("bwd"),
-            "fwd_speedup": r.fwd_speedup, "total_speedup": r.total_speedup} for r in rows]
+        report["shapes"] = [shape_json(r) for r in rows]
     if json_path:
         with open(json_path, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -7,8 +7,8 @@ import click
 from csagate import console
 
 
-@click.command("cases", help="List the drift check and the named gate cases (hardening cases "
-               "after the upstream ones), in order.")
+@click.command("cases", help="List the drift check and the named gate cases (hardening and "
+               "deterministic-mode cases after the upstream ones), in order.")
 @click.option("--ratio", type=click.Choice(["128", "4", "all"]), default="128",
               show_default=True, help="The contract family: 128, 4, or all.")
 def command(ratio: str) -> None:
@@ -16,6 +16,8 @@ def command(ratio: str) -> None:
 
     for contract in contracts(ratio):
         hard = f" + {len(contract.hardening)} hardening" if contract.hardening else ""
+        if contract.deterministic:
+            hard += f" + {len(contract.deterministic)} deterministic"
         cols = ("#", "case", "config", "tokens", "rows", "kind")
         table = console.new_table(f"csagate ratio={contract.ratio} gate: drift check + "
                                   f"{len(contract.cases)} named cases{hard}", cols,

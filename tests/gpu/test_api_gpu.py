@@ -175,35 +175,33 @@ def test_empty_output(ratio, coff):
 
 
 @pytest.mark.parametrize("coff", [1, 2])
-def test_deterministic_mode(coff):
+def test_deterministic_mode_follows_torch(coff):
+    """Under torch.use_deterministic_algorithms(True) (warn-only too) the backward runs the
+    deterministic path: no error, no warning, dKV/dScore bitwise as the default mode, dAPE
+    bitwise as an explicit deterministic=True call. tests/gpu/test_deterministic.py has more."""
     A = api()
     pack = cuda_pack((512, 256), ratio=4, coff=coff, d=128)
     go = R.make_grad_out(pack.n_rows, 128, device="cuda")
     args = (*pack.inputs(), go)
-    normal = A.backward(*args, ratio=4, coff=coff)
+    normal = A.backward(*args, ratio=4, coff=coff, deterministic=False)
+    explicit = A.backward(*args, ratio=4, coff=coff, deterministic=True)
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     try:
-        torch.use_deterministic_algorithms(True)
-        A.forward(*pack.inputs(), ratio=4, coff=coff, n_rows=pack.n_rows)  # the forward is fine
-        with pytest.raises(RuntimeError, match="not deterministic"):
-            A.backward(*args, ratio=4, coff=coff)
-        with pytest.raises(RuntimeError, match="not deterministic"):
-            A.run_backward(*args, torch.empty_like(pack.kv), torch.empty_like(pack.score),
-                           torch.zeros_like(pack.ape), ratio=4, coff=coff)
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            warned = A.backward(*args, ratio=4, coff=coff)
-        torch.cuda.synchronize()
+        for only in (False, True):
+            torch.use_deterministic_algorithms(True, warn_only=only)
+            A.forward(*pack.inputs(), ratio=4, coff=coff, n_rows=pack.n_rows)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                det = A.backward(*args, ratio=4, coff=coff)
+            torch.cuda.synchronize()
+            assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+            assert_bitwise("deterministic dkv", det[0], normal[0])
+            assert_bitwise("deterministic dscore", det[1], normal[1])
+            assert_bitwise("deterministic dape", det[2], explicit[2])
+            assert_close("deterministic dape", det[2], normal[2], DAPE_ABS)
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert len(runtime) == 1, [str(w.message) for w in runtime]
-    assert "not deterministic" in str(runtime[0].message)
-    assert_bitwise("warn-only dkv", warned[0], normal[0])
-    assert_bitwise("warn-only dscore", warned[1], normal[1])
-    assert_close("warn-only dape", warned[2], normal[2], DAPE_ABS)
 
 
 # --- CUDA graphs -----------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""The deterministic dAPE reduction (issue 12.3): ``dape += sum over b of partials[b]``.
+
+A deterministic backward (``schedule.BwdSchedule.deterministic``,
+``schedule.R4Schedule.deterministic``) stores each CTA's dAPE partial into its own slice
+``partials[bx]`` of a ``(gx, ratio, W)`` fp32 buffer, every slot written once. This kernel
+then sums the gx slices of each element in ascending ``bx`` order, one thread per element, in
+round-to-nearest fp32, and adds the sum to ``dape`` (which keeps the backward's
+accumulate-into-dape contract). The order is fixed by the code, not by scheduling, so dAPE is
+bitwise identical run to run. Compiled once per arch (no GPU needed), cached per device.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import cuda.bindings.driver as cuda
+from csagate.kernels._dsl import compile_for, cute_modules, env_stream, fake_vec, sym
+from csagate.kernels.device import F32, I32, add_rn
+
+cutlass, cute = cute_modules()
+
+THREADS = 256
+
+
+@cute.kernel
+def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32):
+    tx, _, _ = cute.arch.thread_idx()
+    bx, _, _ = cute.arch.block_idx()
+    i = bx * THREADS + tx
+    if i < n:
+        acc = F32(0.0)
+        for b in cutlass.range(n_parts, unroll=4):
+            acc = add_rn(acc, mPart[b, i])
+        mDApe[i] = add_rn(mDApe[i], acc)
+
+
+@cute.jit
+def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, stream: cuda.CUstream):
+    # TVM-FFI: partials flattened to (gx * n,), dape flattened to (n,); both extents symbolic.
+    n = mDApe.shape[0]
+    n_parts = mPart.shape[0] // n
+    mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((n_parts, n), stride=(n, 1)))
+    _reduce_kernel(mPart2, mDApe, n_parts, n).launch(
+        grid=(cute.ceil_div(n, THREADS), 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+
+def build_reduce(arch: str):
+    """Compile the reduction for ``arch`` (no GPU needed)."""
+    return compile_for(arch, _reduce_host, fake_vec(F32, sym(), align=16),
+                       fake_vec(F32, sym(), align=16), env_stream())
+
+
+_lock = threading.Lock()
+_compiled: dict[str, object] = {}
+_loaded: set[int] = set()
+
+
+def executor(arch: str, device_index: int):
+    """The reduction for one device (compiled on first use per arch; the first use on a device
+    loads its module and must not be under CUDA graph capture: an eager step does it)."""
+    fn = _compiled.get(arch)
+    if fn is not None and device_index in _loaded:
+        return fn
+    with _lock:
+        import torch
+
+        if device_index not in _loaded and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("first deterministic backward under CUDA graph capture: "
+                               "the dAPE reduction is not loaded; run one eager step "
+                               "before capturing")
+        if arch not in _compiled:
+            _compiled[arch] = build_reduce(arch)
+        _loaded.add(device_index)
+        return _compiled[arch]
+
+
+def launch_reduce(fn, *, partials, dape) -> None:
+    """dape += partials.sum(0) in ascending slice order, on torch's current stream;
+    ``partials`` is (gx, *dape.shape), both contiguous."""
+    if dape.numel() == 0 or partials.shape[0] == 0:
+        return
+    fn(partials.view(-1), dape.view(-1))

@@ -1,0 +1,104 @@
+"""Nsight Compute / SASS tooling for the large shapes (issue 12.2; GPU only).
+
+``python -m csagate.perf.profile launch`` runs each large-shape kernel ONCE per direction
+(after one untimed build-and-warm call outside the profiled range), so that
+``ncu -k regex:...`` captures exactly one launch of each; ``python -m csagate.perf.profile
+table`` prints the cold bench table (perf/bench.py) for those shapes and 8192 tokens.
+docs/PERF_NOTES.md has the exact ncu and cuobjdump command lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# (coff, d, tokens): the four large shapes of issue 12.2.
+LARGE: tuple[tuple[int, int, int], ...] = (
+    (1, 128, 131072), (2, 128, 65536), (1, 512, 65536), (2, 512, 131072))
+SHORT_TOKENS = 8192
+
+
+def table_shapes() -> list[tuple[int, int, int]]:
+    """The large shapes plus every config at SHORT_TOKENS, in config order, no duplicates."""
+    out = list(LARGE) + [(c, d, SHORT_TOKENS) for c, d, _ in LARGE]
+    return sorted(dict.fromkeys(out))
+
+
+def parse_shape(spec: str) -> tuple[int, int, int]:
+    """'c1d128:131072' -> (1, 128, 131072)."""
+    cfg, tokens = spec.split(":")
+    coff, d = (int(x) for x in cfg.lstrip("c").split("d"))
+    return coff, d, int(tokens)
+
+
+def _calls(api, args, go, out, dkv, dscore, dape, coff):
+    return {
+        "fwd": lambda: api.run_forward(*args, out, ratio=128, coff=coff),
+        "bwd": lambda: api.run_backward(*args, go, dkv, dscore, dape.zero_(), ratio=128,
+                                        coff=coff),
+    }
+
+
+def launch_once(shapes, directions=("fwd", "bwd"), *, warm: bool = True) -> list[str]:
+    """Run each shape's kernel once per direction; returns 'direction shape kernel-tag' lines.
+
+    With ``warm`` the first call of each (which builds the kernel) runs before
+    ``cudaProfilerStart``; run ncu with ``--profile-from-start off`` to skip it, or count the
+    launches with ``--launch-skip 1 --launch-count 1`` per kernel regex.
+    """
+    import torch
+    from csagate.kernels import api
+    from csagate.reference import make_grad_out, make_pack
+
+    lines = []
+    for coff, d, tokens in shapes:
+        pack = make_pack((tokens,), ratio=128, coff=coff, d=d, device="cuda")
+        args = pack.inputs()
+        go = make_grad_out(pack.n_rows, d, device="cuda")
+        out = torch.empty(pack.n_rows, d, dtype=torch.bfloat16, device="cuda")
+        dkv, dscore = torch.empty_like(pack.kv), torch.empty_like(pack.score)
+        dape = torch.zeros_like(pack.ape)
+        calls = _calls(api, args, go, out, dkv, dscore, dape, coff)
+        for direction in directions:
+            if warm:
+                calls[direction]()
+                torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            key = calls[direction]()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            lines.append(f"{direction} c{coff}d{d}:{tokens} {key.tag}")
+        del pack, go, out, dkv, dscore, dape
+        torch.cuda.empty_cache()
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m csagate.perf.profile", description=__doc__)
+    sub = ap.add_subparsers(dest="what", required=True)
+    la = sub.add_parser("launch", help="one launch per direction per large shape (for ncu)")
+    la.add_argument("--shape", action="append", default=None, metavar="cCdD:TOKENS")
+    la.add_argument("--direction", choices=("fwd", "bwd", "all"), default="all")
+    ta = sub.add_parser("table", help="the cold bench table: large shapes + 8192 tokens")
+    ta.add_argument("--iters", type=int, default=100)
+    ta.add_argument("--warmup", type=int, default=30)
+    ta.add_argument("--json", default=None)
+    ns = ap.parse_args(argv)
+    if ns.what == "launch":
+        shapes = [parse_shape(s) for s in ns.shape] if ns.shape else list(LARGE)
+        dirs = ("fwd", "bwd") if ns.direction == "all" else (ns.direction,)
+        for line in launch_once(shapes, dirs):
+            print(line)
+        return 0
+    from csagate.cli import cli
+
+    args = ["bench", "--iters", str(ns.iters), "--warmup", str(ns.warmup)]
+    for coff, d, tokens in table_shapes():
+        args += ["--shape", f"c{coff}d{d}:{tokens}"]
+    if ns.json:
+        args += ["--json", ns.json]
+    return cli.main(args, standalone_mode=False) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""GPU: the deterministic backward (issue 12.3, docs/CONTRACT.md section 7.5).
+
+dAPE from per-CTA partials (every slot of the partials buffer written: it is NaN-prefilled
+here) summed in a fixed order: bitwise identical over runs; dKV and dScore bitwise equal to
+the default (atomic) mode, dAPE within 1e-3 of it; under torch's deterministic flag; under
+CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+import csagate.reference as R
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+DAPE_ABS = 1e-3
+
+# (ratio, coff, d, segment lengths, pad rows): ragged packs, both kernels and both window
+# kinds (the c1d128/c2d512 large shapes take regwin schedules, 8192 tokens staged ones).
+CASES = [
+    (128, 1, 128, (8192,), 0), (128, 1, 128, (131072,), 0),
+    (128, 2, 128, (5000, 300, 2944), 3), (128, 2, 128, (65536,), 0),
+    (128, 1, 512, (1000, 127, 7065), 2), (128, 2, 512, (8192,), 0),
+    (4, 1, 128, (512, 3, 257), 2), (4, 2, 65, (512, 256), 0),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _dsl():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from csagate.kernels._dsl import dsl_available
+
+    ok, why = dsl_available()
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.fixture
+def nan_partials():
+    from csagate.kernels import api
+
+    api.PARTIALS_FILL = float("nan")
+    yield
+    api.PARTIALS_FILL = None
+
+
+def _inputs(ratio, coff, d, lens, pad_rows):
+    pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d, pad_rows=pad_rows, device="cuda")
+    go = R.make_grad_out(pack.n_rows, d, device="cuda")
+    return pack, go
+
+
+def _run(pack, go, deterministic):
+    from csagate.kernels import api
+
+    args = pack.inputs()
+    out = api.forward(*args, ratio=pack.ratio, coff=pack.coff, n_rows=go.shape[0])
+    dkv, dscore, dape = api.backward(*args, go, ratio=pack.ratio, coff=pack.coff,
+                                     deterministic=deterministic)
+    torch.cuda.synchronize()
+    return out, dkv, dscore, dape
+
+
+def _bitwise(name, a, b):
+    assert torch.equal(a, b), f"{name}: {int((a != b).sum())}/{a.numel()} differ"
+
+
+@pytest.mark.parametrize("ratio,coff,d,lens,pad_rows", CASES)
+def test_deterministic_dape_bitwise_and_rest_unchanged(ratio, coff, d, lens, pad_rows,
+                                                      nan_partials):
+    pack, go = _inputs(ratio, coff, d, lens, pad_rows)
+    default = _run(pack, go, False)
+    runs = [_run(pack, go, True) for _ in range(3)]
+    tag = f"r{ratio} c{coff}d{d} {lens}"
+    for run in runs:
+        assert not run[3].isnan().any(), f"{tag}: NaN in dAPE (a partial slot never written)"
+        for name, a, b in zip(("out", "dkv", "dscore"), run[:3], default[:3], strict=True):
+            _bitwise(f"{tag} {name} vs default mode", a, b)
+        _bitwise(f"{tag} dape run to run", run[3], runs[0][3])
+        worst = (run[3].double() - default[3].double()).abs().max().item()
+        assert worst <= DAPE_ABS, f"{tag}: dAPE vs default mode {worst:.3g}"
+
+
+def test_deterministic_dape_accumulates():
+    """dape += partial sums: the accumulate-into-dape contract holds."""
+    from csagate.kernels import api
+
+    pack, go = _inputs(128, 1, 128, (4096, 300), 0)
+    args = pack.inputs()
+    dkv, dscore = torch.empty_like(pack.kv), torch.empty_like(pack.score)
+    once = torch.zeros_like(pack.ape)
+    api.run_backward(*args, go, dkv, dscore, once, ratio=128, coff=1, deterministic=True)
+    twice = torch.ones_like(pack.ape)
+    api.run_backward(*args, go, dkv, dscore, twice, ratio=128, coff=1, deterministic=True)
+    torch.cuda.synchronize()
+    _bitwise("dape += sum", twice, torch.ones_like(once) + once)
+
+
+def test_under_torch_deterministic_algorithms():
+    pack, go = _inputs(128, 2, 128, (3000, 129), 1)
+    explicit = _run(pack, go, True)
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        auto = _run(pack, go, None)
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    for name, a, b in zip(("out", "dkv", "dscore", "dape"), auto, explicit, strict=True):
+        _bitwise(f"torch-deterministic {name}", a, b)
+
+
+@pytest.mark.parametrize("ratio,coff,d", [(128, 1, 512), (4, 2, 128)])
+def test_cuda_graph_capture(ratio, coff, d):
+    from csagate.kernels import api
+
+    pack, go = _inputs(ratio, coff, d, (2048, 300), 0)
+    args = pack.inputs()
+
+    def step():
+        return api.backward(*args, go, ratio=ratio, coff=coff, deterministic=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        eager = step()  # compiles and loads the _det kernel and the reduction
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        for name, a, b in zip(("dkv", "dscore", "dape"), static, eager, strict=True):
+            _bitwise(f"graph replay {name}", a, b)

@@ -1,0 +1,77 @@
+"""CPU checks of the deterministic backward (issue 12.3): the ``_det`` kernels of every
+selectable backward schedule (r128: staged and regwin, both coffs; r4: both coffs) build for
+every target with 0 spill / 0 stack, their PTX has no ``red.``/``atom.`` (dAPE is stored per
+CTA) while the default kernels' does, and the reduction kernel builds atomic-free.
+The default kernels' PTX is pinned by perf/ptx_hashes.py (unchanged by this mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+from csagate.kernels import schedule as S
+from csagate.kernels._dsl import dsl_available, ptx_of
+from csagate.kernels.cache import compile_key, make_key
+
+_DSL_OK, _DSL_WHY = dsl_available()
+pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
+
+ATOMIC = re.compile(r"\b(?:red|atom)\.")
+
+
+def _keys(arch: str):
+    keys = [make_key("bwd", 128, c, d, s, arch) for (c, d), s in S.selectable("bwd", arch)]
+    keys += [make_key("bwd", 4, c, 128, S.r4_schedule("bwd", 128), arch) for c in S.COFFS]
+    return sorted(keys, key=lambda k: k.tag)
+
+
+def _det(key):
+    return dataclasses.replace(key, schedule=dataclasses.replace(key.schedule,
+                                                                 deterministic=True))
+
+
+CASES = [(k, a) for a in S.ARCHES for k in _keys(a)]
+
+
+def test_tag_suffix_and_default_off():
+    for key, _ in CASES:
+        assert not key.schedule.deterministic and "_det" not in key.tag
+        assert _det(key).tag == key.tag + "_det"
+    for direction in ("fwd", "bwd"):  # no dispatch table entry is deterministic
+        for _, sched in S.selectable(direction):
+            assert not getattr(sched, "deterministic", False)
+
+
+@pytest.mark.parametrize("key,arch", CASES, ids=[f"{k.tag}-{a}" for k, a in CASES])
+def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
+    from csagate.perf import probe
+
+    default = ptx_of(compile_key(key))
+    det_key = _det(key)
+    det = ptx_of(compile_key(det_key))
+    assert ATOMIC.search(default), f"{key.tag}: the default kernel's dAPE atomic is gone"
+    assert not ATOMIC.search(det), f"{det_key.tag}: red./atom. in the deterministic kernel"
+    # the same number of dAPE slots: every atomic became one 32-bit global store
+    n_red = len(re.findall(r"\bred\.[\w.]*f32", default))
+    n_st = lambda p: len(re.findall(r"\bst\.global(?:\.\w+)*\.b32", p))
+    assert n_st(det) - n_st(default) == n_red
+    try:
+        ptxas = probe.find_ptxas()
+    except probe.PtxasNotFound:
+        pytest.skip("no ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        row = probe.probe_one(det_key, Path(tmp), ptxas)
+    assert row.clean and row.spill_st == 0 and row.spill_ld == 0 and row.stack == 0, row
+
+
+@pytest.mark.parametrize("arch", S.ARCHES)
+def test_reduce_kernel_builds(arch):
+    from csagate.kernels.reduce import build_reduce
+
+    ptx = ptx_of(build_reduce(arch))
+    assert ptx and not ATOMIC.search(ptx)
+    assert re.search(r"\bld\.global", ptx) and re.search(r"\bst\.global", ptx)
