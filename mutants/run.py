@@ -184,8 +184,21 @@ def select(names: list[str]) -> list[Mutant]:
     return [known[n] for n in names]
 
 
+HEADER = """# Mutation self-test: the gate against planted bugs
+
+Each row is one bug from `mutants/catalog.py` planted in a copy of the tree, built with a fresh
+compile cache and judged by `csagate run --ratio R` (`make mutants`, or
+`python mutants/run.py gate`). An out-of-contract mutant must exit 1 with the expected gate among
+the failed ones; the in-contract one must pass. The CPU tests check that every mutant still
+applies exactly once and builds.
+
+"""
+
+
 def report_md(outcomes: list[Outcome]) -> str:
-    lines = ["| # | mutant | file | planted bug | expected | exit | failed gates | result |",
+    caught = sum(o.ok for o in outcomes)
+    lines = [HEADER.rstrip() + f"\n\nThis run: {caught}/{len(outcomes)} as expected.\n",
+             "| # | mutant | file | planted bug | expected | exit | failed gates | result |",
              "|---|---|---|---|---|---|---|---|"]
     for i, o in enumerate(outcomes, 1):
         m = o.mutant
