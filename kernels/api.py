@@ -29,7 +29,7 @@ from csagate.kernels import registry
 from csagate.kernels._dsl import sm_count
 from csagate.kernels.cache import CACHE, BuildRecord
 from csagate.kernels.registry import COFFS, RATIOS, KernelKey, keys_for, make_key
-from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_FWD_THREADS_WIDE
+from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_BWD_ROWS, R4_FWD_THREADS_WIDE
 from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
@@ -202,17 +202,15 @@ PARTIALS_FILL: float | None = None
 
 def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_index: int
               ) -> tuple[int, int | None]:
-    """(gx, rows_per_cta) of a backward launch: the CTAs along the rows, each of which owns
-    one slice of the deterministic dAPE partials buffer."""
-    from csagate.kernels import schedule as S
-
-    if key.ratio == S.R4_RATIO:
-        return -(-n_rows // S.R4_BWD_ROWS), None
+    """(gx, rows_per_cta) of a backward launch: the CTAs along the rows (each owns one slice of
+    the deterministic dAPE partials buffer) and the rows per CTA of a family that takes them
+    (``schedule.rows_per_cta`` for N and the device's SMs unless given); None for the others,
+    whose rows per CTA are compile-time."""
+    if not key.family.takes_rows_per_cta:
+        return -(-n_rows // R4_BWD_ROWS), None
     if rows_per_cta is None:
-        from csagate.kernels._dsl import sm_count
-
-        rows_per_cta = S.rows_per_cta(n_rows, key.d, key.coff, key.schedule,
-                                      sm_count(device_index))
+        rows_per_cta = _rows_per_cta(n_rows, key.d, key.coff, key.schedule,
+                                     sm_count(device_index))
     return -(-n_rows // int(rows_per_cta)), int(rows_per_cta)
 
 
@@ -414,10 +412,10 @@ def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, 
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
             fn = CACHE.executor(key, device.index)
         _keep_alive(stream, device, tensors.values())
-        if direction == "bwd" and key.family.takes_rows_per_cta and \
-                launch_args.get("rows_per_cta") is None:
-            launch_args["rows_per_cta"] = _rows_per_cta(n_rows, d, coff, key.schedule,
-                                                        sm_count(device.index))
+        if direction == "bwd" and key.family.takes_rows_per_cta:
+            _, launch_args["rows_per_cta"] = _bwd_ctas(key, n_rows,
+                                                       launch_args.get("rows_per_cta"),
+                                                       device.index)
         with torch.cuda.stream(stream):  # the compiled function launches on the current one
             key.family.launch(fn, key, **launch_args)
     if current:
