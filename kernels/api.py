@@ -31,7 +31,6 @@ from csagate.kernels.cache import CACHE, BuildRecord
 from csagate.kernels.registry import COFFS, RATIOS, KernelKey, keys_for, make_key
 from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_BWD_ROWS, R4_FWD_THREADS_WIDE
 from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 __all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support", "forward",
            "kernel_for", "run_backward", "run_forward"]
@@ -99,12 +98,12 @@ def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, 
     for what, size in (("T*coff*head_dim (kv/score)", n_tokens * width),
                        ("ratio*coff*head_dim (ape)", ratio * width),
                        (f"N*head_dim ({out_name})", (0 if n_rows is None else n_rows) * d)):
-        # guard_or_false: under torch.compile N may be an unbacked size (the op's forward
+        # _guard_or_false: under torch.compile N may be an unbacked size (the op's forward
         # without n_rows); a rule that cannot be decided there is left to the run time.
-        if guard_or_false(size >= INT32_LIMIT):
+        if _guard_or_false(size >= INT32_LIMIT):
             raise ValueError(f"{what} = {size} does not fit int32 flat offsets (< 2^31)")
     registry.family(ratio, "fwd").check_head_dim(d)
-    if n_rows is not None and guard_or_false(n_rows != 0) and guard_or_false(n_tokens < ratio):
+    if n_rows is not None and _guard_or_false(n_rows != 0) and _guard_or_false(n_tokens < ratio):
         raise ValueError(f"N={n_rows} > 0 requires at least ratio={ratio} tokens in kv, "
                          f"got T={n_tokens}")
 
@@ -113,6 +112,17 @@ def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, 
             raise ValueError(f"{name} must be contiguous (row-major), got strides {t.stride()}")
     if devices:  # off for fake tensors (no data pointers): shapes and dtypes only
         _check_devices(named)
+
+
+def _guard_or_false(cond) -> bool:
+    """``cond`` for plain bools; torch's ``guard_or_false`` for symbolic ones (a rule that
+    cannot be decided while tracing is left to the run time). Imported only then: the module
+    pulls in sympy, a second of import for every process that never traces."""
+    if isinstance(cond, bool):
+        return cond
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    return guard_or_false(cond)
 
 
 def _check_ratio_coff(ratio: int, coff: int) -> None:
@@ -224,6 +234,7 @@ def _launch_deterministic(ratio: int, coff: int, d: int, n_rows: int, device, st
 
     from csagate.kernels import reduce
 
+    remember = stream is None and rows_per_cta is None
     with torch.cuda.device(device):
         stream = _launch_stream(device, stream)
         arch = _device_arch(device.index)
@@ -245,6 +256,9 @@ def _launch_deterministic(ratio: int, coff: int, d: int, n_rows: int, device, st
             # slice bx by a pointer offset (device.store_partial_f32)
             key.family.launch(fn, key, **launch_args, dape=partials[0], **extra)
             reduce.launch_reduce(red, partials=partials, dape=dape)
+    if remember:
+        _remember("bwd", ratio, coff, tensors["kv"], d, n_rows, key, fn, rpc,
+                  partials=partials, reduce_fn=red)
     return key
 
 
@@ -346,15 +360,14 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
                 ) -> KernelKey | None:
     """out = the compressor forward of the inputs, every row of ``out`` (padding included)."""
     if stream is None:
-        entry = _FAST.get(("fwd", ratio, coff, kv.shape[1], out.shape[1], kv.get_device(),
-                           out.shape[0]))
-        if entry is not None and _fast_ok(kv, cu, ratio):
-            key, fn, tail = entry
-            try:
-                fn(kv, score, ape, cu, cuc, out, *tail(cu))
-                return key
-            except (ValueError, TypeError):  # the compiled checks refused an argument
-                pass  # the slow path below raises the api's one-line error
+        try:
+            t, w = kv.shape
+            e = _FAST.get(("fwd", ratio, coff, w, kv.get_device(), out.shape[0]))
+            if e is not None and ratio <= t <= e[3] and cu.shape[0] >= 2:
+                e[1](kv, score, ape, cu, cuc, out, *(_depth(cu) if e[2] is None else e[2]))
+                return e[0]
+        except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
+            pass  # the full path below raises the api's one-line error
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
     tensors = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
@@ -368,45 +381,85 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
 
 
 # --- the launch fast path ------------------------------------------------------------------
-# A call whose signature (direction, ratio, coff, width, head_dim, device, N) has launched
-# before, with no explicit stream, skips the Python validation: the compiled TVM-FFI function
-# checks dtypes, shapes, strides, alignment and the device itself, and the few rules it cannot
-# see (B + 1 >= 2, T >= ratio, int32 flat offsets) are re-checked here per call. Anything
-# unusual (a new signature, an explicit stream, a refused argument) takes the full path, whose
-# errors are the api's one-line messages.
+# A call whose signature (direction, ratio, coff, width, device, N) has launched before, with no
+# explicit stream, skips the Python validation: the compiled TVM-FFI function checks dtypes,
+# shapes, strides, alignment and the device itself (and switches to the tensors' device), and
+# the rules it cannot see (B + 1 >= 2, ratio <= T, T*width < 2^31) are re-checked here per
+# call. Anything unusual (a new signature, an explicit stream, a refused argument, the
+# deterministic backward) takes the full path, whose errors are the api's one-line messages.
+# An entry is a plain tuple (the cheapest thing to unpack on a path measured in us):
+#   (key, call, args, max_tokens, out_template)
+# call: the tvm_ffi.Function itself; args: the trailing launch arguments (None for ratio=4,
+# whose segment-search depth follows from B at each call); out_template: a (N, d) bf16 view
+# of one element, whose empty_like is the cheapest contiguous (N, d) allocation there.
 
 _FAST: dict = {}
 _FAST_MAX = 4096  # signatures remembered (N varies little in training)
+# What sends a call from the fast path to the full one: a refused argument (the compiled
+# function checks before it launches), a tensor of another rank, or not a tensor at all.
+_NOT_FAST = (ValueError, TypeError, AttributeError)
 
 
-def _fast_ok(kv, cu, ratio: int) -> bool:
-    return cu.shape[0] >= 2 and kv.shape[0] >= ratio and kv.numel() < INT32_LIMIT
+def _depth(cu) -> tuple[int]:
+    """ratio=4's trailing launch argument: the bits of a segment index (B = len(cu) - 1)."""
+    return ((cu.shape[0] - 1).bit_length(),)
+
+
+def _raw_call(fn):
+    """The ``tvm_ffi.Function`` behind a compiled function (no Python ``__call__`` layer)."""
+    import tvm_ffi
+
+    inner = getattr(fn, "__tvm_ffi_object__", None)
+    if inner is not None:  # the DSL's kwargs wrapper around a tvm_ffi.Function
+        inner = inner()
+        if inner is not None:
+            return inner
+    if type(fn) is not tvm_ffi.Function and isinstance(fn, tvm_ffi.Function):
+        return functools.partial(tvm_ffi.Function.__call__, fn)
+    return fn
 
 
 def _remember(direction: str, ratio: int, coff: int, kv, d: int, n_rows: int, key, fn,
-              rows_per_cta) -> None:
+              rows_per_cta, *, partials=None, reduce_fn=None) -> None:
+    """Add the fast-path entry of a launch that took the full path (``partials`` and
+    ``reduce_fn``: the deterministic backward's buffer, as a shape to allocate, and reduction)."""
     if len(_FAST) >= _FAST_MAX:
         return
-    if ratio == 4:  # the segment search depth follows from B at every call
-        def tail(cu):
-            return ((cu.shape[0] - 1).bit_length(),)
+    width = kv.shape[1]
+    if ratio == 4:
+        args = None  # derived from B at each call (_depth)
     elif direction == "bwd":
-        tail_args = (int(rows_per_cta),)
-
-        def tail(cu):
-            return tail_args
+        args = (int(rows_per_cta),)
     else:
-        def tail(cu):
-            return ()
-    _FAST[(direction, ratio, coff, kv.shape[1], d, kv.get_device(), n_rows)] = (key, fn, tail)
+        args = ()
+    tmpl = red = None
+    kind = direction
+    if direction == "fwd":
+        tmpl = torch.empty((1, 1), dtype=torch.bfloat16, device=kv.device).expand(n_rows, d)
+    elif partials is not None:
+        kind = "bwd_det"
+        tmpl = partials.new_empty((1, 1, 1)).expand(partials.shape)
+        red = _raw_call(reduce_fn)
+    _FAST[(kind, ratio, coff, width, kv.get_device(), n_rows)] = (
+        key, _raw_call(fn), args, (INT32_LIMIT - 1) // width, tmpl, red)
+
+
+def _fast_deterministic(e, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, tail
+                        ) -> None:
+    """The deterministic backward from a fast-path entry: partials, kernel, reduction."""
+    partials = torch.empty_like(e[4])
+    if PARTIALS_FILL is not None:
+        partials.fill_(PARTIALS_FILL)
+    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, partials[0], *tail)
+    e[5](partials.view(-1), dape.view(-1))
 
 
 def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, stream,
             tensors: dict, **launch_args) -> KernelKey:
     """Dispatch, load onto ``device`` and launch on ``stream`` (or the current one); a launch
-    on the current stream is remembered for the fast path."""
+    on the current stream with the default rows per CTA is remembered for the fast path."""
     with torch.cuda.device(device):
-        current = stream is None
+        remember = stream is None and launch_args.get("rows_per_cta") is None
         stream = _launch_stream(device, stream)
         key = kernel_for(direction, ratio, coff, d, n_rows, _device_arch(device.index))
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
@@ -418,7 +471,7 @@ def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, 
                                                        device.index)
         with torch.cuda.stream(stream):  # the compiled function launches on the current one
             key.family.launch(fn, key, **launch_args)
-    if current:
+    if remember:
         _remember(direction, ratio, coff, tensors["kv"], d, n_rows, key, fn,
                   launch_args.get("rows_per_cta"))
     return key
@@ -435,17 +488,23 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
     fixed order, bitwise identical run to run; out, dKV and dScore are the same either way.
     Otherwise dAPE is accumulated with fp32 atomics.
     """
-    deterministic = _deterministic(deterministic)
-    if stream is None and rows_per_cta is None and not deterministic:
-        entry = _FAST.get(("bwd", ratio, coff, kv.shape[1], grad_out.shape[1],
+    deterministic = (torch.are_deterministic_algorithms_enabled() if deterministic is None
+                     else bool(deterministic))  # _deterministic, inlined: a hot path
+    if stream is None and rows_per_cta is None:
+        try:
+            t, w = kv.shape
+            e = _FAST.get(("bwd_det" if deterministic else "bwd", ratio, coff, w,
                            kv.get_device(), grad_out.shape[0]))
-        if entry is not None and _fast_ok(kv, cu, ratio):
-            key, fn, tail = entry
-            try:
-                fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *tail(cu))
-                return key
-            except (ValueError, TypeError):  # the compiled checks refused an argument
-                pass  # the slow path below raises the api's one-line error
+            if e is not None and ratio <= t <= e[3] and cu.shape[0] >= 2:
+                tail = _depth(cu) if e[2] is None else e[2]
+                if deterministic:
+                    _fast_deterministic(e, kv, score, ape, cu, cuc, grad_out, dkv, dscore,
+                                        dape, tail)
+                else:
+                    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *tail)
+                return e[0]
+        except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
+            pass  # the full path below raises the api's one-line error
     return _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
                          coff=coff, rows_per_cta=rows_per_cta, stream=stream,
                          deterministic=deterministic)
@@ -487,11 +546,16 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
     The default reads ``cuc[-1]`` on the host, a device sync that a CUDA graph cannot
     capture: pass ``n_rows`` (the static capacity) when capturing.
     """
-    if stream is None and n_rows is not None and kv.get_device() >= 0:  # the fast path
-        out = torch.empty((n_rows, kv.shape[1] // coff), dtype=torch.bfloat16,
-                          device=kv.device)
-        run_forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
-        return out
+    if stream is None and n_rows is not None:  # the fast path (see run_forward)
+        try:
+            t, w = kv.shape
+            e = _FAST.get(("fwd", ratio, coff, w, kv.get_device(), n_rows))
+            if e is not None and ratio <= t <= e[3] and cu.shape[0] >= 2:
+                out = torch.empty_like(e[4])
+                e[1](kv, score, ape, cu, cuc, out, *(_depth(cu) if e[2] is None else e[2]))
+                return out
+        except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
+            pass  # the full path below raises the api's one-line error
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
     device = _check_launchable({"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
@@ -518,12 +582,25 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
     where nothing launches) and dape zeroed, on the launch stream. ``deterministic`` as in
     :func:`run_backward`.
     """
-    if stream is None and grad_out.shape[0] and kv.get_device() >= 0 \
-            and not _deterministic(deterministic):  # the fast path
-        dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
-        run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
-                     coff=coff, deterministic=False)
-        return dkv, dscore, dape
+    deterministic = (torch.are_deterministic_algorithms_enabled() if deterministic is None
+                     else bool(deterministic))  # _deterministic, inlined: a hot path
+    if stream is None:  # the fast path (see run_backward)
+        try:
+            t, w = kv.shape
+            e = _FAST.get(("bwd_det" if deterministic else "bwd", ratio, coff, w,
+                           kv.get_device(), grad_out.shape[0]))
+            if e is not None and ratio <= t <= e[3] and cu.shape[0] >= 2:
+                tail = _depth(cu) if e[2] is None else e[2]
+                dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
+                dape = torch.zeros_like(ape)
+                if deterministic:
+                    _fast_deterministic(e, kv, score, ape, cu, cuc, grad_out, dkv, dscore,
+                                        dape, tail)
+                else:
+                    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *tail)
+                return dkv, dscore, dape
+        except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
+            pass  # the full path below raises the api's one-line error
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
                   out_name="grad_out")
@@ -534,5 +611,5 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
         dscore = alloc(score)
         dape = torch.zeros_like(ape)
     _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio, coff=coff,
-                  rows_per_cta=None, stream=stream, deterministic=_deterministic(deterministic))
+                  rows_per_cta=None, stream=stream, deterministic=deterministic)
     return dkv, dscore, dape

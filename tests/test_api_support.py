@@ -305,3 +305,16 @@ def test_kernel_modules_take_the_keywords_the_api_passes():
     for build, kw in ((r4.build_fwd, {}), (r4.build_bwd, {}), (r128_fwd.build_fwd, {"sched": x}),
                       (r128_bwd.build_bwd, {"sched": x})):
         inspect.signature(build).bind(d=128, coff=1, arch="sm_90a", **kw)
+
+
+def test_importing_the_api_does_not_import_sympy():
+    """torch's symbolic-shape helpers (and sympy, a second of import) load only when a rule
+    meets a symbolic size: a process that never traces does not pay for them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from csagate.kernels import api; "
+            "assert 'sympy' not in sys.modules, 'sympy imported'; "
+            "assert api._guard_or_false(True) and not api._guard_or_false(False)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
