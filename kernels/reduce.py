@@ -3,10 +3,18 @@
 A deterministic backward (``schedule.BwdSchedule.deterministic``,
 ``schedule.R4Schedule.deterministic``) stores each CTA's dAPE partial into its own slice
 ``partials[bx]`` of a ``(gx, ratio, W)`` fp32 buffer, every slot written once. This kernel
-then sums the gx slices of each element in ascending ``bx`` order, one thread per element, in
-round-to-nearest fp32, and adds the sum to ``dape`` (which keeps the backward's
-accumulate-into-dape contract). The order is fixed by the code, not by scheduling, so dAPE is
-bitwise identical run to run. Compiled once per arch (no GPU needed), cached per device.
+then sums the gx slices of each element in an order fixed by the code, in round-to-nearest
+fp32, and adds the sum to ``dape`` (which keeps the backward's accumulate-into-dape contract):
+
+* a CTA owns 32 consecutive elements; its warp ``w`` (of ``WARPS``) sums the slices
+  ``b = w, w + WARPS, w + 2*WARPS, ...`` in ascending order, one lane per element (each load
+  instruction reads 128 contiguous bytes);
+* the ``WARPS`` sums of an element are then added in ascending ``w`` through shared memory.
+
+The order depends on gx alone, not on scheduling, so dAPE is bitwise identical run to run.
+``WARPS`` independent chains per element (instead of one chain of gx dependent loads) keep the
+pass short at the d=128 configs, where it is most of the deterministic mode's cost (measured
+on the H200: docs/PERF_NOTES.md). Compiled once per arch (no GPU needed), cached per device.
 """
 
 from __future__ import annotations
@@ -19,19 +27,32 @@ from csagate.kernels.device import F32, I32, add_rn
 
 cutlass, cute = cute_modules()
 
-THREADS = 256
+WARPS = 8           # slice chains per element
+LANES = 32          # elements per CTA (one per lane)
+THREADS = WARPS * LANES
 
 
 @cute.kernel
 def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32):
     tx, _, _ = cute.arch.thread_idx()
     bx, _, _ = cute.arch.block_idx()
-    i = bx * THREADS + tx
+    lane = tx % LANES
+    w = tx // LANES
+    i = bx * LANES + lane
+    smem = cutlass.memory.SmemAllocator()
+    sums = smem.allocate_tensor(F32, cute.make_layout((WARPS, LANES), stride=(LANES, 1)),
+                                byte_alignment=16)
+    acc = F32(0.0)
     if i < n:
-        acc = F32(0.0)
-        for b in cutlass.range(n_parts, unroll=4):
+        for b in cutlass.range(w, n_parts, WARPS, unroll=4):
             acc = add_rn(acc, mPart[b, i])
-        mDApe[i] = add_rn(mDApe[i], acc)
+    sums[w, lane] = acc
+    cute.arch.sync_threads()
+    if w == 0 and i < n:
+        total = sums[0, lane]
+        for k in cutlass.range_constexpr(1, WARPS):
+            total = add_rn(total, sums[k, lane])
+        mDApe[i] = add_rn(mDApe[i], total)
 
 
 @cute.jit
@@ -41,7 +62,8 @@ def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, stream: cuda.CUstream):
     n_parts = mPart.shape[0] // n
     mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((n_parts, n), stride=(n, 1)))
     _reduce_kernel(mPart2, mDApe, n_parts, n).launch(
-        grid=(cute.ceil_div(n, THREADS), 1, 1), block=(THREADS, 1, 1), stream=stream)
+        grid=(cute.ceil_div(n, LANES), 1, 1), block=(THREADS, 1, 1),
+        smem=WARPS * LANES * 4, stream=stream)
 
 
 def build_reduce(arch: str):

@@ -70,8 +70,12 @@ def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
 
 @pytest.mark.parametrize("arch", S.ARCHES)
 def test_reduce_kernel_builds(arch):
-    from csagate.kernels.reduce import build_reduce
+    from csagate.kernels.reduce import WARPS, build_reduce
 
     ptx = ptx_of(build_reduce(arch))
     assert ptx and not ATOMIC.search(ptx)
     assert re.search(r"\bld\.global", ptx) and re.search(r"\bst\.global", ptx)
+    # WARPS chains per element, combined in a fixed order through shared memory
+    assert len(re.findall(r"\bbar\.sync\b", ptx)) == 1
+    assert len(re.findall(r"\bld\.shared", ptx)) == WARPS
+    assert not re.search(r"\bfma\.", ptx), "sums must not contract into FMAs"

@@ -165,8 +165,9 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
     if host:
         from csagate.perf.hostus import host_us_table
 
-        with err.status("host us per call"):
-            host_rows = host_us_table()
+        # no spinner here: its refresh thread would take the GIL from the timed loop
+        err.print("measuring host us per call ...")
+        host_rows = host_us_table()
         table = console.new_table("host time per call (CPU wall, 1000 back-to-back calls, "
                                   "median of 5; c1d128, 1024 tokens, N = 8)",
                                   ("path", "us/call", "sync tail us"),
