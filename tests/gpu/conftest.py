@@ -9,3 +9,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def needs_dsl():
+    """Skip the module without a CUDA GPU or an importable nvidia-cutlass-dsl (the reason
+    says which). ``dsl_available`` also prepares CUTE_DSL_KEEP before cutlass loads."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from csagate.kernels._dsl import dsl_available
+
+    ok, why = dsl_available()
+    if not ok:
+        pytest.skip(why)

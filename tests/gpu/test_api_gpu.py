@@ -16,21 +16,10 @@ import pytest
 import torch
 from csagate.reference.inputs import INPUT_SEED
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 
 TOL_ABS = 1.6e-2
 DAPE_ABS = 1e-3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _dsl():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from csagate.kernels._dsl import dsl_available  # prepares CUTE_DSL_KEEP before cutlass loads
-
-    ok, why = dsl_available()
-    if not ok:
-        pytest.skip(why)
 
 
 def api():

@@ -12,7 +12,7 @@ import csagate.reference as R
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 
 DAPE_ABS = 1e-3
 
@@ -24,17 +24,6 @@ CASES = [
     (128, 1, 512, (1000, 127, 7065), 2), (128, 2, 512, (8192,), 0),
     (4, 1, 128, (512, 3, 257), 2), (4, 2, 65, (512, 256), 0),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _dsl():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from csagate.kernels._dsl import dsl_available
-
-    ok, why = dsl_available()
-    if not ok:
-        pytest.skip(why)
 
 
 @pytest.fixture

@@ -12,22 +12,11 @@ import csagate.reference as R
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 
 # (ratio, coff, d, segment lengths, pad rows)
 CASES = [(128, 1, 128, (3000, 129, 4000), 2), (128, 2, 512, (2048, 777), 0),
          (4, 2, 128, (512, 3, 257), 1)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _dsl():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from csagate.kernels._dsl import dsl_available
-
-    ok, why = dsl_available()
-    if not ok:
-        pytest.skip(why)
 
 
 @pytest.fixture
