@@ -385,13 +385,16 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
 # explicit stream, skips the Python validation: the compiled TVM-FFI function checks dtypes,
 # shapes, strides, alignment and the device itself (and switches to the tensors' device), and
 # the rules it cannot see (B + 1 >= 2, ratio <= T, T*width < 2^31) are re-checked here per
-# call. Anything unusual (a new signature, an explicit stream, a refused argument, the
-# deterministic backward) takes the full path, whose errors are the api's one-line messages.
+# call. Anything unusual (a new signature, an explicit stream, an explicit rows_per_cta, a
+# refused argument) takes the full path, whose errors are the api's one-line messages. The
+# deterministic backward has entries of its own (kind "bwd_det").
 # An entry is a plain tuple (the cheapest thing to unpack on a path measured in us):
-#   (key, call, args, max_tokens, out_template)
+#   (key, call, args, max_tokens, template, reduce)
 # call: the tvm_ffi.Function itself; args: the trailing launch arguments (None for ratio=4,
-# whose segment-search depth follows from B at each call); out_template: a (N, d) bf16 view
-# of one element, whose empty_like is the cheapest contiguous (N, d) allocation there.
+# whose segment-search depth follows from B at each call); template: an expanded view of one
+# element whose empty_like is the cheapest contiguous allocation of the forward's (N, d) out
+# or the deterministic backward's (gx, ratio, W) partials (None otherwise); reduce: the
+# deterministic backward's dAPE reduction (its tvm_ffi.Function, called on flat views).
 
 _FAST: dict = {}
 _FAST_MAX = 4096  # signatures remembered (N varies little in training)
@@ -451,7 +454,7 @@ def _fast_deterministic(e, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
     if PARTIALS_FILL is not None:
         partials.fill_(PARTIALS_FILL)
     e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, partials[0], *tail)
-    e[5](partials.view(-1), dape.view(-1))
+    e[5](partials.view(-1), dape.view(-1))  # reduce.launch_reduce's call, inlined
 
 
 def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, stream,
