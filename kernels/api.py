@@ -225,11 +225,12 @@ def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_inde
 
 
 def _launch_deterministic(ratio: int, coff: int, d: int, n_rows: int, device, stream,
-                          tensors: dict, rows_per_cta: int | None, **launch_args) -> KernelKey:
+                          tensors: dict, rows_per_cta: int | None, zero_dape: bool,
+                          **launch_args) -> KernelKey:
     """The deterministic backward: the ``_det`` kernel stores per-CTA dAPE partials into a
     (gx, ratio, W) fp32 buffer (allocated here, on the launch stream: the caching allocator
     serves it under CUDA graph capture too), then kernels/reduce.py adds their sum, in
-    ascending CTA order, to dape."""
+    ascending CTA order, to dape (to +0.0 with ``zero_dape``)."""
     import dataclasses
 
     from csagate.kernels import reduce
@@ -255,7 +256,7 @@ def _launch_deterministic(ratio: int, coff: int, d: int, n_rows: int, device, st
             # partials[0] has dape's shape and the buffer's base: the kernel reaches its CTA's
             # slice bx by a pointer offset (device.store_partial_f32)
             key.family.launch(fn, key, **launch_args, dape=partials[0], **extra)
-            reduce.launch_reduce(red, partials=partials, dape=dape)
+            reduce.launch_reduce(red, partials=partials, dape=dape, zero_dape=zero_dape)
     if remember:
         _remember("bwd", ratio, coff, tensors["kv"], d, n_rows, key, fn, rpc,
                   partials=partials, reduce_fn=red)
@@ -387,7 +388,8 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
 # the rules it cannot see (B + 1 >= 2, ratio <= T, T*width < 2^31) are re-checked here per
 # call. Anything unusual (a new signature, an explicit stream, an explicit rows_per_cta, a
 # refused argument) takes the full path, whose errors are the api's one-line messages. The
-# deterministic backward has entries of its own (kind "bwd_det").
+# deterministic backward has entries of its own (kind "bwd_det"). A backward launch takes the
+# zero_dape flag last (1: the launcher zeroes dape first, or the reduction stores into it).
 # An entry is a plain tuple (the cheapest thing to unpack on a path measured in us):
 #   (key, call, args, max_tokens, template, reduce)
 # call: the tvm_ffi.Function itself; args: the trailing launch arguments (None for ratio=4,
@@ -447,14 +449,14 @@ def _remember(direction: str, ratio: int, coff: int, kv, d: int, n_rows: int, ke
         key, _raw_call(fn), args, (INT32_LIMIT - 1) // width, tmpl, red)
 
 
-def _fast_deterministic(e, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, tail
-                        ) -> None:
+def _fast_deterministic(e, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, tail,
+                        zero: int) -> None:
     """The deterministic backward from a fast-path entry: partials, kernel, reduction."""
     partials = torch.empty_like(e[4])
     if PARTIALS_FILL is not None:
         partials.fill_(PARTIALS_FILL)
-    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, partials[0], *tail)
-    e[5](partials.view(-1), dape.view(-1))  # reduce.launch_reduce's call, inlined
+    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, partials[0], *tail, 0)
+    e[5](partials.view(-1), dape.view(-1), zero)  # reduce.launch_reduce's call, inlined
 
 
 def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, stream,
@@ -482,8 +484,10 @@ def _launch(direction: str, ratio: int, coff: int, d: int, n_rows: int, device, 
 
 def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
                  coff: int, rows_per_cta: int | None = None, stream=None,
-                 deterministic: bool | None = None) -> KernelKey | None:
-    """Write dkv and dscore (every slot) and accumulate into dape (the caller zeroes it).
+                 deterministic: bool | None = None, accumulate: bool = True
+                 ) -> KernelKey | None:
+    """Write dkv and dscore (every slot) and accumulate into dape (the caller zeroes it), or
+    with ``accumulate=False`` write dape (the launch zeroes it first: any buffer will do).
 
     ``rows_per_cta`` (ratio=128 only) defaults to ``schedule.rows_per_cta`` for N and the
     device's SM count. ``deterministic`` (None: follow
@@ -493,6 +497,7 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
     """
     deterministic = (torch.are_deterministic_algorithms_enabled() if deterministic is None
                      else bool(deterministic))  # _deterministic, inlined: a hot path
+    zero = 0 if accumulate else 1
     if stream is None and rows_per_cta is None:
         try:
             t, w = kv.shape
@@ -502,19 +507,20 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
                 tail = _depth(cu) if e[2] is None else e[2]
                 if deterministic:
                     _fast_deterministic(e, kv, score, ape, cu, cuc, grad_out, dkv, dscore,
-                                        dape, tail)
+                                        dape, tail, zero)
                 else:
-                    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *tail)
+                    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *tail, zero)
                 return e[0]
         except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
             pass  # the full path below raises the api's one-line error
     return _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
                          coff=coff, rows_per_cta=rows_per_cta, stream=stream,
-                         deterministic=deterministic)
+                         deterministic=deterministic, zero_dape=bool(zero))
 
 
 def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio, coff,
-                  rows_per_cta, stream, deterministic: bool = False) -> KernelKey | None:
+                  rows_per_cta, stream, deterministic: bool = False, zero_dape: bool = False
+                  ) -> KernelKey | None:
     _require_cuda()
     check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
                   out_name="grad_out")
@@ -529,17 +535,20 @@ def _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio
     device = _check_launchable(tensors, stream)
     n_rows, d = grad_out.shape
     if n_rows == 0:
+        if zero_dape:  # nothing launches, dape is still the (zero) gradient
+            with torch.cuda.device(device), torch.cuda.stream(_launch_stream(device, stream)):
+                dape.zero_()
         return None
     if deterministic:
         return _launch_deterministic(ratio, coff, d, n_rows, device, stream, tensors,
-                                     rows_per_cta, kv=kv, score=score, ape=ape, cu=cu,
-                                     cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore,
-                                     dape=dape)
+                                     rows_per_cta, zero_dape, kv=kv, score=score, ape=ape,
+                                     cu=cu, cuc=cuc, grad_out=grad_out, dkv=dkv,
+                                     dscore=dscore, dape=dape)
     # rows_per_cta None: the launch derives it (schedule.rows_per_cta, the device's SMs).
     extra = {"rows_per_cta": rows_per_cta} if rows_per_cta is not None else {}
     return _launch("bwd", ratio, coff, d, n_rows, device, stream, tensors, kv=kv, score=score,
                    ape=ape, cu=cu, cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore,
-                   dape=dape, **extra)
+                   dape=dape, zero_dape=zero_dape, **extra)
 
 
 def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,
@@ -581,9 +590,9 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dkv, dscore, dape) for ``grad_out`` (its capacity padding rows are ignored).
 
-    dkv/dscore are allocated uninitialized (the kernel writes every slot; zeros when N == 0,
-    where nothing launches) and dape zeroed, on the launch stream. ``deterministic`` as in
-    :func:`run_backward`.
+    dkv/dscore/dape are allocated uninitialized on the launch stream (the kernel writes every
+    dkv/dscore slot and the launch zeroes dape before the kernel adds into it; zeros when
+    N == 0, where nothing launches). ``deterministic`` as in :func:`run_backward`.
     """
     deterministic = (torch.are_deterministic_algorithms_enabled() if deterministic is None
                      else bool(deterministic))  # _deterministic, inlined: a hot path
@@ -595,12 +604,12 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
             if e is not None and ratio <= t <= e[3] and cu.shape[0] >= 2:
                 tail = _depth(cu) if e[2] is None else e[2]
                 dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
-                dape = torch.zeros_like(ape)
+                dape = torch.empty_like(ape)  # zeroed by the launch (flag 1)
                 if deterministic:
                     _fast_deterministic(e, kv, score, ape, cu, cuc, grad_out, dkv, dscore,
-                                        dape, tail)
+                                        dape, tail, 1)
                 else:
-                    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *tail)
+                    e[1](kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *tail, 1)
                 return dkv, dscore, dape
         except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
             pass  # the full path below raises the api's one-line error
@@ -612,7 +621,8 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
     with torch.cuda.device(device), torch.cuda.stream(_launch_stream(device, stream)):
         dkv = alloc(kv)
         dscore = alloc(score)
-        dape = torch.zeros_like(ape)
+        dape = alloc(ape)
     _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio, coff=coff,
-                  rows_per_cta=None, stream=stream, deterministic=deterministic)
+                  rows_per_cta=None, stream=stream, deterministic=deterministic,
+                  zero_dape=True)
     return dkv, dscore, dape

@@ -124,3 +124,26 @@ def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
     ptr = (mDst.iterator + part * cute.size(mDst.layout)
            + cute.crd2idx(coord, mDst.layout))
     cute.make_tensor(ptr, cute.make_layout(1))[0] = src[src_coord]
+
+
+ZERO_THREADS = 256  # threads per CTA of the zeroing kernel
+
+
+@cute.kernel
+def _zero_f32_kernel(mFlat: cute.Tensor, n: I32):
+    tx, _, _ = cute.arch.thread_idx()
+    bx, _, _ = cute.arch.block_idx()
+    i = bx * ZERO_THREADS + tx
+    if i < n:
+        mFlat[i] = F32(0.0)
+
+
+def launch_zero_f32(mDst: cute.Tensor, stream):
+    """Host side, inside a ``@cute.jit`` launcher: a kernel that writes +0.0 into every
+    element of the compact fp32 tensor ``mDst`` (the backward's dAPE), launched on ``stream``
+    ahead of the launcher's next kernel, so that kernel's atomics add into zeros. One more
+    launch inside the same TVM-FFI call is cheaper on the host than a torch ``zeros_like``."""
+    n = cute.size(mDst.layout)
+    flat = cute.make_tensor(mDst.iterator, cute.make_layout(n))
+    _zero_f32_kernel(flat, n).launch(grid=(cute.ceil_div(n, ZERO_THREADS), 1, 1),
+                                     block=(ZERO_THREADS, 1, 1), stream=stream)

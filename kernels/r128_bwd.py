@@ -55,6 +55,7 @@ from csagate.kernels.device import (
     add_rn,
     exp_of,
     fma_rn,
+    launch_zero_f32,
     mul_rn,
     red_add_f32,
     segment_scan,
@@ -131,9 +132,14 @@ class R128Bwd(R128Geometry):
     def __call__(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                  mCu: cute.Tensor, mCuc: cute.Tensor, mGO: cute.Tensor, mDKV: cute.Tensor,
                  mDScore: cute.Tensor, mDApe: cute.Tensor, rows_per_cta: cutlass.Int32,
-                 stream: cuda.CUstream):
+                 zero_dape: cutlass.Int32, stream: cuda.CUstream):
         # TVM-FFI: kv/score/dkv/dscore (T, W), ape/dape (128, W), cu/cuc (B+1,), grad_out
-        # (N, d), all row-major; T, B+1 and N symbolic.
+        # (N, d), all row-major; T, B+1 and N symbolic. zero_dape != 0: dape is zeroed first
+        # (a fresh output); 0: the kernel accumulates into it. The deterministic schedule's
+        # mDApe is a partials slice the kernel stores whole: kernels/reduce.py takes the flag.
+        if cutlass.const_expr(not self.sched.deterministic):
+            if zero_dape != 0:
+                launch_zero_f32(mDApe, stream)
         n_tokens = mKV.shape[0]
         n_rows = mGO.shape[0]
         n_seq = mCu.shape[0] - 1
@@ -502,7 +508,7 @@ def fake_args(d: int, coff: int):
     return (fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, RATIO, W),
             fake_vec(I32, B1), fake_vec(I32, B1), fake_rows(BF16, N, d),
             fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, RATIO, W),
-            I32(1), env_stream())
+            I32(1), I32(0), env_stream())
 
 
 def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
@@ -511,11 +517,13 @@ def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
 
 
 def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv, dscore,
-               dape, rows_per_cta: int | None = None) -> None:
+               dape, rows_per_cta: int | None = None, zero_dape: bool = False) -> None:
     """Launch a compiled r128 backward on torch's current stream; no validation
     (kernels/api.py validates; the compiled function checks dtypes, shapes, strides, device
     and alignment). ``rows_per_cta`` None derives R from N and the device's SM count
-    (``schedule.rows_per_cta``). Launches nothing when grad_out has no rows.
+    (``schedule.rows_per_cta``). ``zero_dape``: dape is zeroed inside the launch first (a
+    fresh output), else accumulated into (ignored by deterministic schedules, whose dape is a
+    partials slice). Launches nothing when grad_out has no rows.
     """
     n_rows = grad_out.shape[0]
     if n_rows == 0:
@@ -526,4 +534,4 @@ def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv
                                      sm_count(kv.get_device()))
     if rows_per_cta < 1:
         raise ValueError(f"rows_per_cta must be >= 1, got {rows_per_cta}")
-    fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, int(rows_per_cta))
+    fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, int(rows_per_cta), int(zero_dape))

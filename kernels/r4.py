@@ -36,6 +36,7 @@ from csagate.kernels.device import (
     NEG_INF,
     add_rn,
     fma_rn,
+    launch_zero_f32,
     mul_rn,
     red_add_f32,
     segment_bits,
@@ -279,9 +280,14 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
 @cute.jit
 def _bwd_host(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
               mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
-              mDApe: cute.Tensor, seg_bits: I32, stream: cuda.CUstream,
+              mDApe: cute.Tensor, seg_bits: I32, zero_dape: I32, stream: cuda.CUstream,
               D: cutlass.Constexpr, COFF: cutlass.Constexpr,
               DET: cutlass.Constexpr = False):
+    # zero_dape != 0: dape is zeroed first (a fresh output); 0: accumulated into. DET's mDApe
+    # is a partials slice the kernel stores whole (kernels/reduce.py takes the flag there).
+    if cutlass.const_expr(not DET):
+        if zero_dape != 0:
+            launch_zero_f32(mDApe, stream)
     n_tok = mKV.shape[0]
     n_rows = mGo.shape[0]
     n_seq = mCu.shape[0] - 1
@@ -326,7 +332,7 @@ def build_bwd(*, d: int, coff: int, arch: str, sched=None):
     """Compile the ratio=4 backward for (d, coff) on ``arch`` (no GPU needed); ``sched`` as in
     :func:`build_fwd`."""
     _check_config(d, coff)
-    fake = (*_fake_io(d, coff, True), I32(1), env_stream())
+    fake = (*_fake_io(d, coff, True), I32(1), I32(0), env_stream())
     if sched is not None and sched.deterministic:  # the dAPE partials path (BwdSchedule)
         return compile_for(arch, _bwd_host, *fake, d, coff, True)
     return compile_for(arch, _bwd_host, *fake, d, coff)
@@ -340,8 +346,9 @@ def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, sched=None) -> None:
 
 
 def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
-               sched=None) -> None:
-    """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += partials."""
+               sched=None, zero_dape: bool = False) -> None:
+    """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += partials
+    (``zero_dape``: dape zeroed inside the launch first, a fresh output)."""
     if grad_out.shape[0]:
         fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
-           segment_bits(cu.shape[0] - 1))
+           segment_bits(cu.shape[0] - 1), int(zero_dape))

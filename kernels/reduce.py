@@ -1,10 +1,12 @@
-"""The deterministic dAPE reduction (issue 12.3): ``dape += sum over b of partials[b]``.
+"""The deterministic dAPE reduction (issue 12.3): ``dape += sum over b of partials[b]``, or
+``dape = 0 + sum`` for a fresh dAPE (the ``zero_dape`` flag: the caller need not zero it).
 
 A deterministic backward (``schedule.BwdSchedule.deterministic``,
 ``schedule.R4Schedule.deterministic``) stores each CTA's dAPE partial into its own slice
 ``partials[bx]`` of a ``(gx, ratio, W)`` fp32 buffer, every slot written once. This kernel
 then sums the gx slices of each element in an order fixed by the code, in round-to-nearest
-fp32, and adds the sum to ``dape`` (which keeps the backward's accumulate-into-dape contract):
+fp32, and adds the sum to ``dape`` (which keeps the backward's accumulate-into-dape contract)
+or, with ``zero_dape``, to +0.0 (the bits a zeroed dape would get, without zeroing it first):
 
 * a CTA owns 32 consecutive elements; its warp ``w`` (of ``WARPS``) sums the slices
   ``b = w, w + WARPS, w + 2*WARPS, ...`` in ascending order, one lane per element (each load
@@ -33,7 +35,8 @@ THREADS = WARPS * LANES
 
 
 @cute.kernel
-def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32):
+def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
+                   zero_dape: I32):
     tx, _, _ = cute.arch.thread_idx()
     bx, _, _ = cute.arch.block_idx()
     lane = tx % LANES
@@ -52,16 +55,19 @@ def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32)
         total = sums[0, lane]
         for k in cutlass.range_constexpr(1, WARPS):
             total = add_rn(total, sums[k, lane])
-        mDApe[i] = add_rn(mDApe[i], total)
+        prev = F32(0.0)
+        if zero_dape == 0:
+            prev = mDApe[i]
+        mDApe[i] = add_rn(prev, total)
 
 
 @cute.jit
-def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, stream: cuda.CUstream):
+def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream: cuda.CUstream):
     # TVM-FFI: partials flattened to (gx * n,), dape flattened to (n,); both extents symbolic.
     n = mDApe.shape[0]
     n_parts = mPart.shape[0] // n
     mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((n_parts, n), stride=(n, 1)))
-    _reduce_kernel(mPart2, mDApe, n_parts, n).launch(
+    _reduce_kernel(mPart2, mDApe, n_parts, n, zero_dape).launch(
         grid=(cute.ceil_div(n, LANES), 1, 1), block=(THREADS, 1, 1),
         smem=WARPS * LANES * 4, stream=stream)
 
@@ -69,7 +75,7 @@ def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, stream: cuda.CUstream):
 def build_reduce(arch: str):
     """Compile the reduction for ``arch`` (no GPU needed)."""
     return compile_for(arch, _reduce_host, fake_vec(F32, sym(), align=16),
-                       fake_vec(F32, sym(), align=16), env_stream())
+                       fake_vec(F32, sym(), align=16), I32(0), env_stream())
 
 
 _lock = threading.Lock()
@@ -96,9 +102,12 @@ def executor(arch: str, device_index: int):
         return _compiled[arch]
 
 
-def launch_reduce(fn, *, partials, dape) -> None:
-    """dape += partials.sum(0) in ascending slice order, on torch's current stream;
-    ``partials`` is (gx, *dape.shape), both contiguous."""
+def launch_reduce(fn, *, partials, dape, zero_dape: bool = False) -> None:
+    """dape += partials.sum(0) in ascending slice order (``zero_dape``: dape = +0.0 + the sum,
+    whatever it held), on torch's current stream; ``partials`` is (gx, *dape.shape), both
+    contiguous."""
     if dape.numel() == 0 or partials.shape[0] == 0:
+        if zero_dape:
+            dape.zero_()
         return
-    fn(partials.view(-1), dape.view(-1))
+    fn(partials.view(-1), dape.view(-1), int(zero_dape))

@@ -108,6 +108,38 @@ def parse_ptxas(report: str) -> tuple[int | None, int | None, int | None, int | 
             _max_int(_STACK, report))
 
 
+# The dAPE zeroing kernel a default backward's launcher carries beside the backward itself
+# (kernels/device.py: launch_zero_f32); its symbol embeds this function name.
+ZERO_KERNEL = "_zero_f32_kernel"
+_ENTRY = re.compile(r"^\s*(?:\.visible\s+)?\.entry\s+(\w+)\s*\(", re.M)
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+
+
+def ptx_entries(ptx: str) -> dict[str, str]:
+    """``{symbol: text}`` of every ``.entry`` of a PTX module, in order; an entry's text runs
+    from its ``.entry`` line to the next one (or the end)."""
+    marks = list(_ENTRY.finditer(ptx))
+    return {m.group(1): ptx[m.start():marks[i + 1].start() if i + 1 < len(marks) else None]
+            for i, m in enumerate(marks)}
+
+
+def main_entry(ptx: str) -> str:
+    """The PTX of a launcher's one compute kernel: every entry except the dAPE zeroing
+    kernel's. Raises ValueError unless exactly one such entry exists."""
+    main = [text for name, text in ptx_entries(ptx).items() if ZERO_KERNEL not in name]
+    if len(main) != 1:
+        raise ValueError(f"expected one kernel besides {ZERO_KERNEL}, found {len(main)}")
+    return main[0]
+
+
+def ptxas_entries(report: str) -> dict[str, tuple[int | None, int | None, int | None,
+                                                   int | None]]:
+    """``{symbol: (registers, spill store bytes, spill load bytes, stack frame bytes)}`` per
+    entry function of a ``ptxas -v`` report (None where a field is absent)."""
+    parts = _PTXAS_ENTRY.split(report)
+    return {parts[i]: parse_ptxas(parts[i + 1]) for i in range(1, len(parts) - 1, 2)}
+
+
 def _schedule_tuple(key: KernelKey) -> tuple:
     astuple = getattr(key.schedule, "astuple", None)
     return astuple() if astuple else tuple(key.schedule)

@@ -50,9 +50,9 @@ def test_tag_suffix_and_default_off():
 def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
     from csagate.perf import probe
 
-    default = ptx_of(compile_key(key))
+    default = probe.main_entry(ptx_of(compile_key(key)))  # not its dAPE zeroing kernel
     det_key = _det(key)
-    det = ptx_of(compile_key(det_key))
+    det = probe.main_entry(ptx_of(compile_key(det_key)))
     assert ATOMIC.search(default), f"{key.tag}: the default kernel's dAPE atomic is gone"
     assert not ATOMIC.search(det), f"{det_key.tag}: red./atom. in the deterministic kernel"
     # the same number of dAPE slots: every atomic became one 32-bit global store

@@ -27,6 +27,7 @@ from csagate.kernels.schedule import (
     rows_per_cta,
     window,
 )
+from csagate.perf.probe import ZERO_KERNEL, main_entry, ptx_entries, ptxas_entries
 from csagate.perf.variants import BWD_BASE, BWD_REGWIN
 
 _DSL_OK, _DSL_WHY = dsl_available()
@@ -64,24 +65,39 @@ REGWIN_IDS = [f"c{c}d{d}-{s.tag}-{a}" for c, d, s, a in REGWIN_VARIANTS]
 
 @functools.cache
 def _built(coff: int, d: int, sched: BwdSchedule, arch: str) -> tuple[str, str, int, object]:
-    """(ptx, ptxas -v log, ptxas return code, compiled fn) of one kernel, compiled once."""
+    """(the backward kernel's PTX, ptxas -v log of the whole module, ptxas return code,
+    compiled fn) of one launcher, compiled once. The module also holds the dAPE zeroing
+    kernel (test_launcher_carries_the_dape_zeroing_kernel); the PTX facts below are the
+    backward's own, so its entry alone is returned."""
     from csagate.kernels.r128_bwd import build_bwd
 
     fn = build_bwd(d=d, coff=coff, sched=sched, arch=arch)
     ptx = ptx_of(fn)
     assert ptx, f"no PTX retained for c{coff}d{d} {sched.tag} {arch} (CUTE_DSL_KEEP=ptx?)"
     if shutil.which("ptxas") is None:
-        return ptx, "", -1, fn
+        return main_entry(ptx), "", -1, fn
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
         path.write_text(ptx)
         r = subprocess.run(["ptxas", "-v", f"-arch={arch}", str(path), "-o", "/dev/null"],
                            capture_output=True, text=True)
-    return ptx, r.stdout + r.stderr, r.returncode, fn
+    return main_entry(ptx), r.stdout + r.stderr, r.returncode, fn
 
 
 def _count(pattern: str, text: str) -> int:
     return len(re.findall(pattern, text))
+
+
+def _main_usage(log: str) -> tuple[int, int, int, int]:
+    """(registers, spill stores, spill loads, stack) of the backward kernel from a ptxas -v
+    report of its module; the zeroing kernel beside it must be spill- and stack-free too."""
+    entries = ptxas_entries(log)
+    main = [u for name, u in entries.items() if ZERO_KERNEL not in name]
+    zero = [u for name, u in entries.items() if ZERO_KERNEL in name]
+    assert len(main) == 1 and len(zero) == 1, f"expected the backward and the zeroing:\n{log}"
+    assert None not in main[0] and None not in zero[0], f"could not parse ptxas -v output:\n{log}"
+    assert zero[0][1:] == (0, 0, 0), f"zeroing kernel spill/stack {zero[0][1:]}\n{log}"
+    return main[0]
 
 
 @pytest.mark.parametrize("coff,d,sched,arch,why", VARIANTS, ids=IDS)
@@ -90,14 +106,10 @@ def test_builds_without_spill_or_stack(coff, d, sched, arch, why):
         pytest.skip("ptxas is not on PATH")
     ptx, log, rc, _ = _built(coff, d, sched, arch)
     assert rc == 0, f"ptxas -arch={arch} failed:\n{log}"
-    regs = re.findall(r"Used (\d+) registers", log)
-    usage = re.findall(
-        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert len(regs) == 1 and len(usage) == 1, f"could not parse ptxas -v output:\n{log}"
-    stack, spill_st, spill_ld = map(int, usage[0])
+    regs, spill_st, spill_ld, stack = _main_usage(log)
     assert (stack, spill_st, spill_ld) == (0, 0, 0), (
-        f"regs={regs[0]} stack={stack} spill stores={spill_st} loads={spill_ld}\n{log}")
-    assert int(regs[0]) <= 255
+        f"regs={regs} stack={stack} spill stores={spill_st} loads={spill_ld}\n{log}")
+    assert regs <= 255
     local = re.findall(r"\b(?:ld|st)\.local\b[^\n]*", ptx)
     assert not local, f"{len(local)} local-memory accesses, first: {local[0]}"
 
@@ -157,11 +169,30 @@ def test_goreuse_loads_grad_out_once(cfg, sched, arch):
     assert loads[False] == loads[True] + 1, f"bf16 global loads by goreuse: {loads}"
 
 
-def test_rows_per_cta_is_a_runtime_argument():
+def test_rows_per_cta_and_zero_dape_are_runtime_arguments():
     (coff, d), sched = BASE[0]
     _, _, _, fn = _built(coff, d, sched, ARCHES[0])
     sig = str(fn.execution_args.signature)  # Constexpr parameters are dropped from it
-    assert re.search(r"rows_per_cta: [\w.]*Int32", sig), sig
+    assert re.search(r"rows_per_cta: [\w.]*Int32, zero_dape: [\w.]*Int32", sig), sig
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_launcher_carries_the_dape_zeroing_kernel(arch):
+    """The default launcher's module: the backward and one zeroing kernel, which only stores
+    +0.0 (launched first when zero_dape != 0: api.backward's fresh dAPE without a torch
+    zeros_like); the deterministic launcher's dAPE is a partials slice: no zeroing kernel."""
+    from csagate.kernels.r128_bwd import build_bwd
+
+    (coff, d), sched = BASE[0]
+    entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch)))
+    zero = [text for name, text in entries.items() if ZERO_KERNEL in name]
+    assert len(entries) == 2 and len(zero) == 1, list(entries)
+    stores = re.findall(r"\bst\.global[\w.]*\s+\[[^\]]+\],\s*([^;]+);", zero[0])
+    assert stores == ["0f00000000"] or stores == ["0"], stores
+    assert not re.search(r"\b(?:ld\.global|red|atom|bar)\b", zero[0])
+    det = dataclasses.replace(sched, deterministic=True)
+    det_entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=det, arch=arch)))
+    assert len(det_entries) == 1 and ZERO_KERNEL not in next(iter(det_entries))
 
 
 def test_rejects_invalid_schedules():
@@ -195,6 +226,25 @@ def test_launch_nothing_without_rows():
     assert bool((dkv == 7.0).all())
 
 
+def test_launch_passes_rows_per_cta_and_the_zero_flag_last():
+    import torch
+    from csagate.kernels.r128_bwd import launch_bwd
+
+    calls = []
+    (coff, d), sched = BASE[0]
+    kv = torch.zeros(256, coff * d, dtype=torch.bfloat16)
+    tensors = dict(kv=kv, score=kv, ape=torch.zeros(128, coff * d),
+                   cu=torch.tensor([0, 256], dtype=torch.int32),
+                   cuc=torch.tensor([0, 2], dtype=torch.int32),
+                   grad_out=torch.zeros(2, d, dtype=torch.bfloat16), dkv=kv, dscore=kv,
+                   dape=torch.zeros(128, coff * d))
+    for zero in (False, True):
+        launch_bwd(lambda *a: calls.append(a[9:]), sched=sched, **tensors, rows_per_cta=3,
+                   zero_dape=zero)
+    launch_bwd(lambda *a: calls.append(a[9:]), sched=sched, **tensors, rows_per_cta=2)
+    assert calls == [(3, 0), (3, 1), (2, 0)]
+
+
 def flipped(sched: BwdSchedule, *, goreuse: bool | None = None,
             fastexp: bool | None = None) -> BwdSchedule:
     """The same schedule with goreuse and/or fastexp replaced (just another BwdSchedule)."""
@@ -220,9 +270,7 @@ def test_flipped_schedule_and_grid():
 
 
 def _regs(log: str) -> int:
-    regs = re.findall(r"Used (\d+) registers", log)
-    assert len(regs) == 1, f"could not parse ptxas -v output:\n{log}"
-    return int(regs[0])
+    return _main_usage(log)[0]
 
 
 def _fetch_runs(ptx: str, coff: int, d: int, chunk: int) -> list[int]:
@@ -249,11 +297,8 @@ def test_regwin_builds_without_spill_within_the_register_cap(coff, d, sched, arc
         pytest.skip("ptxas is not on PATH")
     ptx, log, rc, _ = _built(coff, d, sched, arch)
     assert rc == 0, f"ptxas -arch={arch} failed:\n{log}"
-    usage = re.findall(
-        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert len(usage) == 1, f"could not parse ptxas -v output:\n{log}"
-    regs = _regs(log)
-    assert tuple(map(int, usage[0])) == (0, 0, 0), f"regs={regs} stack/spill={usage[0]}\n{log}"
+    regs, *usage = _main_usage(log)
+    assert tuple(usage) == (0, 0, 0), f"regs={regs} spill/stack={usage}\n{log}"
     # 512 resident threads per SM: 128 registers per thread.
     assert regs <= 128, f"{regs} registers > 128"
     local = re.findall(r"\b(?:ld|st)\.local\b[^\n]*", ptx)

@@ -118,3 +118,59 @@ def test_explicit_rows_per_cta_is_not_remembered(api):
     entry = api._FAST[_sig(api, "bwd", pack, kv)]
     want = rows_per_cta(pack.n_rows, 128, 2, key.schedule, sm_count(kv.get_device()))
     assert entry[2] == (want,)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("ratio,coff,d,lens,pad_rows", CASES)
+def test_accumulate_false_writes_dape_whatever_it_held(api, ratio, coff, d, lens, pad_rows,
+                                                       deterministic):
+    """``accumulate=False`` (what api.backward uses, the launch zeroes dAPE first): a NaN-filled
+    dape comes out as the accumulate path's result into zeros, on the full path (first call)
+    and the fast path (second); the deterministic mode's bitwise, the atomics' within their
+    reordering. dkv/dscore do not depend on the flag."""
+    pack, go = _pack(ratio, coff, d, lens, pad_rows)
+    args = pack.inputs()
+    kw = dict(ratio=ratio, coff=coff, deterministic=deterministic)
+
+    def run(fill, accumulate):
+        dkv, dscore = torch.empty_like(args[0]), torch.empty_like(args[1])
+        dape = torch.full_like(args[2], fill)
+        api.run_backward(*args, go, dkv, dscore, dape, accumulate=accumulate, **kw)
+        torch.cuda.synchronize()
+        return dkv, dscore, dape
+
+    want = run(0.0, True)
+    for path in ("full", "fast"):
+        if path == "fast":
+            assert _sig(api, "bwd_det" if deterministic else "bwd", pack, args[0]) in api._FAST
+        got = run(float("nan"), False)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), path
+        assert not got[2].isnan().any(), f"{path}: dape slots left unwritten"
+        if deterministic:
+            assert torch.equal(got[2], want[2]), f"{path}: deterministic dAPE differs"
+        else:
+            torch.testing.assert_close(got[2], want[2], rtol=0, atol=1e-3)
+    # api.backward: a fresh dAPE from an uninitialized buffer, equal to the same
+    grads = api.backward(*args, go, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(grads[0], want[0]) and torch.equal(grads[1], want[1])
+    if deterministic:
+        assert torch.equal(grads[2], want[2])
+    else:
+        torch.testing.assert_close(grads[2], want[2], rtol=0, atol=1e-3)
+
+
+def test_accumulate_false_with_no_rows_zeroes_dape(api):
+    pack, _ = _pack(128, 1, 128, (3000,), 0)
+    args = pack.inputs()
+    go = torch.empty(0, 128, dtype=torch.bfloat16, device="cuda")
+    dkv, dscore = torch.empty_like(args[0]), torch.empty_like(args[1])
+    dape = torch.full_like(args[2], float("nan"))
+    assert api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=1,
+                            accumulate=False) is None
+    torch.cuda.synchronize()
+    assert bool((dape == 0).all())
+    kept = torch.full_like(args[2], 3.0)
+    api.run_backward(*args, go, dkv, dscore, kept, ratio=128, coff=1)
+    torch.cuda.synchronize()
+    assert bool((kept == 3.0).all()), "accumulate=True (default) must leave dape alone"
