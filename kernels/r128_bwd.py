@@ -20,8 +20,8 @@ compile-time choice (``BwdSchedule.regwin``):
   recomputes s and e in each pass; it issues the next row's C score and C kv loads right after
   the current row's max barrier, so they fly during its exp pass, merge and stores. Shared
   memory holds the chunk partials, the per-column 1/den and S, and the thread-private fp32
-  dAPE sums. 3 barriers per row; ``REGWIN_THREADS_PER_SM`` resident threads per SM (128
-  registers per thread, capped through ``.maxntid``).
+  dAPE sums. 3 barriers per row; ``sched.sm_threads`` resident threads per SM (512: 128
+  registers per thread, 1024: 64; capped through ``.maxntid``).
 
 After the row loop every thread adds its C * vec dAPE partials with fp32 ``red.add``.
 Window position k maps to (token, column, ape row):
@@ -65,7 +65,6 @@ from csagate.kernels.device import (
 )
 from csagate.kernels.schedule import (
     RATIO,
-    REGWIN_THREADS_PER_SM,
     BwdSchedule,
     R128Geometry,
     bwd_smem_bytes,
@@ -120,9 +119,10 @@ class R128Bwd(R128Geometry):
         self.fast = sched.fastexp
         self.cols_pc = sched.threads_x * sched.vec
         self.smem_bytes = bwd_smem_bytes(coff, sched)
-        # regwin: REGWIN_THREADS_PER_SM resident threads per SM (schedule.rows_per_cta assumes
-        # the same), so ptxas caps registers at 65536 / 512 = 128 per thread through .maxntid.
-        self.ctas_per_sm = (REGWIN_THREADS_PER_SM // (sched.threads_x * sched.tchunks)
+        # regwin: sched.sm_threads resident threads per SM (schedule.rows_per_cta assumes the
+        # same), so ptxas caps registers at 65536 / sm_threads (128 or 64) per thread through
+        # .maxntid.
+        self.ctas_per_sm = (sched.sm_threads // (sched.threads_x * sched.tchunks)
                             if sched.regwin else None)
 
     def __repr__(self) -> str:  # names the kernel symbol: r128bwd_c{coff}d{d}_<schedule tag>

@@ -30,8 +30,10 @@ BWD_SMALL_NB_MAX = 192
 MAX_THREADS = 1024
 SMEM_LIMIT = 227 * 1024
 # regwin: resident threads per SM that its register cap (.maxntid: 65536 / 512 = 128 registers
-# per thread) and rows_per_cta assume.
+# per thread) and rows_per_cta assume, by default; a schedule may target 1024 instead
+# (BwdSchedule.sm_threads: 64 registers per thread, twice the warps in flight).
 REGWIN_THREADS_PER_SM = 512
+REGWIN_SM_THREADS = (512, 1024)  # the register-window occupancy targets a schedule can take
 # regwin: the longest window chunk C (positions per thread): 4 registers per position (see
 # config_problems); C <= 16 compiles to <= 128 registers with 0 spill on sm_90a and sm_100a.
 REGWIN_MAX_CHUNK = 16
@@ -84,12 +86,17 @@ class BwdSchedule:
     # a (gx*ratio, W) buffer instead of the fp32 atomic; kernels/reduce.py sums the slices in
     # ascending CTA order. Never in a dispatch table: the api sets it (``deterministic=``).
     deterministic: bool = False
+    # regwin only: the resident threads per SM the kernel is built for (its register cap,
+    # .maxntid = 65536 / sm_threads registers, and schedule.rows_per_cta's grid): 512 (128
+    # registers, 16 warps per SM) or 1024 (64 registers, 32 warps: more latency hidden).
+    sm_threads: int = REGWIN_THREADS_PER_SM
 
     @property
     def tag(self) -> str:
+        rw = "_rw" + ("" if self.sm_threads == REGWIN_THREADS_PER_SM else "1k")
         return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
                 + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else "")
-                + ("_rw" if self.regwin else "") + ("_det" if self.deterministic else ""))
+                + (rw if self.regwin else "") + ("_det" if self.deterministic else ""))
 
     def astuple(self) -> tuple:
         """The upstream 5-tuple (vec, tchunks, threads_x, fastexp, goreuse)."""
@@ -163,16 +170,22 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
     if isinstance(sched, BwdSchedule):
         if sched.vec > 2:
             out.append(f"the backward has no vec={sched.vec} form")
-        if sched.regwin:
-            # regwin targets REGWIN_THREADS_PER_SM = 512 resident threads per SM, so a thread
-            # gets 128 registers. Its window chunk takes 4 per window position: the
-            # score and kv of the current row and of the next row in flight (a bf16 pair
-            # packs into one register). C <= REGWIN_MAX_CHUNK = 16 compiles to <= 128
-            # registers with 0 spill on sm_90a and sm_100a; C = 32 does not.
+        if sched.sm_threads not in REGWIN_SM_THREADS or (
+                not sched.regwin and sched.sm_threads != REGWIN_THREADS_PER_SM):
+            out.append(f"sm_threads={sched.sm_threads}: a regwin target in "
+                       f"{REGWIN_SM_THREADS} (staged kernels keep {REGWIN_THREADS_PER_SM})")
+        elif sched.regwin:
+            # regwin targets sm_threads resident threads per SM (512 by default), so a thread
+            # gets 65536 / sm_threads registers (128 or 64). Its window chunk takes 4 per
+            # window position: the score and kv of the current row and of the next row in
+            # flight (a bf16 pair packs into one register). At 512, C <= REGWIN_MAX_CHUNK = 16
+            # compiles to <= 128 registers with 0 spill on sm_90a and sm_100a; C = 32 does
+            # not. At 1024 whether 64 registers suffice depends on C, vec and coff (the probe
+            # and the build tests check every shipped one: 0 spill).
             threads = sched.threads_x * sched.tchunks
-            if threads < 1 or REGWIN_THREADS_PER_SM % threads:
+            if threads < 1 or sched.sm_threads % threads:
                 out.append(f"regwin: {threads} threads per CTA do not divide "
-                           f"{REGWIN_THREADS_PER_SM} per SM")
+                           f"{sched.sm_threads} per SM")
             if (sched.tchunks >= 1 and win % sched.tchunks == 0
                     and win // sched.tchunks > REGWIN_MAX_CHUNK):
                 out.append(f"regwin: a chunk of C={win // sched.tchunks} window positions "
@@ -391,7 +404,7 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
         # The smallest R whose grid fits one wave, rounded per column slice (ceil(N/R)*gy CTAs
         # never exceed the slots), and no cap: a CTA pipelines its rows (only its first fetch
         # is exposed) and fewer CTAs issue fewer dAPE atomics.
-        per_sm = max(1, REGWIN_THREADS_PER_SM // (sched.threads_x * sched.tchunks))
+        per_sm = max(1, sched.sm_threads // (sched.threads_x * sched.tchunks))
         ctas_per_slice = max(1, per_sm * sm_count // gy)
         return max(1, -(-n_rows // ctas_per_slice))
     if coff == 2:

@@ -452,7 +452,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
 def _geometries(direction: str, coff: int, d: int, base):
     """Stage 1: the base's flags on every (vec, tchunks[, regwin]) the predicate accepts."""
     vecs = (1, 2, 4, 8) if direction == "fwd" else (1, 2)
-    tchunks = (4, 8, 16)
+    tchunks = (4, 8, 16) if direction == "fwd" else (4, 8, 16, 32)
     out = []
     for vec in vecs:
         for tch in tchunks:
@@ -460,8 +460,10 @@ def _geometries(direction: str, coff: int, d: int, base):
                 cand = replace(base, vec=vec, tchunks=tch, threads_x=S.threads_x_for(d, vec))
                 out.append(cand)
             else:
-                for rw in (False, True):
-                    out.append(replace(base, vec=vec, tchunks=tch, regwin=rw,
+                # staged, and the register window at each occupancy target
+                for rw, sm in [(False, S.REGWIN_THREADS_PER_SM)] + [
+                        (True, t) for t in S.REGWIN_SM_THREADS]:
+                    out.append(replace(base, vec=vec, tchunks=tch, regwin=rw, sm_threads=sm,
                                        threads_x=S.threads_x_for(d, vec)))
     return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
 

@@ -49,4 +49,11 @@ BWD_REGWIN = [
     _rw(1, 512, 2, 16, True, False),   # goreuse off
     _rw(2, 512, 2, 16, True, True),
 ]
+# regwin at 1024 threads per SM (64 registers): 512- and 1024-thread CTAs, both coffs.
+BWD_REGWIN += [
+    ((1, 128), BwdSchedule(1, 16, 32, True, True, True, sm_threads=1024)),
+    ((1, 128), BwdSchedule(2, 32, 32, True, False, True, sm_threads=1024)),
+    ((2, 128), BwdSchedule(1, 32, 32, True, True, True, sm_threads=1024)),
+    ((2, 512), BwdSchedule(2, 32, 32, True, True, True, sm_threads=1024)),
+]
 BWD_REGWIN += [(cfg, s) for cfg, s in _BWD_TABLE if s.regwin and (cfg, s) not in BWD_REGWIN]

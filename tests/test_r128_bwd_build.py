@@ -299,22 +299,21 @@ def test_regwin_builds_without_spill_within_the_register_cap(coff, d, sched, arc
     assert rc == 0, f"ptxas -arch={arch} failed:\n{log}"
     regs, *usage = _main_usage(log)
     assert tuple(usage) == (0, 0, 0), f"regs={regs} spill/stack={usage}\n{log}"
-    # 512 resident threads per SM: 128 registers per thread.
-    assert regs <= 128, f"{regs} registers > 128"
+    # sm_threads resident threads per SM: 128 registers per thread at 512, 64 at 1024.
+    cap = 65536 // sched.sm_threads
+    assert regs <= cap, f"{regs} registers > {cap}"
     local = re.findall(r"\b(?:ld|st)\.local\b[^\n]*", ptx)
     assert not local, f"{len(local)} local-memory accesses, first: {local[0]}"
 
 
 @pytest.mark.parametrize("coff,d,sched,arch", REGWIN_VARIANTS, ids=REGWIN_IDS)
 def test_regwin_ptx_facts(coff, d, sched, arch):
-    from csagate.kernels.schedule import REGWIN_THREADS_PER_SM
-
     ptx, _, _, _ = _built(coff, d, sched, arch)
     chunk = window(coff) // sched.tchunks
     cv = chunk * sched.vec
     threads = sched.threads_x * sched.tchunks
     # The register cap: .maxntid of the resident threads per SM, not the block (.reqntid).
-    per_sm = REGWIN_THREADS_PER_SM // threads
+    per_sm = sched.sm_threads // threads
     assert re.search(rf"\.maxntid {sched.threads_x}, {sched.tchunks * per_sm}, 1\b", ptx)
     assert ".reqntid" not in ptx
     # 3 barriers per row and one before the dAPE epilogue.

@@ -85,3 +85,27 @@ def test_rows_per_cta_fills_one_wave():
     assert S.rows_per_cta(1024, 128, 1, sched, 132) == 6    # H200
     assert S.rows_per_cta(1, 128, 1, sched, 132) == 1
     assert S.rows_per_cta(10**6, 512, 2, S.select_bwd(2, 512, 10**6), 132) == 16
+
+
+def test_register_window_occupancy_target():
+    """sm_threads: the regwin kernel's resident threads per SM (its register cap and the grid
+    rows_per_cta sizes); 1024 doubles the CTAs per SM, names itself in the tag, and is a
+    regwin-only field."""
+    base = S.BwdSchedule(1, 16, 32, True, True, True)
+    wide = S.BwdSchedule(1, 16, 32, True, True, True, sm_threads=1024)
+    assert base.sm_threads == 512 and base.tag.endswith("_rw")
+    assert wide.tag.endswith("_rw1k") and wide.tag != base.tag
+    assert not S.config_problems(1, 128, wide)
+    big = S.BwdSchedule(1, 32, 32, True, True, True, sm_threads=1024)  # 1024-thread CTAs
+    assert not S.config_problems(1, 128, big)
+    assert any("do not divide 512" in p for p in S.config_problems(
+        1, 128, S.BwdSchedule(1, 32, 32, True, True, True)))
+    assert any("sm_threads" in p for p in S.config_problems(
+        1, 128, S.BwdSchedule(1, 16, 32, True, True, False, sm_threads=1024)))
+    assert any("sm_threads" in p for p in S.config_problems(
+        1, 128, S.BwdSchedule(1, 16, 32, True, True, True, sm_threads=768)))
+    # 1024 rows, gy = 4 column slices, 132 SMs: 512 threads per CTA -> 1 CTA per SM at 512
+    # (33 per slice, 32 rows each) and 2 at 1024 (66 per slice, 16 rows each)
+    assert S.rows_per_cta(1024, 128, 1, base, 132) == 32
+    assert S.rows_per_cta(1024, 128, 1, wide, 132) == 16
+    assert S.rows_per_cta(1024, 128, 1, big, 132) == 32
