@@ -1,6 +1,7 @@
 """GPU: the ratio=128 backward kernel against the eager references, every schedule.
 
-Each of the 6 backward table schedules and 5 regwin schedules (the window in registers) is
+Each of the 6 backward table schedules and 7 regwin schedules (the window in registers; two
+at 1024 resident threads per SM) is
 built and launched directly (whatever bucket its N would select) on the edge pack
 [127, 8192, 0, 129, 128, 3, 515, 1024] with 8 capacity padding rows (nonzero grad_out there,
 which the kernel must ignore) and 21 token padding rows:
@@ -32,8 +33,10 @@ from csagate.reference.inputs import PAD_GRAD_SEED
 pytestmark = pytest.mark.gpu
 
 
-def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool):
-    return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True)
+def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool,
+        sm_threads: int = 512):
+    return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True,
+                                  sm_threads=sm_threads)
 
 
 # regwin: both coffs, d 128 and 512, vec 1 and 2, fastexp and goreuse both ways.
@@ -43,6 +46,9 @@ REGWIN = [
     _rw(2, 128, 1, 16, False, True),
     _rw(1, 512, 2, 16, True, False),
     _rw(2, 512, 2, 16, True, True),
+    # 1024 resident threads per SM (64 registers): two 512-thread CTAs, one 1024-thread CTA
+    _rw(1, 128, 1, 16, True, True, 1024),
+    _rw(2, 512, 2, 32, True, True, 1024),
 ]
 REGWIN_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in REGWIN]
 KERNELS = sorted(selectable_any("bwd"), key=lambda cs: (cs[0], cs[1].astuple())) + REGWIN
@@ -208,7 +214,7 @@ def test_regwin_matches_staged_bitwise(cfg, sched):
     pipelined across 3 rows per CTA): dKV and dScore bit for bit."""
     coff, d = cfg
     pack, go, ref32, _, _ = edge_case(coff, d)
-    staged = dataclasses.replace(sched, regwin=False)
+    staged = dataclasses.replace(sched, regwin=False, sm_threads=512)  # staged: the default
     a = run_fused(coff, d, staged, pack, go, fill=float("nan"))
     b = run_fused(coff, d, sched, pack, go, fill=float("nan"), rows_per_cta=3)
     for i, name in enumerate(("dkv", "dscore")):
