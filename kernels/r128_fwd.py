@@ -104,11 +104,6 @@ class R128FwdKernel(R128Geometry):
         # vec=8 declares .maxntid instead of .reqntid: under .reqntid ptxas 13.x spills 4 bytes
         # at 72 registers on the vec=8 online fast-exp loop; .maxntid gives 72 and no spill.
         self.maxntid = sched.vec == 8
-        self.bulk = sched.bulk
-        self.cols = sched.threads_x * sched.vec  # columns of one CTA's slice
-        # bulk: a coff=1 CTA that covers the whole row reads one contiguous window (WIN rows
-        # of W columns): one copy per tensor; otherwise one copy per window position.
-        self.contiguous = coff == 1 and self.cols == self.width
 
     @cute.jit
     def __call__(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
@@ -140,14 +135,6 @@ class R128FwdKernel(R128Geometry):
             blk = I32(0)
             tok0 = I32(0)
 
-        smem = cutlass.memory.SmemAllocator()
-        # bulk: the window's score and kv rows of this CTA's columns, staged in shared memory
-        # (read there at window position k, local column group tx); else read from global
-        # memory at token tok, column group cblk.
-        src_sc, src_kv = mScore, mKV
-        if cutlass.const_expr(self.bulk):
-            src_sc, src_kv = self.stage_window(smem, mKV, mScore, tok0, blk, by, tx, ty)
-
         # My chunk: slots [k0, k0 + C); slot k reads token tok0 - (coff-1)*128 + k.
         k0 = ty * C
         tok_start = tok0 + k0
@@ -168,20 +155,16 @@ class R128FwdKernel(R128Geometry):
             st[1, j] = F32(0.0)
             st[2, j] = F32(0.0)
 
-        # Where the chunk's score/kv are read: (token, column group) in global memory, or
-        # (window position, local column group) in the staged window. APE stays global.
-        row0, scol = tok_start, cblk
-        if cutlass.const_expr(self.bulk):
-            row0, scol = k0, tx
         if live:
             if cutlass.const_expr(self.prefetch):
-                self.chunk_prefetch(src_kv, src_sc, mApe, st, row0, ape_row0, scol, cblk)
+                self.chunk_prefetch(mKV, mScore, mApe, st, tok_start, ape_row0, cblk)
             elif cutlass.const_expr(self.twophase):
-                self.chunk_twophase(src_kv, src_sc, mApe, st, row0, ape_row0, scol, cblk)
+                self.chunk_twophase(mKV, mScore, mApe, st, tok_start, ape_row0, cblk)
             else:
-                self.chunk_online(src_kv, src_sc, mApe, st, row0, ape_row0, scol, cblk)
+                self.chunk_online(mKV, mScore, mApe, st, tok_start, ape_row0, cblk)
 
         # Merge the tchunks partials of each column (ty == 0, chunk order).
+        smem = cutlass.memory.SmemAllocator()
         part = cute.make_layout((TCH, TX * VEC), stride=(TX * VEC, 1))
         sM = smem.allocate_tensor(F32, part, byte_alignment=16)
         sD = smem.allocate_tensor(F32, part, byte_alignment=16)
@@ -198,36 +181,35 @@ class R128FwdKernel(R128Geometry):
 
     @cute.jit
     def chunk_online(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
-                     st: cute.Tensor, tok_start: I32, ape_row0: I32, scol: I32, cblk: I32):
+                     st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
         for kk in cutlass.range(self.chunk, unroll=self.unroll):
-            sv, uv, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, scol,
-                                       cblk, True)
+            sv, uv, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                       True)
             self.online_step(st, sv, uv, av)
 
     @cute.jit
     def chunk_twophase(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
-                       st: cute.Tensor, tok_start: I32, ape_row0: I32, scol: I32, cblk: I32):
+                       st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
         for kk in cutlass.range(self.chunk, unroll=self.unroll):  # pass A: exact chunk max
-            sv, _, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, scol,
-                                      cblk, False)
+            sv, _, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                      False)
             self.max_step(st, sv, av)
         for kk in cutlass.range(self.chunk, unroll=self.unroll):  # pass B: ascending sums
-            sv, uv, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, scol,
-                                       cblk, True)
+            sv, uv, av = self.slot_f32(mKV, mScore, mApe, tok_start + kk, ape_row0 + kk, cblk,
+                                       True)
             self.sum_step(st, sv, uv, av)
 
-    def slot_f32(self, mKV, mScore, mApe, tok, ape_row, scol, cblk, with_kv):
-        """One window slot's loads as fp32: score, kv (None without kv) at (tok, scol), APE
-        at (ape_row, cblk)."""
+    def slot_f32(self, mKV, mScore, mApe, tok, ape_row, cblk, with_kv):
+        """One window slot's loads as fp32: score, kv (None without kv), APE."""
         VEC = self.vec
-        sv = cute.local_tile(mScore, (1, VEC), (tok, scol)).load().to(F32)
-        uv = cute.local_tile(mKV, (1, VEC), (tok, scol)).load().to(F32) if with_kv else None
+        sv = cute.local_tile(mScore, (1, VEC), (tok, cblk)).load().to(F32)
+        uv = cute.local_tile(mKV, (1, VEC), (tok, cblk)).load().to(F32) if with_kv else None
         av = cute.local_tile(mApe, (1, VEC), (ape_row, cblk)).load()
         return sv, uv, av
 
     @cute.jit
     def chunk_prefetch(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
-                       st: cute.Tensor, tok_start: I32, ape_row0: I32, scol: I32, cblk: I32):
+                       st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
         """The same slots in the same order as the plain loops, software-pipelined.
 
         A register ring holds the raw loads (bf16 score, bf16 kv, fp32 APE) of ``U =
@@ -237,14 +219,14 @@ class R128FwdKernel(R128Geometry):
         The last group (peeled) loads nothing, so no load leaves the chunk.
         """
         if cutlass.const_expr(self.twophase):
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, scol, cblk, 0)
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, scol, cblk, 2)
+            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 0)
+            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 2)
         else:
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, scol, cblk, 1)
+            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 1)
 
     @cute.jit
     def ring_pass(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
-                  st: cute.Tensor, tok_start: I32, ape_row0: I32, scol: I32, cblk: I32,
+                  st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32,
                   step: cutlass.Constexpr):
         """One pipelined pass over the chunk; ``step`` 0: max (no kv), 1: online, 2: sums."""
         VEC, U = self.vec, self.unroll
@@ -254,27 +236,27 @@ class R128FwdKernel(R128Geometry):
         rA = cute.make_rmem_tensor((U, VEC), F32)
         for i in cutlass.range_constexpr(U):  # prologue: slots 0 .. U-1
             self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + i, ape_row0 + i,
-                           scol, cblk, step != 0)
+                           cblk, step != 0)
         if cutlass.const_expr(groups > 1):
             for g in cutlass.range(groups - 1, unroll=1):
                 k = (g + 1) * U  # first slot of the next group
                 for i in cutlass.range_constexpr(U):
                     sv, uv, av = self.take_slot(rS, rU, rA, i, step != 0)
                     self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + k + i,
-                                   ape_row0 + k + i, scol, cblk, step != 0)
+                                   ape_row0 + k + i, cblk, step != 0)
                     self.slot_math(st, sv, uv, av, step)
         for i in cutlass.range_constexpr(U):  # epilogue: the last group, nothing to load
             sv, uv, av = self.take_slot(rS, rU, rA, i, step != 0)
             self.slot_math(st, sv, uv, av, step)
 
-    def load_slot(self, mKV, mScore, mApe, rS, rU, rA, i, tok, ape_row, scol, cblk, with_kv):
+    def load_slot(self, mKV, mScore, mApe, rS, rU, rA, i, tok, ape_row, cblk, with_kv):
         """Issue one slot's global loads into ring entry ``i`` (score, kv, APE order)."""
         VEC = self.vec
         cute.local_tile(rS, (1, VEC), (i, 0)).store(
-            cute.local_tile(mScore, (1, VEC), (tok, scol)).load())
+            cute.local_tile(mScore, (1, VEC), (tok, cblk)).load())
         if with_kv:
             cute.local_tile(rU, (1, VEC), (i, 0)).store(
-                cute.local_tile(mKV, (1, VEC), (tok, scol)).load())
+                cute.local_tile(mKV, (1, VEC), (tok, cblk)).load())
         cute.local_tile(rA, (1, VEC), (i, 0)).store(
             cute.local_tile(mApe, (1, VEC), (ape_row, cblk)).load())
 
@@ -338,68 +320,6 @@ class R128FwdKernel(R128Geometry):
             e = self.exp_loop(sv[j] + av[j] - st[0, j])
             st[1, j] = add_rn(st[1, j], e)
             st[2, j] = fma_rn(uv[j], e, st[2, j])
-
-    @cute.jit
-    def stage_window(self, smem, mKV: cute.Tensor, mScore: cute.Tensor, tok0: I32, blk: I32,
-                     by: I32, tx: I32, ty: I32):
-        """Bulk-copy this CTA's window into shared memory and wait for it; returns the staged
-        (score, kv) tiles, (window position, local column) row-major.
-
-        Window position k holds token tok0 - (coff-1)*128 + k, columns [c0, c0 + cols) of the
-        W-wide row, c0 = by*cols (+ d for coff=2's own half, k >= 128). A segment's first
-        block has no previous half (coff=2: those positions are neither copied nor read).
-        One mbarrier: thread 0 sets the expected bytes before the CTA barrier, then the
-        threads issue the copies (``cp.async.bulk`` global -> shared, completing bytes on the
-        mbarrier), and every thread waits for phase 0.
-        """
-        from cutlass.cute.nvgpu.cpasync import CopyBulkG2SOp
-
-        WIN, COLS, W = self.win, self.cols, self.width
-        BF16 = cutlass.BFloat16
-        mbar = smem.allocate(cutlass.Int64, byte_alignment=8)
-        tile = cute.make_layout((WIN, COLS), stride=(COLS, 1))
-        sSc = smem.allocate_tensor(BF16, tile, byte_alignment=128)
-        sKV = smem.allocate_tensor(BF16, tile, byte_alignment=128)
-        tid = ty * self.threads_x + tx
-        lo = I32(0)  # the first window position to copy
-        if cutlass.const_expr(self.coff == 2):
-            if blk == 0:  # no previous half
-                lo = I32(RATIO)
-        if tid == 0:
-            cute.arch.mbarrier_init(mbar, 1)
-            cute.arch.mbarrier_arrive_and_expect_tx(mbar, (WIN - lo) * COLS * 2 * 2)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-        tok_first = tok0 - (self.coff - 1) * RATIO  # token of window position 0
-        if cutlass.const_expr(self.contiguous):
-            if tid == 0:
-                atom = cute.make_copy_atom(CopyBulkG2SOp(), BF16, num_bits_per_copy=WIN * W * 16)
-                flat = cute.make_layout(WIN * W)
-                self.bulk_copy(atom, mbar, mScore, sSc, tok_first * W, 0, flat)
-                self.bulk_copy(atom, mbar, mKV, sKV, tok_first * W, 0, flat)
-        else:
-            atom = cute.make_copy_atom(CopyBulkG2SOp(), BF16, num_bits_per_copy=COLS * 16)
-            row = cute.make_layout(COLS)
-            for k in cutlass.range(lo + tid, WIN, self.threads_x * self.tchunks, unroll=1):
-                c0 = by * COLS
-                if cutlass.const_expr(self.coff == 2):
-                    if k >= RATIO:
-                        c0 = c0 + self.d
-                self.bulk_copy(atom, mbar, mScore, sSc, (tok_first + k) * W + c0, k * COLS, row)
-                self.bulk_copy(atom, mbar, mKV, sKV, (tok_first + k) * W + c0, k * COLS, row)
-        cute.arch.mbarrier_wait(mbar, 0)
-        return sSc, sKV
-
-    def bulk_copy(self, atom, mbar, src: cute.Tensor, dst: cute.Tensor, src_off, dst_off,
-                  layout):
-        """One ``cp.async.bulk`` of ``layout``'s elements: global src + src_off -> shared
-        dst + dst_off, completing its bytes on ``mbar``."""
-        from cutlass.cute.nvgpu.cpasync import group_bulk_copy_modes
-
-        g = cute.make_tensor(src.iterator + src_off, layout)
-        s = cute.make_tensor(dst.iterator + dst_off, layout)
-        gs, sd = group_bulk_copy_modes(g, s)
-        cute.copy(atom, gs, sd, mbar_ptr=mbar)
 
     @cute.jit
     def merge_store(self, sM: cute.Tensor, sD: cute.Tensor, sA: cute.Tensor, st: cute.Tensor,

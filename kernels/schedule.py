@@ -59,18 +59,13 @@ class FwdSchedule:
     unroll: int = 4          # runtime-loop unroll of the chunk loop (H200 tuning field)
     prefetch: bool = False   # software-pipelined loads: the next unroll group in flight
     oneexp: bool = False     # online form with one exp per slot (same bits, fewer instructions)
-    # The CTA's window (score and kv of its row and column slice) bulk-copied into shared
-    # memory first (cp.async.bulk, one mbarrier), then read from there: the bytes in flight
-    # come from the copy engine, not from registers (same bits as the register loads).
-    bulk: bool = False
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
                 + ("_2ph" if self.twophase else "") + ("_fexp" if self.fastexp else "")
                 + (f"_u{self.unroll}" if self.unroll != 4 else "")
-                + ("_pf" if self.prefetch else "") + ("_1e" if self.oneexp else "")
-                + ("_blk" if self.bulk else ""))
+                + ("_pf" if self.prefetch else "") + ("_1e" if self.oneexp else ""))
 
     def astuple(self) -> tuple:
         """The upstream 5-tuple (vec, tchunks, threads_x, twophase, fastexp)."""
@@ -143,14 +138,9 @@ def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
     return win * cols * 6 + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
 
 
-def fwd_smem_bytes(sched: FwdSchedule, coff: int = 1) -> int:
-    """The forward's merge buffers: (m, den, acc) per chunk and column; bulk adds the staged
-    window (score and kv, bf16, window x columns each) and its mbarrier."""
-    cols = sched.threads_x * sched.vec
-    merge = 3 * sched.tchunks * cols * 4
-    if sched.bulk:
-        return merge + 2 * window(coff) * cols * 2 + 128
-    return merge
+def fwd_smem_bytes(sched: FwdSchedule) -> int:
+    """The forward's merge buffers: (m, den, acc) per chunk and column."""
+    return 3 * sched.tchunks * sched.threads_x * sched.vec * 4
 
 
 def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
@@ -177,14 +167,6 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
                        "it spills")
         if sched.oneexp and sched.twophase:
             out.append("oneexp is an online-form option; the two-phase form has one exp")
-        if sched.bulk:
-            if sched.prefetch:
-                out.append("bulk stages the window in shared memory: no register prefetch")
-            if (sched.threads_x * sched.vec * 2) % 16:
-                out.append("bulk copies whole 16-byte units: columns per CTA * 2 B % 16")
-            if fwd_smem_bytes(sched, coff) > SMEM_LIMIT:
-                out.append(f"bulk: shared memory {fwd_smem_bytes(sched, coff)} B > "
-                           f"{SMEM_LIMIT} B")
     if isinstance(sched, BwdSchedule):
         if sched.vec > 2:
             out.append(f"the backward has no vec={sched.vec} form")

@@ -459,8 +459,6 @@ def _geometries(direction: str, coff: int, d: int, base):
             if direction == "fwd":
                 cand = replace(base, vec=vec, tchunks=tch, threads_x=S.threads_x_for(d, vec))
                 out.append(cand)
-                # and the window bulk-copied into shared memory (no register prefetch there)
-                out.append(replace(cand, bulk=True, prefetch=False))
             else:
                 # staged, and the register window at each occupancy target
                 for rw, sm in [(False, S.REGWIN_THREADS_PER_SM)] + [
@@ -472,7 +470,7 @@ def _geometries(direction: str, coff: int, d: int, base):
 
 def _flag_variants(direction: str, coff: int, d: int, sched):
     """Stage 2: every boolean field flipped, and (forward) the other unrolls."""
-    names = (("twophase", "fastexp", "prefetch", "oneexp", "bulk") if direction == "fwd"
+    names = (("twophase", "fastexp", "prefetch", "oneexp") if direction == "fwd"
              else ("fastexp", "goreuse"))
     out = [_flip(sched, n) for n in names]
     if direction == "fwd":

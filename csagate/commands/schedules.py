@@ -27,7 +27,7 @@ def command(arch: str) -> None:
                     sched = entries.get((coff, d))
                     if sched is None:
                         continue
-                    smem = (S.fwd_smem_bytes(sched, coff) if direction == "forward"
+                    smem = (S.fwd_smem_bytes(sched) if direction == "forward"
                             else S.bwd_smem_bytes(coff, sched))
                     problems = S.config_problems(coff, d, sched)
                     table.add_row(S.config_name(coff, d), bucket, sched.tag,
