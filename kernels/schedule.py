@@ -272,8 +272,9 @@ FWD_SMALL_H200 = {
 }
 FWD_DEFAULT_H200 = {
     # 1x65536: 15.85 -> 11.25 / 15.87 -> 11.28 (+29%); cold sweep (v4t8x32_2ph_fexp ->):
-    # 22.5 -> 19.3 / 22.5 -> 19.3 cold us (+14%): no two-phase, no fast exp
-    (1, 128): FwdSchedule(4, 8, 32, False, False),
+    # 22.5 -> 19.3 / 22.5 -> 19.3 cold us (+14%): no two-phase, no fast exp; cold sweep of
+    # 2026-12-01 (v4t8x32 ->): 19.4 -> 18.6 / 19.4 -> 18.5 cold us (+4.6%): one exp
+    (1, 128): FwdSchedule(4, 8, 32, False, False, oneexp=True),
     # 1x65536: 24.24 -> 22.01 / 24.22 -> 21.99 (+9%)
     (2, 128): FwdSchedule(2, 8, 32, False, True, oneexp=True),
     # sweep 1: 59.64 -> 42.54 / 59.80 -> 42.73 (+29%); sweep 2 unroll 8: 42.48 -> 38.62 /
@@ -284,12 +285,14 @@ FWD_DEFAULT_H200 = {
 }
 FWD_LARGE_H200 = {
     # 1x131072: 27.92 -> 22.74 / 27.93 -> 22.78 (+19%); cold sweep (v4t4x32_fexp ->):
-    # 31.4 -> 29.4 / 31.4 -> 29.4 cold us (+6.4%): prefetch
-    (1, 128): FwdSchedule(4, 4, 32, False, True, prefetch=True),
+    # 31.4 -> 29.4 / 31.4 -> 29.4 cold us (+6.4%): prefetch; cold sweep of 2026-12-01
+    # (v4t4x32_fexp_pf ->): 29.5 -> 27.4 / 29.4 -> 27.5 cold us (+7%): a ring of 2 slots
+    (1, 128): FwdSchedule(4, 4, 32, False, True, unroll=2, prefetch=True),
     # 1x131072: 80.95 -> 74.57 / 80.98 -> 74.57 (+8%)
     (1, 512): FwdSchedule(4, 4, 32, False, True, unroll=8),
-    # 1x131072: 167.30 -> 145.13 / 167.36 -> 145.10 (+13%)
-    (2, 512): FwdSchedule(4, 4, 32, False, True, prefetch=True),
+    # 1x131072: 167.30 -> 145.13 / 167.36 -> 145.10 (+13%); cold sweep of 2026-12-01
+    # (v4t4x32_fexp_pf ->): 150.6 -> 149.0 / 150.6 -> 149.0 cold us (+1.1%): vec 2
+    (2, 512): FwdSchedule(2, 4, 32, False, True, prefetch=True),
 }
 BWD_SMALL_H200 = {
     # 1x8192: 8.58 -> 7.34 / 8.60 -> 7.33 (+14.6%): tchunks 16, fast exp; cold sweep
