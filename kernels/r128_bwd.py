@@ -164,6 +164,10 @@ class R128Bwd(R128Geometry):
         Each shared array is rewritten by the next row only after a barrier that follows its
         last read. Register tensors stay plain locals: the tracer threads them through loops."""
         TCH, COFF = self.tchunks, self.coff
+        if cutlass.const_expr(self.sched.deterministic):
+            # the dAPE reduction that follows may be scheduled now (PDL); it waits for this
+            # whole grid to finish before it reads the partials
+            cute.arch.griddepcontrol_launch_dependents()
         tx, ty, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         gdx, _, _ = cute.arch.grid_dim()

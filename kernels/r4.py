@@ -189,6 +189,8 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
                 D: cutlass.Constexpr, COFF: cutlass.Constexpr,
               DET: cutlass.Constexpr = False):
     WIN = COFF * R4_RATIO
+    if cutlass.const_expr(DET):  # the dAPE reduction may be scheduled now (PDL, reduce.py)
+        cute.arch.griddepcontrol_launch_dependents()
     tx, _, _ = cute.arch.thread_idx()
     bx, by, _ = cute.arch.block_idx()
     gdx, _, _ = cute.arch.grid_dim()

@@ -37,6 +37,10 @@ THREADS = WARPS * LANES
 @cute.kernel
 def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
                    zero_dape: I32):
+    # Launched as a programmatic dependent of the deterministic backward (PDL): its CTAs may
+    # be scheduled while the backward's last CTAs run; this waits until that grid has
+    # finished and its partials are visible (a no-op without a prerequisite grid).
+    cute.arch.griddepcontrol_wait()
     tx, _, _ = cute.arch.thread_idx()
     bx, _, _ = cute.arch.block_idx()
     lane = tx % LANES
@@ -69,7 +73,7 @@ def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream:
     mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((n_parts, n), stride=(n, 1)))
     _reduce_kernel(mPart2, mDApe, n_parts, n, zero_dape).launch(
         grid=(cute.ceil_div(n, LANES), 1, 1), block=(THREADS, 1, 1),
-        smem=WARPS * LANES * 4, stream=stream)
+        smem=WARPS * LANES * 4, stream=stream, use_pdl=True)
 
 
 def build_reduce(arch: str):

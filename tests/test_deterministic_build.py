@@ -55,6 +55,10 @@ def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
     det = probe.main_entry(ptx_of(compile_key(det_key)))
     assert ATOMIC.search(default), f"{key.tag}: the default kernel's dAPE atomic is gone"
     assert not ATOMIC.search(det), f"{det_key.tag}: red./atom. in the deterministic kernel"
+    # the deterministic kernel lets its reduction be scheduled early (PDL); the default has
+    # no dependent to signal
+    assert det.count("griddepcontrol.launch_dependents") == 1, det_key.tag
+    assert "griddepcontrol" not in default, key.tag
     # the same number of dAPE slots: every atomic became one 32-bit global store
     n_red = len(re.findall(r"\bred\.[\w.]*f32", default))
     n_st = lambda p: len(re.findall(r"\bst\.global(?:\.\w+)*\.b32", p))
@@ -74,6 +78,9 @@ def test_reduce_kernel_builds(arch):
 
     ptx = ptx_of(build_reduce(arch))
     assert ptx and not ATOMIC.search(ptx)
+    # launched as a programmatic dependent: it waits for the backward's grid before any load
+    assert ptx.count("griddepcontrol.wait") == 1
+    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
     assert re.search(r"\bld\.global", ptx) and re.search(r"\bst\.global", ptx)
     # WARPS chains per element, combined in a fixed order through shared memory
     assert len(re.findall(r"\bbar\.sync\b", ptx)) == 1
