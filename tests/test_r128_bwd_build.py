@@ -393,7 +393,7 @@ def test_regwin_occupancy_matches_rows_per_cta():
         gy = op.gy
         # With sm_count = gy and N = 4 * K rows, one wave of K CTAs per SM takes R = 4.
         assert rows_per_cta(4 * op.ctas_per_sm, d, coff, sched, gy) == 4, (coff, d, sched)
-        assert op.ctas_per_sm * sched.threads_x * sched.tchunks == 512
+        assert op.ctas_per_sm * sched.threads_x * sched.tchunks == sched.sm_threads
 
 
 def test_flipped_keeps_regwin():
