@@ -621,7 +621,7 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
     with torch.cuda.device(device), torch.cuda.stream(_launch_stream(device, stream)):
         dkv = alloc(kv)
         dscore = alloc(score)
-        dape = alloc(ape)
+        dape = torch.empty_like(ape)  # zeroed by the launch, or by _run_backward when N == 0
     _run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio, coff=coff,
                   rows_per_cta=None, stream=stream, deterministic=deterministic,
                   zero_dape=True)
