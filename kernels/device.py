@@ -126,6 +126,35 @@ def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
     cute.make_tensor(ptr, cute.make_layout(1))[0] = src[src_coord]
 
 
+def prefetch_l2(mSrc: cute.Tensor, coord, nbytes: int):
+    """Request the 128-byte lines of ``nbytes`` bytes from ``mSrc[coord]`` into L2 (one
+    ``prefetch.global.L2`` per line). Best-effort: it holds no register and nothing waits for
+    it, so it changes no value. (``cp.async.bulk.prefetch.L2`` of the same ranges measured
+    10-55% slower on the H200: docs/PERF_NOTES.md.)"""
+    from cutlass._mlir.dialects import llvm
+
+    addr = (mSrc.iterator + cute.crd2idx(coord, mSrc.layout)).toint()
+    lines = " ".join(f"prefetch.global.L2 [g+{off}];" for off in range(0, int(nbytes), 128))
+    llvm.inline_asm(None, [addr.ir_value()],
+                    "{ .reg .u64 g; cvta.to.global.u64 g, $0; " + lines + " }",
+                    "l", has_side_effects=True)
+
+
+@cute.jit
+def prefetch_window_l2(mScore: cute.Tensor, mKV: cute.Tensor, tok_first, k_first, col0,
+                       coff: cutlass.Constexpr, d: cutlass.Constexpr,
+                       nbytes: cutlass.Constexpr, lane, lanes):
+    """Request one ratio-128 window of a CTA into L2: score and kv of window positions k in
+    [k_first, coff*128), token ``tok_first + k``, ``nbytes`` from column ``col0`` (plus d for
+    the own half of a coff=2 window, k >= 128). Positions are spread over ``lanes`` threads."""
+    for k in cutlass.range(k_first + lane, coff * 128, lanes, unroll=1):
+        c = col0
+        if cutlass.const_expr(coff == 2):
+            c = col0 + (k // 128) * d
+        prefetch_l2(mScore, (tok_first + k, c), nbytes)
+        prefetch_l2(mKV, (tok_first + k, c), nbytes)
+
+
 ZERO_THREADS = 256  # threads per CTA of the zeroing kernel
 
 

@@ -23,6 +23,14 @@ compile-time choice (``BwdSchedule.regwin``):
   dAPE sums. 3 barriers per row; ``sched.sm_threads`` resident threads per SM (512: 128
   registers per thread, 1024: 64; capped through ``.maxntid``).
 
+Regwin options (compile-time, none changes a bit): ``keeps`` holds the row's s in fp32
+registers from pass 1 (C*vec of them) and overwrites it with e in pass 2, so passes 2 and 3
+neither reload APE nor recompute s and e (about a quarter of the instructions per element);
+with it, ``keepdp`` holds dp = go * kv (fp32) from pass 1 instead of the raw kv word, and
+``vsm`` moves the per-row shared values (chunk max, partials, 1/den, S) as vec-wide vectors;
+``l2pf`` = n requests row r + n's window slice into L2 at the start of row r
+(``prefetch.global.L2``, one per 128-byte line; nothing waits on it).
+
 After the row loop every thread adds its C * vec dAPE partials with fp32 ``red.add``.
 Window position k maps to (token, column, ape row):
 coff=1: (tok0 + k, col, k); coff=2: (tok0 - 128 + k, h * d + col, k - 128 h), h = k // 128.
@@ -57,6 +65,7 @@ from csagate.kernels.device import (
     fma_rn,
     launch_zero_f32,
     mul_rn,
+    prefetch_window_l2,
     red_add_f32,
     segment_scan,
     store_partial_f32,
@@ -116,6 +125,9 @@ class R128Bwd(R128Geometry):
             raise ValueError(f"r128 backward c{coff}d{d} {sched}: " + "; ".join(problems))
         super().__init__(d, coff, sched)
         self.regwin = sched.regwin
+        self.keeps = sched.keeps
+        self.vsm = sched.vsm
+        self.keepdp = sched.keepdp
         self.fast = sched.fastexp
         self.cols_pc = sched.threads_x * sched.vec
         self.smem_bytes = bwd_smem_bytes(coff, sched)
@@ -179,7 +191,7 @@ class R128Bwd(R128Geometry):
         half = ty // (TCH // 2) if COFF == 2 else 0
         wgrp = half * (self.d // self.vec) + col
         g = SimpleNamespace(tx=tx, ty=ty, tid=tid, col=col, k0=k0, half=half, wgrp=wgrp,
-                            ape_row0=k0 - half * RATIO)
+                            ape_row0=k0 - half * RATIO, col0=by * self.cols_pc)
         m = SimpleNamespace(kv=mKV, score=mScore, ape=mApe, cu=mCu, cuc=mCuc, go=mGO,
                             dkv=mDKV, dscore=mDScore, dape=mDApe)
         sh = self._shared(cutlass.memory.SmemAllocator())
@@ -187,6 +199,11 @@ class R128Bwd(R128Geometry):
             self._registers(sh, tid)
         nb_valid = mCuc[n_seq]
         tok_end = mCu[n_seq]
+        L2PF = self.sched.l2pf
+        if cutlass.const_expr(L2PF > 1):  # rows 1 .. L2PF-1: the row loop requests the rest
+            for i in cutlass.range_constexpr(1, L2PF):
+                if i < rows_per_cta:
+                    self._prefetch_row(m, g, n_seq, nb_valid, bx * rows_per_cta + i)
         if cutlass.const_expr(self.regwin):  # the first row's loads fly during the prologue
             if bx * rows_per_cta < nb_valid:
                 self._fetch(m, g, n_seq, bx * rows_per_cta, rScN, rKvN, rGoN, rSegN)
@@ -214,6 +231,9 @@ class R128Bwd(R128Geometry):
                 # coff=2: the previous half of a segment's first block is invalid; coff=1
                 # chunks are always valid (a Python True: the branches below fold away).
                 chunk_ok = (blk + half) > 0 if COFF == 2 else True
+                if cutlass.const_expr(L2PF > 0):
+                    if rr + L2PF < rows_per_cta:
+                        self._prefetch_row(m, g, n_seq, nb_valid, bb + L2PF)
 
                 self._pass_max(m, sh, g, tok_row0, chunk_ok, rSc, rKv, rScN, rKvN, rGoN, rM,
                                rGo)
@@ -284,8 +304,12 @@ class R128Bwd(R128Geometry):
             # Raw chunks, one register per window position: the current row and the next row
             # as loaded (packed bf16 pairs for vec 2, bf16 for vec 1).
             raw = I32 if VEC == 2 else BF16
-            rSc = cute.make_rmem_tensor((C,), raw)
-            rKv = cute.make_rmem_tensor((C,), raw)
+            # keeps: the current row's s in fp32 from pass 1 (then e, from pass 2) instead of
+            # its raw scores, so passes 2 and 3 neither reload APE nor recompute s and e.
+            rSc = (cute.make_rmem_tensor((C, VEC), F32) if self.keeps
+                   else cute.make_rmem_tensor((C,), raw))
+            rKv = (cute.make_rmem_tensor((C, VEC), F32) if self.keepdp
+                   else cute.make_rmem_tensor((C,), raw))
             rScN = cute.make_rmem_tensor((C,), raw)
             rKvN = cute.make_rmem_tensor((C,), raw)
             rGoN = cute.make_rmem_tensor((VEC,), BF16)
@@ -312,6 +336,21 @@ class R128Bwd(R128Geometry):
             grp = h * (self.d // self.vec) + col
             cute.local_tile(mDKV, (1, self.vec), (token, grp)).store(zeros)
             cute.local_tile(mDScore, (1, self.vec), (token, grp)).store(zeros)
+
+    @cute.jit
+    def _prefetch_row(self, m, g, n_seq, nb_valid, row):
+        """l2pf: request row ``row``'s window of this CTA's column slice into L2 (nothing if
+        the row is past cuc[B]); the CTA's threads share its positions."""
+        if row < nb_valid:
+            seg = segment_scan(m.cuc, row, 0, n_seq, 1, 0)
+            blk = row - m.cuc[seg]
+            k_first = I32(0)
+            if cutlass.const_expr(self.coff == 2):
+                if blk == 0:  # a segment's first block: no previous half
+                    k_first = I32(RATIO)
+            prefetch_window_l2(m.score, m.kv, m.cu[seg] + (blk - (self.coff - 1)) * RATIO,
+                               k_first, g.col0, self.coff, self.d, self.cols_pc * 2, g.tid,
+                               self.threads_x * self.tchunks)
 
     @cute.jit
     def _fetch(self, m, g, n_seq, bb, rScN, rKvN, rGoN, rSegN):
@@ -353,11 +392,22 @@ class R128Bwd(R128Geometry):
         if cutlass.const_expr(self.regwin):
             if chunk_ok:
                 for kk in cutlass.range_constexpr(self.chunk):
-                    rSc[kk] = rScN[kk]
-                    rKv[kk] = rKvN[kk]
-                    ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
-                    for j in cutlass.range_constexpr(VEC):
-                        rM[j] = cute.arch.fmax(rM[j], self._raw_f32(rSc, kk, j) + ap[j])
+                    if cutlass.const_expr(self.keeps):
+                        if cutlass.const_expr(not self.keepdp):
+                            rKv[kk] = rKvN[kk]
+                        ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+                        for j in cutlass.range_constexpr(VEC):
+                            if cutlass.const_expr(self.keepdp):  # rKv holds dp = go * kv
+                                rKv[kk, j] = mul_rn(rGo[j], self._raw_f32(rKvN, kk, j))
+                            sv = self._raw_f32(rScN, kk, j) + ap[j]
+                            rSc[kk, j] = sv
+                            rM[j] = cute.arch.fmax(rM[j], sv)
+                    else:
+                        rSc[kk] = rScN[kk]
+                        rKv[kk] = rKvN[kk]
+                        ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+                        for j in cutlass.range_constexpr(VEC):
+                            rM[j] = cute.arch.fmax(rM[j], self._raw_f32(rSc, kk, j) + ap[j])
         else:
             if chunk_ok:
                 self._stage(m, sh, g, tok_row0, rM)
@@ -366,8 +416,11 @@ class R128Bwd(R128Geometry):
                     for j in cutlass.range_constexpr(VEC):
                         sh.e[g.k0 + kk, g.tx * VEC + j] = F32(-F32.inf)
                         sh.kv[g.k0 + kk, g.tx * VEC + j] = BF16(0.0)
-        for j in cutlass.range_constexpr(VEC):
-            sh.max[g.ty, g.tx * VEC + j] = rM[j]
+        if cutlass.const_expr(self.vsm):
+            cute.local_tile(sh.max, (1, VEC), (g.ty, g.tx)).store(rM.load())
+        else:
+            for j in cutlass.range_constexpr(VEC):
+                sh.max[g.ty, g.tx * VEC + j] = rM[j]
 
     @cute.jit
     def _stage(self, m, sh, g, tok_row0, rM):
@@ -390,23 +443,43 @@ class R128Bwd(R128Geometry):
         VEC = self.vec
         if cutlass.const_expr(not self.regwin):
             gov = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load().to(F32)
-        for j in cutlass.range_constexpr(VEC):
-            if cutlass.const_expr(not self.regwin):
-                rGo[j] = gov[j]
-            mx = sh.max[0, g.tx * VEC + j]
+        if cutlass.const_expr(self.vsm):  # the same fmax order, vec columns per load
+            mx0 = cute.local_tile(sh.max, (1, VEC), (0, g.tx)).load()
+            for j in cutlass.range_constexpr(VEC):
+                rM[j] = mx0[j]
             for t in cutlass.range_constexpr(1, self.tchunks):
-                mx = cute.arch.fmax(mx, sh.max[t, g.tx * VEC + j])
-            rM[j] = mx
-            rDen[j] = F32(0.0)
-            rSp[j] = F32(0.0)
+                mxt = cute.local_tile(sh.max, (1, VEC), (t, g.tx)).load()
+                for j in cutlass.range_constexpr(VEC):
+                    rM[j] = cute.arch.fmax(rM[j], mxt[j])
+            for j in cutlass.range_constexpr(VEC):
+                rDen[j] = F32(0.0)
+                rSp[j] = F32(0.0)
+        else:
+            for j in cutlass.range_constexpr(VEC):
+                if cutlass.const_expr(not self.regwin):
+                    rGo[j] = gov[j]
+                mx = sh.max[0, g.tx * VEC + j]
+                for t in cutlass.range_constexpr(1, self.tchunks):
+                    mx = cute.arch.fmax(mx, sh.max[t, g.tx * VEC + j])
+                rM[j] = mx
+                rDen[j] = F32(0.0)
+                rSp[j] = F32(0.0)
         if cutlass.const_expr(self.regwin):
             if chunk_ok:
                 for kk in cutlass.range_constexpr(self.chunk):
-                    ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+                    if cutlass.const_expr(not self.keeps):
+                        ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
                     for j in cutlass.range_constexpr(VEC):
-                        e = exp_of(self._raw_f32(rSc, kk, j) + ap[j] - rM[j], self.fast)
+                        if cutlass.const_expr(self.keeps):
+                            e = exp_of(rSc[kk, j] - rM[j], self.fast)
+                            rSc[kk, j] = e
+                        else:
+                            e = exp_of(self._raw_f32(rSc, kk, j) + ap[j] - rM[j], self.fast)
                         rDen[j] = add_rn(rDen[j], e)
-                        dp = mul_rn(rGo[j], self._raw_f32(rKv, kk, j))
+                        if cutlass.const_expr(self.keepdp):
+                            dp = rKv[kk, j]
+                        else:
+                            dp = mul_rn(rGo[j], self._raw_f32(rKv, kk, j))
                         rSp[j] = fma_rn(dp, e, rSp[j])
             else:
                 # What the staged kernel's C steps over (e = 0, kv = 0) leave: den' = +0,
@@ -421,9 +494,13 @@ class R128Bwd(R128Geometry):
                     rDen[j] = add_rn(rDen[j], e)
                     dp = mul_rn(rGo[j], sh.kv[g.k0 + kk, g.tx * VEC + j].to(F32))
                     rSp[j] = fma_rn(dp, e, rSp[j])
-        for j in cutlass.range_constexpr(VEC):
-            sh.den_p[g.ty, g.tx * VEC + j] = rDen[j]
-            sh.s_p[g.ty, g.tx * VEC + j] = rSp[j]
+        if cutlass.const_expr(self.vsm):
+            cute.local_tile(sh.den_p, (1, VEC), (g.ty, g.tx)).store(rDen.load())
+            cute.local_tile(sh.s_p, (1, VEC), (g.ty, g.tx)).store(rSp.load())
+        else:
+            for j in cutlass.range_constexpr(VEC):
+                sh.den_p[g.ty, g.tx * VEC + j] = rDen[j]
+                sh.s_p[g.ty, g.tx * VEC + j] = rSp[j]
 
     @cute.jit
     def _merge(self, sh, g):
@@ -449,23 +526,37 @@ class R128Bwd(R128Geometry):
             for j in cutlass.range_constexpr(VEC):
                 rGo[j] = gov2[j]
         if chunk_ok:
-            for j in cutlass.range_constexpr(VEC):
-                rDen[j] = sh.den[g.tx * VEC + j]  # now 1/den
-                rSp[j] = sh.s[g.tx * VEC + j]  # now S
+            if cutlass.const_expr(self.vsm):
+                dv = cute.local_tile(sh.den, (VEC,), (g.tx,)).load()
+                sv2 = cute.local_tile(sh.s, (VEC,), (g.tx,)).load()
+                for j in cutlass.range_constexpr(VEC):
+                    rDen[j] = dv[j]  # now 1/den
+                    rSp[j] = sv2[j]  # now S
+            else:
+                for j in cutlass.range_constexpr(VEC):
+                    rDen[j] = sh.den[g.tx * VEC + j]  # now 1/den
+                    rSp[j] = sh.s[g.tx * VEC + j]  # now S
             for kk in cutlass.range_constexpr(self.chunk):
                 if cutlass.const_expr(self.regwin):
-                    ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
-                    kv = _opaque(rKv[kk]) if VEC == 2 else rKv[kk]
+                    if cutlass.const_expr(not self.keeps):
+                        ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+                    if cutlass.const_expr(not self.keepdp):
+                        kv = _opaque(rKv[kk]) if VEC == 2 else rKv[kk]
                 for j in cutlass.range_constexpr(VEC):
-                    if cutlass.const_expr(self.regwin):
+                    if cutlass.const_expr(self.keeps):
+                        e = rSc[kk, j]  # kept from pass 2
+                    elif cutlass.const_expr(self.regwin):
                         e = exp_of(self._raw_f32(rSc, kk, j) + ap[j] - rM[j], self.fast)
                     else:
                         e = sh.e[g.k0 + kk, g.tx * VEC + j]
                         u = sh.kv[g.k0 + kk, g.tx * VEC + j].to(F32)
                     p = mul_rn(e, rDen[j])
-                    if cutlass.const_expr(self.regwin):
-                        u = _raw_word_f32(kv, j, VEC)
-                    dp = mul_rn(rGo[j], u)
+                    if cutlass.const_expr(self.keepdp):
+                        dp = rKv[kk, j]
+                    else:
+                        if cutlass.const_expr(self.regwin):
+                            u = _raw_word_f32(kv, j, VEC)
+                        dp = mul_rn(rGo[j], u)
                     ds = fma_rn(p, -rSp[j], mul_rn(dp, p))
                     rK[0, j] = mul_rn(rGo[j], p)
                     rS[0, j] = ds
@@ -483,6 +574,7 @@ class R128Bwd(R128Geometry):
         """Sum one fp32 dScore into the thread's dAPE slot i."""
         rDApe[self._dape_slot(g, i)] = add_rn(rDApe[self._dape_slot(g, i)], ds)
 
+    @cute.jit
     def _dape_epilogue(self, m, g, rDApe):
         """One fp32 atomic per (window position, column); chunks that never ran add 0.
         regwin: the barrier is not needed for the thread-private sums; it keeps the compiler
@@ -491,18 +583,33 @@ class R128Bwd(R128Geometry):
         (gx*RATIO, W) partials buffer ``m.dape`` points at: the (ty, tx, j, kk) of the CTAs
         (bx, *) cover every (window position, column) exactly once, as the atomics do, so
         every slot of slice bx is written once (zeros for chunks that never ran)."""
-        if self.regwin:
+        if cutlass.const_expr(self.regwin):
             cute.arch.sync_threads()
         if cutlass.const_expr(self.sched.deterministic):
             bx, _, _ = cute.arch.block_idx()
-        for kk in range(self.chunk):
-            for j in range(self.vec):
-                coord = (g.ape_row0 + kk, g.wgrp * self.vec + j)
-                slot = self._dape_slot(g, kk * self.vec + j)
-                if cutlass.const_expr(self.sched.deterministic):
-                    store_partial_f32(m.dape, bx, coord, rDApe, slot)
-                else:
-                    red_add_f32(m.dape, coord, rDApe, slot)
+            # keeps at the 128-register cap (C*vec = 32; sums in shared memory): a loop over the
+            # window positions, rolled for coff=1 and unrolled for coff=2 (ptxas spilled 8-24 B
+            # in the other form of each: c1d512, c2d*; measured, both arches)
+            if cutlass.const_expr(self.keeps and self.coff == 1
+                                  and self.chunk * self.vec >= 32):
+                for kk in cutlass.range(self.chunk, unroll=1):
+                    self._store_partials(m, g, rDApe, bx, kk)
+            else:
+                for kk in cutlass.range_constexpr(self.chunk):
+                    self._store_partials(m, g, rDApe, bx, kk)
+        else:
+            for kk in cutlass.range_constexpr(self.chunk):
+                for j in cutlass.range_constexpr(self.vec):
+                    coord = (g.ape_row0 + kk, g.wgrp * self.vec + j)
+                    red_add_f32(m.dape, coord, rDApe, self._dape_slot(g, kk * self.vec + j))
+
+
+    @cute.jit
+    def _store_partials(self, m, g, rDApe, bx, kk):
+        """Deterministic: window position kk's vec dAPE sums into CTA bx's partials slice."""
+        for j in cutlass.range_constexpr(self.vec):
+            store_partial_f32(m.dape, bx, (g.ape_row0 + kk, g.wgrp * self.vec + j), rDApe,
+                              self._dape_slot(g, kk * self.vec + j))
 
 
 def fake_args(d: int, coff: int):

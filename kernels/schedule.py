@@ -41,6 +41,8 @@ REGWIN_MAX_CHUNK = 16
 # live (about 4 registers per column-slot). 16 (v2u8, v4u4, v8u2) stays near 128 registers; 32
 # (v4u8, v8u4) takes 150-200 and ptxas spills to reach an occupancy step (v8u8: 255 + spills).
 PREFETCH_RING_MAX = 16
+# The backward's L2 prefetch distances, in rows (0: none); BwdSchedule.l2pf.
+BWD_L2PF = (0, 1, 2, 3)
 
 
 def config_name(coff: int, d: int) -> str:
@@ -90,13 +92,30 @@ class BwdSchedule:
     # .maxntid = 65536 / sm_threads registers, and schedule.rows_per_cta's grid): 512 (128
     # registers, 16 warps per SM) or 1024 (64 registers, 32 warps: more latency hidden).
     sm_threads: int = REGWIN_THREADS_PER_SM
+    # L2 prefetch distance in rows (0: off): at the start of its row r, a CTA requests the
+    # window of its row r + l2pf (score and kv of its column slice) into L2
+    # (cp.async.bulk.prefetch), so the row's loads, issued about l2pf rows later, hit L2.
+    l2pf: int = 0
+    # regwin only: the current row's s = f32(score) + APE kept in fp32 registers from the max
+    # pass (then e, from the partials pass), instead of recomputing s (an APE load) in pass 2
+    # and s and e in pass 3: C*vec more registers, about 10 fewer instructions per element.
+    keeps: bool = False
+    # keeps only: the per-row shared values (chunk max, den' and S' partials, 1/den and S)
+    # moved as vec-wide vectors, one shared access for a thread's vec columns.
+    vsm: bool = False
+    # keeps only: dp = go * kv kept in fp32 from pass 1 instead of the raw kv word, so passes 2
+    # and 3 neither unpack kv nor multiply by go again (C*vec registers instead of C).
+    keepdp: bool = False
 
     @property
     def tag(self) -> str:
         rw = "_rw" + ("" if self.sm_threads == REGWIN_THREADS_PER_SM else "1k")
         return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
                 + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else "")
-                + (rw if self.regwin else "") + ("_det" if self.deterministic else ""))
+                + (rw if self.regwin else "") + ("_ks" if self.keeps else "")
+                + ("_vsm" if self.vsm else "") + ("_kdp" if self.keepdp else "")
+                + (f"_l2p{self.l2pf}" if self.l2pf else "")
+                + ("_det" if self.deterministic else ""))
 
     def astuple(self) -> tuple:
         """The upstream 5-tuple (vec, tchunks, threads_x, fastexp, goreuse)."""
@@ -170,6 +189,13 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
     if isinstance(sched, BwdSchedule):
         if sched.vec > 2:
             out.append(f"the backward has no vec={sched.vec} form")
+        if (sched.vsm or sched.keepdp) and not sched.keeps:
+            out.append("vsm and keepdp are options of keeps (the register window keeping s)")
+        if sched.keeps and not sched.regwin:
+            out.append("keeps is a register-window option (staged kernels keep s in shared "
+                       "memory already)")
+        if sched.l2pf not in BWD_L2PF:
+            out.append(f"l2pf={sched.l2pf}: an L2 prefetch distance in rows, one of {BWD_L2PF}")
         if sched.sm_threads not in REGWIN_SM_THREADS or (
                 not sched.regwin and sched.sm_threads != REGWIN_THREADS_PER_SM):
             out.append(f"sm_threads={sched.sm_threads}: a regwin target in "
@@ -298,19 +324,30 @@ BWD_SMALL_H200 = {
     # 1x8192: 8.58 -> 7.34 / 8.60 -> 7.33 (+14.6%): tchunks 16, fast exp; cold sweep
     # (v1t16x32_fexp_gor ->): 10.5 -> 10.1 / 10.4 -> 10.1 cold us (+3.8%): register window
     (1, 128): BwdSchedule(1, 16, 32, True, True, regwin=True),
-    # 1x8192: 12.78 -> 10.57 / 12.78 -> 10.55 (+17.3%): register window
-    (2, 128): BwdSchedule(1, 16, 32, True, True, regwin=True),
+    # 1x8192: 12.78 -> 10.57 / 12.78 -> 10.55 (+17.3%): register window; 2026-12-01 cold
+    # (v1t16x32_fexp_gor_rw ->): 14.2 -> 13.0 / 14.1 -> 12.9 cold us (+8.6%): s kept
+    (2, 128): BwdSchedule(1, 16, 32, True, True, regwin=True, keeps=True),
 }
 BWD_DEFAULT_H200 = {
     # 1x131072: 94.75 -> 58.36 / 94.34 -> 57.68 (+38.6%) with goreuse; goreuse alone is a
-    # tie (A/B on the shipped table: 57.04 -> 57.23 / 57.40 -> 57.59, noise 0.6%): off
-    (1, 128): BwdSchedule(2, 16, 32, True, False, regwin=True),
-    # 1x65536: 78.20 -> 59.39 / 78.18 -> 59.44 (+24.0%)
-    (2, 128): BwdSchedule(2, 16, 32, True, True, regwin=True),
-    # 1x65536: 129.84 -> 113.46 / 129.78 -> 113.32 (+12.6%); goreuse off
-    (1, 512): BwdSchedule(2, 8, 32, True, False, regwin=True),
-    # 1x65536: 256.42 -> 223.65 / 256.41 -> 223.72 (+12.8%)
-    (2, 512): BwdSchedule(2, 16, 32, True, True, regwin=True),
+    # tie (A/B on the shipped table: 57.04 -> 57.23 / 57.40 -> 57.59, noise 0.6%): off.
+    # 2026-12-01 cold (v2t16x32_fexp_rw ->): 61.0 -> 56.9 / 60.8 -> 56.9 cold us (+6.5%): s kept;
+    # then 56.8 -> 52.7 / 57.3 -> 52.1 (+8%): vector shared accesses
+    (1, 128): BwdSchedule(2, 16, 32, True, False, regwin=True, keeps=True, vsm=True),
+    # 1x65536: 78.20 -> 59.39 / 78.18 -> 59.44 (+24.0%); 2026-12-01 cold
+    # (v2t16x32_fexp_gor_rw ->): 61.6 -> 54.3 / 61.5 -> 54.4 cold us (+11.7%): s kept, and
+    # goreuse off (with both, ptxas spills at 128 registers); then 54.8 -> 53.6 / 54.7 ->
+    # 53.6 (+2.1%): dp kept
+    (2, 128): BwdSchedule(2, 16, 32, True, False, regwin=True, keeps=True, keepdp=True),
+    # 1x65536: 129.84 -> 113.46 / 129.78 -> 113.32 (+12.6%); goreuse off; 2026-12-01 cold
+    # (v2t8x32_fexp_rw ->): 115.8 -> 92.0 / 116.3 -> 92.4 cold us (+20.5%): s kept; then
+    # 92.1 -> 89.6 / 92.3 -> 89.3 (+3%): dp kept
+    (1, 512): BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, keepdp=True),
+    # 1x65536: 256.42 -> 223.65 / 256.41 -> 223.72 (+12.8%); 2026-12-01 cold
+    # (v2t16x32_fexp_gor_rw ->): 220.3 -> 181.8 / 220.6 -> 181.8 cold us (+17.5%): s kept,
+    # goreuse off (with both, ptxas spills at 128 registers); then 182.2 -> 175.9 / 182.2 ->
+    # 175.8 (+3.5%; 1x131072: 353.6 -> 339.0 / 353.7 -> 339.2, +4.2%): dp kept
+    (2, 512): BwdSchedule(2, 16, 32, True, False, regwin=True, keeps=True, keepdp=True),
 }
 
 UPSTREAM_ARCH = "sm_100a"

@@ -464,20 +464,27 @@ def _geometries(direction: str, coff: int, d: int, base):
                 for rw, sm in [(False, S.REGWIN_THREADS_PER_SM)] + [
                         (True, t) for t in S.REGWIN_SM_THREADS]:
                     out.append(replace(base, vec=vec, tchunks=tch, regwin=rw, sm_threads=sm,
+                                       keeps=base.keeps and rw, vsm=base.vsm and rw,
+                                       keepdp=base.keepdp and rw,
                                        threads_x=S.threads_x_for(d, vec)))
     return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
 
 
 def _flag_variants(direction: str, coff: int, d: int, sched):
-    """Stage 2: every boolean field flipped, and (forward) the other unrolls."""
+    """Stage 2: every boolean field flipped, and (forward) the other unrolls, (backward) keeps
+    with goreuse flipped too (the pair that fits 128 registers; keeps off drops its options)
+    and the L2 prefetch on/off."""
     names = (("twophase", "fastexp", "prefetch", "oneexp") if direction == "fwd"
-             else ("fastexp", "goreuse"))
+             else ("fastexp", "goreuse", "keeps", "vsm", "keepdp"))
     out = [_flip(sched, n) for n in names]
     if direction == "fwd":
         out += [replace(sched, unroll=u) for u in (2, 8) if u != sched.unroll]
         out += [_flip(_flip(sched, "twophase"), "fastexp")]
     else:
-        out += [_flip(_flip(sched, "fastexp"), "goreuse")]
+        out += [_flip(_flip(sched, "fastexp"), "goreuse"),
+                replace(sched, keeps=not sched.keeps, goreuse=sched.keeps, vsm=False,
+                        keepdp=False),
+                replace(sched, l2pf=0 if sched.l2pf else 1)]
     return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
 
 

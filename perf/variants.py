@@ -2,9 +2,10 @@
 
 Forward: every arch's table kernels plus the tuning variants (vec 8, unroll, prefetch,
 one-exp) that the H200 sweep explores. Backward: the staged table kernels and the register-
-window schedules (both coffs, d 128 and 512, vec 1 and 2, both fastexp values) plus the
-tables' own regwin kernels. Shared by the CPU build tests, the GPU contract tests and
-``ptx_hashes``, so they cannot drift apart. Pure Python (no cutlass, no torch).
+window schedules (both coffs, d 128 and 512, vec 1 and 2, both fastexp values, s kept or
+recomputed, with and without the L2 prefetch) plus the tables' own regwin kernels. Shared by
+the CPU build tests, the GPU contract tests and ``ptx_hashes``, so they cannot drift apart.
+Pure Python (no cutlass, no torch).
 """
 
 from __future__ import annotations
@@ -55,5 +56,15 @@ BWD_REGWIN += [
     ((1, 128), BwdSchedule(2, 32, 32, True, False, True, sm_threads=1024)),
     ((2, 128), BwdSchedule(1, 32, 32, True, True, True, sm_threads=1024)),
     ((2, 512), BwdSchedule(2, 32, 32, True, True, True, sm_threads=1024)),
+]
+# s kept in registers (keeps) with an L2 prefetch of the rows ahead (l2pf; 2 also takes the
+# prologue's prefetch), the 512-thread window the sm_90a tables shipped before keeps, keeps
+# with both of its options, and keeps alone at C*vec = 32.
+BWD_REGWIN += [
+    ((1, 512), BwdSchedule(2, 8, 32, True, False, True, keeps=True, l2pf=1)),
+    ((2, 128), BwdSchedule(1, 16, 32, True, True, True, l2pf=2)),
+    ((1, 128), BwdSchedule(2, 16, 32, True, False, True)),
+    ((1, 128), BwdSchedule(2, 16, 32, True, False, True, keeps=True, vsm=True, keepdp=True)),
+    ((2, 512), BwdSchedule(2, 16, 32, True, False, True, keeps=True)),
 ]
 BWD_REGWIN += [(cfg, s) for cfg, s in _BWD_TABLE if s.regwin and (cfg, s) not in BWD_REGWIN]

@@ -3,8 +3,10 @@ with 0 spill / 0 stack, and its PTX carries the facts the design relies on.
 
 No GPU needed. 28 compiles of the staged kernel: the 6 selectable schedules on both arches,
 each with goreuse flipped, and fastexp flipped for the two c1d128 schedules (one of each
-fastexp value). 16 compiles of the regwin kernel: 4 schedules (both coffs, d 128 and 512,
-vec 1 and 2, both fastexp values) with goreuse on and off, on both arches.
+fastexp value). The regwin kernels of ``perf.variants.BWD_REGWIN`` (both coffs, d 128 and
+512, vec 1 and 2, both fastexp values, 512 and 1024 threads per SM, keeps and its options,
+the L2 prefetch, and the tables' own) with goreuse on and off (keeps kernels: as listed), on
+both arches.
 """
 
 from __future__ import annotations
@@ -58,8 +60,12 @@ IDS = [f"c{c}d{d}-{s.tag}-{a}-{why}" for c, d, s, a, why in VARIANTS]
 
 
 REGWIN = BWD_REGWIN
+# goreuse flipped too, except with keeps: keeps fits 128 registers at C*vec = 32 only with
+# goreuse off (the tables pair them that way); test_regwin_goreuse_loads_grad_out_once still
+# builds both.
 REGWIN_VARIANTS = [(c, d, _flip(s, goreuse=g), a)
-                   for a in ARCHES for (c, d), s in REGWIN for g in (s.goreuse, not s.goreuse)]
+                   for a in ARCHES for (c, d), s in REGWIN
+                   for g in ((s.goreuse,) if s.keeps else (s.goreuse, not s.goreuse))]
 REGWIN_IDS = [f"c{c}d{d}-{s.tag}-{a}" for c, d, s, a in REGWIN_VARIANTS]
 
 
@@ -342,13 +348,25 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
     assert len(re.findall(r"\b(?:rcp\.rn\.f32|div\.rn\.f32)", ptx)) == 2
     assert not re.search(r"\bdiv\.(?:approx|full)\.f32", ptx)
     assert re.search(r"cvt\.rn\.bf16(?:x2)?\.f32", ptx)
-    # e is computed in the exp pass and again in the gradient pass: 2*C*vec exps, fast
-    # (mul.rn, fma.rn LO, ex2) or accurate (fma.rm range reduction), per the field.
+    # e is computed in the exp pass and again in the gradient pass (keeps: once, kept from the
+    # exp pass): 2*C*vec or C*vec exps, fast (mul.rn, fma.rn LO, ex2) or accurate (fma.rm
+    # range reduction), per the field.
     n_ex2 = len(re.findall(r"\bex2\.approx\.ftz\.f32\b", ptx))
     n_lo = len(re.findall(r"\bfma\.rn\.f32\s+%r\d+, %r\d+, 0f32A57060, %r\d+;", ptx))
     n_rm = len(re.findall(r"\bfma\.rm\.f32\b", ptx))
-    assert n_ex2 == 2 * cv and n_lo == n_ex2, f"ex2={n_ex2} LO-fma={n_lo}, expected {2 * cv}"
+    exps = cv if sched.keeps else 2 * cv
+    assert n_ex2 == exps and n_lo == n_ex2, f"ex2={n_ex2} LO-fma={n_lo}, expected {exps}"
     assert n_rm == (0 if sched.fastexp else n_ex2), f"fma.rm={n_rm} (fastexp={sched.fastexp})"
+    # APE is loaded in each of the three passes, or once with keeps: C loads a pass (at vec 2
+    # its fp32 pair is the only 2 x 32-bit load; at vec 1 it shares ld.global.b32 with cu/cuc).
+    if sched.vec == 2:
+        n_ape = len(re.findall(r"\bld\.global(?:\.nc)?\.v2\.b32\b", ptx))
+        assert n_ape == chunk * (1 if sched.keeps else 3), f"{n_ape} APE loads, C={chunk}"
+    # l2pf = n: one prefetch site per array in the row loop and n - 1 in the prologue, each a
+    # prefetch.global.L2 per 128-byte line of the CTA's column slice.
+    lines = -(-sched.threads_x * sched.vec * 2 // 128)
+    n_pf = len(re.findall(r"\bprefetch\.global\.L2\b", ptx))
+    assert n_pf == 2 * lines * sched.l2pf, f"{n_pf} L2 prefetches (l2pf={sched.l2pf})"
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -34,9 +34,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool,
-        sm_threads: int = 512):
+        sm_threads: int = 512, **kw):
     return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True,
-                                  sm_threads=sm_threads)
+                                  sm_threads=sm_threads, **kw)
 
 
 # regwin: both coffs, d 128 and 512, vec 1 and 2, fastexp and goreuse both ways.
@@ -49,6 +49,14 @@ REGWIN = [
     # 1024 resident threads per SM (64 registers): two 512-thread CTAs, one 1024-thread CTA
     _rw(1, 128, 1, 16, True, True, 1024),
     _rw(2, 512, 2, 32, True, True, 1024),
+    # s kept in registers (keeps), and the L2 prefetch of the rows ahead (l2pf)
+    _rw(1, 128, 2, 16, True, False, keeps=True),
+    _rw(2, 512, 2, 16, True, False, keeps=True),
+    _rw(2, 128, 1, 16, True, True, keeps=True),
+    _rw(1, 512, 2, 8, True, False, keeps=True, l2pf=1),
+    _rw(1, 128, 2, 16, True, False, keeps=True, vsm=True, keepdp=True),
+    _rw(2, 128, 1, 16, True, True, keeps=True, keepdp=True),  # vec 1
+    _rw(2, 128, 1, 16, True, True, l2pf=2),
 ]
 REGWIN_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in REGWIN]
 KERNELS = sorted(selectable_any("bwd"), key=lambda cs: (cs[0], cs[1].astuple())) + REGWIN
@@ -214,7 +222,9 @@ def test_regwin_matches_staged_bitwise(cfg, sched):
     pipelined across 3 rows per CTA): dKV and dScore bit for bit."""
     coff, d = cfg
     pack, go, ref32, _, _ = edge_case(coff, d)
-    staged = dataclasses.replace(sched, regwin=False, sm_threads=512)  # staged: the default
+    # staged: the default occupancy, s in shared memory (keeps is a register-window option)
+    staged = dataclasses.replace(sched, regwin=False, sm_threads=512, keeps=False, vsm=False,
+                                 keepdp=False)
     a = run_fused(coff, d, staged, pack, go, fill=float("nan"))
     b = run_fused(coff, d, sched, pack, go, fill=float("nan"), rows_per_cta=3)
     for i, name in enumerate(("dkv", "dscore")):
