@@ -8,6 +8,7 @@ Semantics: docs/CONTRACT.md sections 1-2; the exp forms: docs/KERNELS.md section
 from __future__ import annotations
 
 from csagate.kernels._dsl import cute_modules
+from csagate.kernels.schedule import RATIO
 
 cutlass, cute = cute_modules()
 
@@ -145,12 +146,13 @@ def prefetch_window_l2(mScore: cute.Tensor, mKV: cute.Tensor, tok_first, k_first
                        coff: cutlass.Constexpr, d: cutlass.Constexpr,
                        nbytes: cutlass.Constexpr, lane, lanes):
     """Request one ratio-128 window of a CTA into L2: score and kv of window positions k in
-    [k_first, coff*128), token ``tok_first + k``, ``nbytes`` from column ``col0`` (plus d for
-    the own half of a coff=2 window, k >= 128). Positions are spread over ``lanes`` threads."""
-    for k in cutlass.range(k_first + lane, coff * 128, lanes, unroll=1):
+    [k_first, coff*RATIO), token ``tok_first + k``, ``nbytes`` from column ``col0`` (plus d
+    for the own half of a coff=2 window, k >= RATIO). Positions are spread over ``lanes``
+    threads."""
+    for k in cutlass.range(k_first + lane, coff * RATIO, lanes, unroll=1):
         c = col0
         if cutlass.const_expr(coff == 2):
-            c = col0 + (k // 128) * d
+            c = col0 + (k // RATIO) * d
         prefetch_l2(mScore, (tok_first + k, c), nbytes)
         prefetch_l2(mKV, (tok_first + k, c), nbytes)
 
