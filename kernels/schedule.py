@@ -322,8 +322,10 @@ FWD_LARGE_H200 = {
 }
 BWD_SMALL_H200 = {
     # 1x8192: 8.58 -> 7.34 / 8.60 -> 7.33 (+14.6%): tchunks 16, fast exp; cold sweep
-    # (v1t16x32_fexp_gor ->): 10.5 -> 10.1 / 10.4 -> 10.1 cold us (+3.8%): register window
-    (1, 128): BwdSchedule(1, 16, 32, True, True, regwin=True),
+    # (v1t16x32_fexp_gor ->): 10.5 -> 10.1 / 10.4 -> 10.1 cold us (+3.8%): register window;
+    # sweep 5 (v1t16x32_fexp_gor_rw ->): 10.3 -> 10.1 / 10.2 -> 10.1 cold us (+1.7/+1.3%): s
+    # kept, goreuse off (with goreuse: +1.1/+0.3%, within noise)
+    (1, 128): BwdSchedule(1, 16, 32, True, False, regwin=True, keeps=True),
     # 1x8192: 12.78 -> 10.57 / 12.78 -> 10.55 (+17.3%): register window; 2026-12-01 cold
     # (v1t16x32_fexp_gor_rw ->): 14.2 -> 13.0 / 14.1 -> 12.9 cold us (+8.6%): s kept
     (2, 128): BwdSchedule(1, 16, 32, True, True, regwin=True, keeps=True),
@@ -332,8 +334,10 @@ BWD_DEFAULT_H200 = {
     # 1x131072: 94.75 -> 58.36 / 94.34 -> 57.68 (+38.6%) with goreuse; goreuse alone is a
     # tie (A/B on the shipped table: 57.04 -> 57.23 / 57.40 -> 57.59, noise 0.6%): off.
     # 2026-12-01 cold (v2t16x32_fexp_rw ->): 61.0 -> 56.9 / 60.8 -> 56.9 cold us (+6.5%): s kept;
-    # then 56.8 -> 52.7 / 57.3 -> 52.1 (+8%): vector shared accesses
-    (1, 128): BwdSchedule(2, 16, 32, True, False, regwin=True, keeps=True, vsm=True),
+    # then 56.8 -> 52.7 / 57.3 -> 52.1 (+8%): vector shared accesses; sweep 5
+    # (v2t16x32_fexp_rw_ks_vsm ->): 54.0 -> 51.4 / 54.0 -> 51.6 cold us (+4.8/+4.5%): tchunks
+    # 8, dp kept (the sweep's _l2p1 form ties it, and its deterministic form spills)
+    (1, 128): BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, vsm=True, keepdp=True),
     # 1x65536: 78.20 -> 59.39 / 78.18 -> 59.44 (+24.0%); 2026-12-01 cold
     # (v2t16x32_fexp_gor_rw ->): 61.6 -> 54.3 / 61.5 -> 54.4 cold us (+11.7%): s kept, and
     # goreuse off (with both, ptxas spills at 128 registers); then 54.8 -> 53.6 / 54.7 ->

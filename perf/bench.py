@@ -532,6 +532,25 @@ def _tolerance_ok(got: torch.Tensor, ref: torch.Tensor) -> bool:
                             allowed=checks.count_allowance(got.numel())).ok
 
 
+def probe_problem(direction: str, coff: int, d: int, sched, arch: str, ptx_dir, ptxas: str
+                  ) -> str:
+    """Why ptxas refuses a sweep candidate ("" when it is clean: 0 spill, 0 stack). A backward
+    entry ships its deterministic form too (the api derives it from the table's entry), so that
+    form must be clean as well."""
+    from csagate.kernels.cache import make_key
+    from csagate.perf import probe
+
+    row = probe.probe_one(make_key(direction, 128, coff, d, sched, arch), ptx_dir, ptxas)
+    if not row.clean:
+        return f"probe: {row.note}"
+    if direction == "bwd" and not sched.deterministic:
+        det = replace(sched, deterministic=True)
+        row = probe.probe_one(make_key(direction, 128, coff, d, det, arch), ptx_dir, ptxas)
+        if not row.clean:
+            return f"probe (deterministic form): {row.note}"
+    return ""
+
+
 def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
                  quick_iters: int = 15, iters: int = 60, warmup: int = 10,
                  flush: L2Flush | None = None,
@@ -544,7 +563,6 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
     from pathlib import Path
 
     from csagate.kernels._dsl import device_arch
-    from csagate.kernels.cache import make_key
     from csagate.perf import probe
     from csagate.reference import backward as ref_backward
 
@@ -566,9 +584,9 @@ def sweep_bucket(direction: str, coff: int, d: int, bucket: str, tokens: int, *,
             progress(f"{direction} c{coff}d{d} {bucket}: {sched.tag}")
         try:
             launch = schedule_launcher(direction, pack, go, sched)
-            row = probe.probe_one(make_key(direction, 128, coff, d, sched, arch), ptx_dir, ptxas)
-            if not row.clean:
-                cand.note = f"probe: {row.note}"
+            problem = probe_problem(direction, coff, d, sched, arch, ptx_dir, ptxas)
+            if problem:
+                cand.note = problem
                 return cand
             if direction == "bwd":
                 launch.buffers[2].zero_()

@@ -67,4 +67,10 @@ BWD_REGWIN += [
     ((1, 128), BwdSchedule(2, 16, 32, True, False, True, keeps=True, vsm=True, keepdp=True)),
     ((2, 512), BwdSchedule(2, 16, 32, True, False, True, keeps=True)),
 ]
+# the c1d128 sm_90a entries that sweep 5 replaced: small (vec 1, goreuse, no keeps) and
+# default (keeps with vsm at tchunks 16)
+BWD_REGWIN += [
+    ((1, 128), BwdSchedule(1, 16, 32, True, True, True)),
+    ((1, 128), BwdSchedule(2, 16, 32, True, False, True, keeps=True, vsm=True)),
+]
 BWD_REGWIN += [(cfg, s) for cfg, s in _BWD_TABLE if s.regwin and (cfg, s) not in BWD_REGWIN]

@@ -92,3 +92,25 @@ def test_reduce_kernel_builds(arch):
     assert len(re.findall(r"\bbar\.sync\b", ptx)) == 1
     assert len(re.findall(r"\bld\.shared", ptx)) == WARPS
     assert not re.search(r"\bfma\.", ptx), "sums must not contract into FMAs"
+
+
+def test_sweep_refuses_a_candidate_whose_deterministic_form_spills():
+    """The sweep's probe step (perf.bench.probe_problem) judges a backward candidate by its
+    deterministic form too: the api derives that form from whatever the table ships. The c1d128
+    tchunks-8 keeps/vsm kernel with an L2 prefetch is clean itself, and its deterministic form
+    spills at the 128-register cap (sweep 5 on the H200 ranked it first); with keepdp instead
+    of the prefetch both forms are clean."""
+    from csagate.perf import bench, probe
+
+    try:
+        ptxas = probe.find_ptxas()
+    except probe.PtxasNotFound:
+        pytest.skip("no ptxas")
+    spills = S.BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, vsm=True, l2pf=1)
+    clean = dataclasses.replace(spills, l2pf=0, keepdp=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        own = probe.probe_one(make_key("bwd", 128, 1, 128, spills, "sm_90a"), Path(tmp), ptxas)
+        assert own.clean, own  # the kernel itself would pass a probe of the default form only
+        note = bench.probe_problem("bwd", 1, 128, spills, "sm_90a", Path(tmp), ptxas)
+        assert note.startswith("probe (deterministic form): spills"), note
+        assert bench.probe_problem("bwd", 1, 128, clean, "sm_90a", Path(tmp), ptxas) == ""
