@@ -106,10 +106,11 @@ ALIGN_DATA = 16   # bf16/fp32 base pointers: the vector accesses need 16 B (chec
 ALIGN_INDEX = 4   # int32 offsets
 
 
-def sym():
-    """A fresh symbolic extent; the same object in two fake tensors ties their extents."""
+def sym(divisibility: int = 1):
+    """A fresh symbolic extent (a multiple of ``divisibility``: a contract the compiled
+    function checks at each call); the same object in two fake tensors ties their extents."""
     _, cute = cute_modules()
-    return cute.sym_int()
+    return cute.sym_int(divisibility=divisibility)
 
 
 def fake_rows(dtype, rows, width: int, align: int = ALIGN_DATA):

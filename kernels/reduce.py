@@ -8,15 +8,22 @@ then sums the gx slices of each element in an order fixed by the code, in round-
 fp32, and adds the sum to ``dape`` (which keeps the backward's accumulate-into-dape contract)
 or, with ``zero_dape``, to +0.0 (the bits a zeroed dape would get, without zeroing it first):
 
-* a CTA owns 32 consecutive elements; its warp ``w`` (of ``WARPS``) sums the slices
-  ``b = w, w + WARPS, w + 2*WARPS, ...`` in ascending order, one lane per element (each load
-  instruction reads 128 contiguous bytes);
+* a CTA owns ``LANES * VEC`` = 128 consecutive elements, ``VEC`` = 4 per lane; its warp ``w``
+  (of ``WARPS``) sums the slices ``b = w, w + WARPS, w + 2*WARPS, ...`` in ascending order
+  (one 16-byte load per lane and slice: a warp reads 512 contiguous bytes), issuing the
+  loads of ``DEPTHS[0]`` slices together before adding them in order;
 * the ``WARPS`` sums of an element are then added in ascending ``w`` through shared memory.
+
+The element count ``ratio * W`` is a multiple of 4 for both ratios, which the compiled
+function requires (a symbolic extent divisible by 4), so every slice starts 16-byte aligned.
 
 The order depends on gx alone, not on scheduling, so dAPE is bitwise identical run to run.
 ``WARPS`` independent chains per element (instead of one chain of gx dependent loads) keep the
-pass short at the d=128 configs, where it is most of the deterministic mode's cost (measured
-on the H200: docs/PERF_NOTES.md). Compiled once per arch (no GPU needed), cached per device.
+pass short at the d=128 configs, where it is most of the deterministic mode's cost; ``VEC``
+elements per lane (instead of one) put four times the bytes in flight per load and a quarter
+of the CTAs in the grid (one wave at every shipped shape), with each element's sum in the same
+order, so the same bits (measured on the H200: docs/PERF_NOTES.md). Compiled once per arch
+(no GPU needed), cached per device.
 """
 
 from __future__ import annotations
@@ -30,13 +37,16 @@ from csagate.kernels.device import F32, I32, add_rn
 cutlass, cute = cute_modules()
 
 WARPS = 8           # slice chains per element
-LANES = 32          # elements per CTA (one per lane)
+LANES = 32          # lanes of a warp, each owning VEC consecutive elements
+VEC = 4             # elements per lane (one 16-byte load per slice)
 THREADS = WARPS * LANES
+SPAN = LANES * VEC  # elements per CTA
+DEPTHS = (4,)       # slice loads a lane issues together (groups of 8 then 4 measured slower)
 
 
 @cute.kernel
 def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
-                   zero_dape: I32):
+                   zero_dape: I32, depths: cutlass.Constexpr):
     # Launched as a programmatic dependent of the deterministic backward (PDL): its CTAs may
     # be scheduled while the backward's last CTAs run; this waits until that grid has
     # finished and its partials are visible (a no-op without a prerequisite grid).
@@ -45,41 +55,70 @@ def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
     bx, _, _ = cute.arch.block_idx()
     lane = tx % LANES
     w = tx // LANES
-    i = bx * LANES + lane
+    q = bx * LANES + lane  # this lane's group of VEC elements: [q*VEC, q*VEC + VEC)
     smem = cutlass.memory.SmemAllocator()
-    sums = smem.allocate_tensor(F32, cute.make_layout((WARPS, LANES), stride=(LANES, 1)),
+    sums = smem.allocate_tensor(F32, cute.make_layout((WARPS, SPAN), stride=(SPAN, 1)),
                                 byte_alignment=16)
-    acc = F32(0.0)
-    if i < n:
-        for b in cutlass.range(w, n_parts, WARPS, unroll=4):
-            acc = add_rn(acc, mPart[b, i])
-    sums[w, lane] = acc
+    acc = cute.make_rmem_tensor((1, VEC), F32)
+    acc.fill(0.0)
+    if q * VEC < n:  # n is a multiple of VEC: a group is wholly in range or wholly out
+        # this warp's slices b = w + j*WARPS, j < m, in ascending j: loads issued together
+        # in groups of depths[0], then depths[1], ..., then one at a time, each group's loads
+        # added in order after all of them were issued (a load never waits on an add)
+        m = (n_parts - w + WARPS - 1) // WARPS
+        start = I32(0)
+        for depth in depths:
+            groups = (m - start) // depth
+            for g in cutlass.range(groups, unroll=1):
+                j0 = start + g * depth
+                vs = [cute.local_tile(mPart, (1, VEC), (w + (j0 + t) * WARPS, q)).load()
+                      for t in range(depth)]
+                for v in vs:
+                    for k in cutlass.range_constexpr(VEC):
+                        acc[0, k] = add_rn(acc[0, k], v[k])
+            start = start + groups * depth
+        for j in cutlass.range(start, m, unroll=1):
+            v = cute.local_tile(mPart, (1, VEC), (w + j * WARPS, q)).load()
+            for k in cutlass.range_constexpr(VEC):
+                acc[0, k] = add_rn(acc[0, k], v[k])
+    cute.local_tile(sums, (1, VEC), (w, lane)).store(acc.load())
     cute.arch.sync_threads()
-    if w == 0 and i < n:
-        total = sums[0, lane]
-        for k in cutlass.range_constexpr(1, WARPS):
-            total = add_rn(total, sums[k, lane])
-        prev = F32(0.0)
+    if w == 0 and q * VEC < n:
+        total = cute.make_rmem_tensor((1, VEC), F32)
+        total.store(cute.local_tile(sums, (1, VEC), (0, lane)).load())
+        for j in cutlass.range_constexpr(1, WARPS):
+            part = cute.local_tile(sums, (1, VEC), (j, lane)).load()
+            for k in cutlass.range_constexpr(VEC):
+                total[0, k] = add_rn(total[0, k], part[k])
+        prev = cute.make_rmem_tensor((1, VEC), F32)
+        prev.fill(0.0)
+        dst = cute.local_tile(mDApe, (1, VEC), (0, q))
         if zero_dape == 0:
-            prev = mDApe[i]
-        mDApe[i] = add_rn(prev, total)
+            prev.store(dst.load())
+        for k in cutlass.range_constexpr(VEC):
+            total[0, k] = add_rn(prev[0, k], total[0, k])
+        dst.store(total.load())
 
 
 @cute.jit
-def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream: cuda.CUstream):
-    # TVM-FFI: partials flattened to (gx * n,), dape flattened to (n,); both extents symbolic.
+def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream: cuda.CUstream,
+                 depths: cutlass.Constexpr = DEPTHS):
+    # TVM-FFI: partials flattened to (gx * n,), dape flattened to (n,); both extents symbolic
+    # and divisible by VEC, both bases 16-byte aligned.
     n = mDApe.shape[0]
     n_parts = mPart.shape[0] // n
     mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((n_parts, n), stride=(n, 1)))
-    _reduce_kernel(mPart2, mDApe, n_parts, n, zero_dape).launch(
-        grid=(cute.ceil_div(n, LANES), 1, 1), block=(THREADS, 1, 1),
-        smem=WARPS * LANES * 4, stream=stream, use_pdl=True)
+    mDApe2 = cute.make_tensor(mDApe.iterator, cute.make_layout((1, n), stride=(n, 1)))
+    _reduce_kernel(mPart2, mDApe2, n_parts, n, zero_dape, depths).launch(
+        grid=(cute.ceil_div(n, SPAN), 1, 1), block=(THREADS, 1, 1),
+        smem=WARPS * SPAN * 4, stream=stream, use_pdl=True)
 
 
-def build_reduce(arch: str):
-    """Compile the reduction for ``arch`` (no GPU needed)."""
-    return compile_for(arch, _reduce_host, fake_vec(F32, sym(), align=16),
-                       fake_vec(F32, sym(), align=16), I32(0), env_stream())
+def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS):
+    """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups (a
+    tuning knob of the A/B tools; the same bits for any value)."""
+    return compile_for(arch, _reduce_host, fake_vec(F32, sym(VEC), align=16),
+                       fake_vec(F32, sym(VEC), align=16), I32(0), env_stream(), tuple(depths))
 
 
 _lock = threading.Lock()

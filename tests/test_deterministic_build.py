@@ -80,10 +80,21 @@ def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
 
 @pytest.mark.parametrize("arch", S.ARCHES)
 def test_reduce_kernel_builds(arch):
-    from csagate.kernels.reduce import WARPS, build_reduce
+    from csagate.kernels.reduce import DEPTHS, WARPS, build_reduce
 
     ptx = ptx_of(build_reduce(arch))
     assert ptx and not ATOMIC.search(ptx)
+    # 16-byte accesses only (VEC = 4 elements a lane): one slice load per lane for each
+    # group size in DEPTHS (the groups' loads are issued together), one in the remainder
+    # loop, and dape's previous value
+    sixteen = {"v4.b32", "v2.b64"}  # the same 16 bytes, as the arch's compiler spells them
+    loads = re.findall(r"\bld\.global\.(v\d\.b\d+)", ptx)
+    assert len(loads) == sum(DEPTHS) + 2 and set(loads) <= sixteen, loads
+    stores = re.findall(r"\bst\.global\.(v\d\.b\d+)", ptx)
+    assert len(stores) == 1 and set(stores) <= sixteen, stores
+    assert len(re.findall(r"\b(?:ld|st)\.global", ptx)) == sum(DEPTHS) + 3  # none narrower
+    first_group = ptx[:ptx.index("add.rn.f32")]  # the widest group: all loads, then adds
+    assert len(re.findall(r"\bld\.global", first_group)) == DEPTHS[0]
     # launched as a programmatic dependent: it waits for the backward's grid before any load
     assert ptx.count("griddepcontrol.wait") == 1
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
