@@ -158,23 +158,36 @@ def prefetch_window_l2(mScore: cute.Tensor, mKV: cute.Tensor, tok_first, k_first
 
 
 ZERO_THREADS = 256  # threads per CTA of the zeroing kernel
+ZERO_VEC = 4  # fp32 per store (16 bytes; dAPE has ratio*W elements, ratio in {4, 128})
+ZERO_STORES = 4  # stores per thread: a c2d512 dAPE (131072 fp32) takes 32 CTAs
 
 
 @cute.kernel
-def _zero_f32_kernel(mFlat: cute.Tensor, n: I32):
+def _zero_f32_kernel(mVec: cute.Tensor, n_vec: I32):
+    # The backward that follows is launched as this kernel's programmatic dependent (PDL): it
+    # may start now, and waits for these stores (griddepcontrol.wait) only before its atomics.
+    cute.arch.griddepcontrol_launch_dependents()
     tx, _, _ = cute.arch.thread_idx()
     bx, _, _ = cute.arch.block_idx()
-    i = bx * ZERO_THREADS + tx
-    if i < n:
-        mFlat[i] = F32(0.0)
+    zeros = cute.make_rmem_tensor((1, ZERO_VEC), F32)
+    zeros.fill(0.0)
+    for it in cutlass.range_constexpr(ZERO_STORES):
+        i = (bx * ZERO_STORES + it) * ZERO_THREADS + tx
+        if i < n_vec:
+            cute.local_tile(mVec, (1, ZERO_VEC), (i, 0)).store(zeros.load())
 
 
 def launch_zero_f32(mDst: cute.Tensor, stream):
     """Host side, inside a ``@cute.jit`` launcher: a kernel that writes +0.0 into every
-    element of the compact fp32 tensor ``mDst`` (the backward's dAPE), launched on ``stream``
-    ahead of the launcher's next kernel, so that kernel's atomics add into zeros. One more
-    launch inside the same TVM-FFI call is cheaper on the host than a torch ``zeros_like``."""
-    n = cute.size(mDst.layout)
-    flat = cute.make_tensor(mDst.iterator, cute.make_layout(n))
-    _zero_f32_kernel(flat, n).launch(grid=(cute.ceil_div(n, ZERO_THREADS), 1, 1),
-                                     block=(ZERO_THREADS, 1, 1), stream=stream)
+    element of the compact fp32 tensor ``mDst`` (the backward's dAPE: 16-byte aligned, a
+    multiple of 4 elements), launched on ``stream`` ahead of the launcher's next kernel, so
+    that kernel's atomics add into zeros. One more launch inside the same TVM-FFI call is
+    cheaper on the host than a torch ``zeros_like``. The next kernel may be launched with
+    ``use_pdl=True``: it then starts while this one runs and must execute
+    ``griddepcontrol.wait`` before it touches ``mDst``."""
+    n_vec = cute.size(mDst.layout) // ZERO_VEC
+    vecs = cute.make_tensor(mDst.iterator, cute.make_layout((n_vec, ZERO_VEC),
+                                                            stride=(ZERO_VEC, 1)))
+    per_cta = ZERO_THREADS * ZERO_STORES
+    _zero_f32_kernel(vecs, n_vec).launch(grid=((n_vec + per_cta - 1) // per_cta, 1, 1),
+                                         block=(ZERO_THREADS, 1, 1), stream=stream)

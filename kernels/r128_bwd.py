@@ -110,7 +110,7 @@ def _opaque(x):
 class R128Bwd(R128Geometry):
     """The r128 backward for one (d, coff, schedule); every field here is compile-time."""
 
-    def __init__(self, d: int, coff: int, sched: BwdSchedule):
+    def __init__(self, d: int, coff: int, sched: BwdSchedule, pdl_zero: bool = True):
         problems = config_problems(coff, d, sched)
         dv = d // sched.vec
         if dv % sched.threads_x:
@@ -129,6 +129,10 @@ class R128Bwd(R128Geometry):
         self.vsm = sched.vsm
         self.keepdp = sched.keepdp
         self.fast = sched.fastexp
+        # The default-mode kernel is launched as a programmatic dependent (PDL): behind the
+        # launch's dAPE zeroing it overlaps that kernel and waits only before its atomics (an
+        # A/B knob: False launches without PDL, as before; the same bits either way).
+        self.pdl_zero = pdl_zero and not sched.deterministic
         self.cols_pc = sched.threads_x * sched.vec
         self.smem_bytes = bwd_smem_bytes(coff, sched)
         # regwin: sched.sm_threads resident threads per SM (schedule.rows_per_cta assumes the
@@ -149,33 +153,42 @@ class R128Bwd(R128Geometry):
         # (N, d), all row-major; T, B+1 and N symbolic. zero_dape != 0: dape is zeroed first
         # (a fresh output); 0: the kernel accumulates into it. The deterministic schedule's
         # mDApe is a partials slice the kernel stores whole: kernels/reduce.py takes the flag.
-        if cutlass.const_expr(not self.sched.deterministic):
-            if zero_dape != 0:
-                launch_zero_f32(mDApe, stream)
         n_tokens = mKV.shape[0]
         n_rows = mGO.shape[0]
         n_seq = mCu.shape[0] - 1
         gx = (n_rows + rows_per_cta - 1) // rows_per_cta
+        if cutlass.const_expr(not self.sched.deterministic):
+            if zero_dape != 0:
+                launch_zero_f32(mDApe, stream)
         kernel = self.kernel(mKV, mScore, mApe, mCu, mCuc, mGO, mDKV, mDScore, mDApe,
-                             n_tokens, n_seq, rows_per_cta)
+                             n_tokens, n_seq, rows_per_cta, zero_dape)
         block = (self.threads_x, self.tchunks, 1)
         if cutlass.const_expr(self.regwin):
             kernel.launch(grid=(gx, self.gy, 1), block=block, stream=stream,
+                          use_pdl=self.pdl_zero,
                           max_number_threads=(self.threads_x, self.tchunks * self.ctas_per_sm, 1))
         else:
-            kernel.launch(grid=(gx, self.gy, 1), block=block, stream=stream)
+            kernel.launch(grid=(gx, self.gy, 1), block=block, stream=stream,
+                          use_pdl=self.pdl_zero)
 
     @cute.kernel
     def kernel(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                mCu: cute.Tensor, mCuc: cute.Tensor, mGO: cute.Tensor, mDKV: cute.Tensor,
                mDScore: cute.Tensor, mDApe: cute.Tensor, n_tokens: cutlass.Int32,
-               n_seq: cutlass.Int32, rows_per_cta: cutlass.Int32):
+               n_seq: cutlass.Int32, rows_per_cta: cutlass.Int32, zero_dape: cutlass.Int32):
         """Zero prologue, then per row: 1. chunk max; barrier; (regwin: next row's fetch);
         2. den'/S' partials; barrier; 3. merge; barrier; 4. gradients, dAPE sums, last-block
         zeros; (staged: barrier, the tiles are rewritten by the next row). dAPE epilogue.
         Each shared array is rewritten by the next row only after a barrier that follows its
         last read. Register tensors stay plain locals: the tracer threads them through loops."""
         TCH, COFF = self.tchunks, self.coff
+        if cutlass.const_expr(self.pdl_zero):
+            # Launched as a programmatic dependent (PDL) of the kernel before it on the stream.
+            # Behind this launch's dAPE zeroing (which started only after everything before
+            # it had finished) it runs at once and waits before its atomics (_dape_epilogue);
+            # behind any other kernel it waits here, before it reads anything.
+            if zero_dape == 0:
+                cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.sched.deterministic):
             # the dAPE reduction that follows may be scheduled now (PDL); it waits for this
             # whole grid to finish before it reads the partials
@@ -598,6 +611,10 @@ class R128Bwd(R128Geometry):
                 for kk in cutlass.range_constexpr(self.chunk):
                     self._store_partials(m, g, rDApe, bx, kk)
         else:
+            if cutlass.const_expr(self.pdl_zero):
+                # behind the zeroing kernel: its zeros must land first (a no-op when the
+                # kernel already waited at its start)
+                cute.arch.griddepcontrol_wait()
             for kk in cutlass.range_constexpr(self.chunk):
                 for j in cutlass.range_constexpr(self.vec):
                     coord = (g.ape_row0 + kk, g.wgrp * self.vec + j)
@@ -622,9 +639,10 @@ def fake_args(d: int, coff: int):
             I32(1), I32(0), env_stream())
 
 
-def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
-    """Compile the r128 backward for (d, coff, sched) and arch; no GPU needed."""
-    return compile_for(arch, R128Bwd(d, coff, sched), *fake_args(d, coff))
+def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str, pdl_zero: bool = True):
+    """Compile the r128 backward for (d, coff, sched) and arch; no GPU needed. ``pdl_zero``
+    False: the kernel follows the launch's dAPE zeroing without PDL (the A/B tools' twin)."""
+    return compile_for(arch, R128Bwd(d, coff, sched, pdl_zero), *fake_args(d, coff))
 
 
 def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv, dscore,

@@ -186,9 +186,14 @@ def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
 def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
                 mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
                 mDApe: cute.Tensor, n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32,
-                D: cutlass.Constexpr, COFF: cutlass.Constexpr,
-              DET: cutlass.Constexpr = False):
+                zero_dape: I32, D: cutlass.Constexpr, COFF: cutlass.Constexpr,
+                DET: cutlass.Constexpr = False):
     WIN = COFF * R4_RATIO
+    if cutlass.const_expr(not DET):
+        # A programmatic dependent (PDL) of the kernel before it: behind the launch's dAPE
+        # zeroing it runs at once and waits before its atomics; else it waits here, first.
+        if zero_dape == 0:
+            cute.arch.griddepcontrol_wait()
     if cutlass.const_expr(DET):  # the dAPE reduction may be scheduled now (PDL, reduce.py)
         cute.arch.griddepcontrol_launch_dependents()
     tx, _, _ = cute.arch.thread_idx()
@@ -271,6 +276,8 @@ def _bwd_kernel(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.
         # into CTA bx's slice of the (gx*R4_RATIO, W) partials buffer mDApe points at; the
         # (by, tx, k) of the CTAs (bx, *) cover every (APE row, column) once, so every slot of
         # slice bx is written once (zeros where no row ran).
+        if cutlass.const_expr(not DET):
+            cute.arch.griddepcontrol_wait()  # the zeros land first (else already waited)
         for k in cutlass.range_constexpr(WIN):
             _, col_off, ape_row = _window_slot(k, COFF, D)
             if cutlass.const_expr(DET):
@@ -287,16 +294,17 @@ def _bwd_host(mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Te
               DET: cutlass.Constexpr = False):
     # zero_dape != 0: dape is zeroed first (a fresh output); 0: accumulated into. DET's mDApe
     # is a partials slice the kernel stores whole (kernels/reduce.py takes the flag there).
-    if cutlass.const_expr(not DET):
-        if zero_dape != 0:
-            launch_zero_f32(mDApe, stream)
     n_tok = mKV.shape[0]
     n_rows = mGo.shape[0]
     n_seq = mCu.shape[0] - 1
+    if cutlass.const_expr(not DET):
+        if zero_dape != 0:
+            launch_zero_f32(mDApe, stream)
+    # The default mode launches as a programmatic dependent (PDL), as the r128 backward.
     _bwd_kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
-                seg_bits, D, COFF, DET).launch(
+                seg_bits, zero_dape, D, COFF, DET).launch(
         grid=(cute.ceil_div(n_rows, R4_BWD_ROWS), -(-D // R4_BWD_THREADS), 1),
-        block=(R4_BWD_THREADS, 1, 1), stream=stream)
+        block=(R4_BWD_THREADS, 1, 1), stream=stream, use_pdl=not DET)
 
 
 # ----------------------------------------------------------------------------------------

@@ -55,10 +55,13 @@ def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
     det = probe.main_entry(ptx_of(compile_key(det_key)))
     assert ATOMIC.search(default), f"{key.tag}: the default kernel's dAPE atomic is gone"
     assert not ATOMIC.search(det), f"{det_key.tag}: red./atom. in the deterministic kernel"
-    # the deterministic kernel lets its reduction be scheduled early (PDL); the default has
-    # no dependent to signal
+    # the deterministic kernel lets its reduction be scheduled early (PDL) and depends on
+    # nothing; the default signals no dependent but is one (of the dAPE zeroing or the kernel
+    # before it: it waits before its first load or its first atomic)
     assert det.count("griddepcontrol.launch_dependents") == 1, det_key.tag
-    assert "griddepcontrol" not in default, key.tag
+    assert "griddepcontrol.wait" not in det, det_key.tag
+    assert "griddepcontrol.launch_dependents" not in default, key.tag
+    assert default.count("griddepcontrol.wait") == 2, key.tag
     # the same number of dAPE slots: every atomic became one 32-bit global store (the coff=1
     # keeps kernels at C*vec = 32 store them in a rolled loop over the window positions: vec
     # per trip)

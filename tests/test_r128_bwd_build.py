@@ -182,23 +182,68 @@ def test_rows_per_cta_and_zero_dape_are_runtime_arguments():
     assert re.search(r"rows_per_cta: [\w.]*Int32, zero_dape: [\w.]*Int32", sig), sig
 
 
+def _is_zero(operand: str, ptx: str) -> bool:
+    """A PTX store operand that is +0.0: a literal, a vector of them, or a register moved from
+    them (sm_100a packs two fp32 zeros into a b64 register first)."""
+    parts = [p for p in re.split(r"[{},\s]+", operand) if p]
+    if len(parts) > 1:
+        return all(_is_zero(p, ptx) for p in parts)
+    if parts[0] in ("0", "0f00000000"):
+        return True
+    src = re.findall(rf"\bmov\.b(?:32|64)\s+{re.escape(parts[0])},\s*([^;]+);", ptx)
+    return len(src) == 1 and _is_zero(src[0], ptx)
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 def test_launcher_carries_the_dape_zeroing_kernel(arch):
     """The default launcher's module: the backward and one zeroing kernel, which only stores
-    +0.0 (launched first when zero_dape != 0: api.backward's fresh dAPE without a torch
-    zeros_like); the deterministic launcher's dAPE is a partials slice: no zeroing kernel."""
+    +0.0, 16 bytes at a time (launched first when zero_dape != 0: api.backward's fresh dAPE
+    without a torch zeros_like); the deterministic launcher's dAPE is a partials slice: no
+    zeroing kernel."""
     from csagate.kernels.r128_bwd import build_bwd
 
     (coff, d), sched = BASE[0]
     entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch)))
     zero = [text for name, text in entries.items() if ZERO_KERNEL in name]
     assert len(entries) == 2 and len(zero) == 1, list(entries)
-    stores = re.findall(r"\bst\.global[\w.]*\s+\[[^\]]+\],\s*([^;]+);", zero[0])
-    assert stores == ["0f00000000"] or stores == ["0"], stores
+    stores = re.findall(r"\bst\.global([\w.]*)\s+\[[^\]]+\],\s*([^;]+);", zero[0])
+    assert stores and all(kind in (".v4.b32", ".v2.b64") and _is_zero(value, zero[0])
+                          for kind, value in stores), stores
     assert not re.search(r"\b(?:ld\.global|red|atom|bar)\b", zero[0])
     det = dataclasses.replace(sched, deterministic=True)
     det_entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=det, arch=arch)))
     assert len(det_entries) == 1 and ZERO_KERNEL not in next(iter(det_entries))
+
+
+def _first(pattern: str, text: str) -> int:
+    m = re.search(pattern, text)
+    return m.start() if m else -1
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_default_backward_overlaps_the_dape_zeroing_through_pdl(arch):
+    """The default launcher starts the backward as a programmatic dependent (PDL) of the
+    kernel before it: the zeroing kernel releases it at once (griddepcontrol.launch_dependents
+    before its store); the backward waits (griddepcontrol.wait) before its first load when it
+    follows any other kernel (zero_dape == 0) and, in every case, before its first dAPE
+    atomic. The deterministic kernel and the A/B twin without PDL never wait."""
+    from csagate.kernels.r128_bwd import build_bwd
+
+    (coff, d), sched = BASE[0]
+    entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch)))
+    zero = next(text for name, text in entries.items() if ZERO_KERNEL in name)
+    body = next(text for name, text in entries.items() if ZERO_KERNEL not in name)
+    assert 0 <= _first(r"griddepcontrol\.launch_dependents", zero) < _first(r"\bst\.global", zero)
+    waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", body)]
+    assert len(waits) == 2, waits
+    assert waits[0] < _first(r"\bld\.global", body)
+    reds = [m.start() for m in re.finditer(r"\bred\.[\w.]*global", body)]
+    assert reds and waits[1] < reds[0] and waits[1] > _first(r"\bst\.global", body)
+    for twin in (build_bwd(d=d, coff=coff, sched=dataclasses.replace(sched, deterministic=True),
+                           arch=arch),
+                 build_bwd(d=d, coff=coff, sched=sched, arch=arch, pdl_zero=False)):
+        assert all("griddepcontrol.wait" not in text
+                   for text in ptx_entries(ptx_of(twin)).values())
 
 
 def test_rejects_invalid_schedules():

@@ -137,3 +137,20 @@ def test_fwd_schedule(d):
     assert grid_y == S.r4_fwd_grid_y(d) and 1 <= grid_y <= 65535, (d, vec, threads, grid_y)
     if threads == 128:  # only when 64 threads would exceed the gridDim.y limit
         assert -(-groups // 64) > 65535
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_backward_waits_for_its_pdl_predecessor(arch):
+    """The backward launches as a programmatic dependent (PDL) of the kernel before it: it
+    waits (griddepcontrol.wait) before its first load unless its own launch zeroed dAPE
+    first, and always before its first dAPE atomic; the zeroing kernel releases it at once."""
+    ptx = _ptx("bwd", arch, 2, 128)
+    main = _main_ptx("bwd", arch, 2, 128)
+    from csagate.perf.probe import ZERO_KERNEL, ptx_entries
+
+    zero = next(text for name, text in ptx_entries(ptx).items() if ZERO_KERNEL in name)
+    assert "griddepcontrol.launch_dependents" in zero.split("st.global")[0]
+    waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", main)]
+    loads = [m.start() for m in re.finditer(r"\bld\.global", main)]
+    reds = [m.start() for m in re.finditer(r"\bred\.[\w.]*global", main)]
+    assert len(waits) == 2 and waits[0] < loads[0] and reds and waits[1] < reds[0] < reds[-1]
