@@ -76,7 +76,9 @@ def method(l2_bytes: int, flush: int, *, iters: int, warmup: int, launches: int 
                  f"region; CUDA events around one launch; median of {cold_iters(iters)} "
                  f"after {warmup} warm-ups"),
         "graph": (f"warm: CUDA graph of {launches} back-to-back launches, per-launch time, "
-                  f"median of {iters} replays after {warmup}"),
+                  f"median of {iters} replays after {warmup}; the backward's launch zeroes "
+                  "dAPE first (a second kernel, as api.backward and the op launch it)"),
+        "cold_bwd": "the backward kernel alone: dAPE zeroed before the flush, untimed",
         "copy_ceiling": f"device-to-device copy of {COPY_BYTES} bytes, read + written bytes",
         "bytes": "op_bytes: every consumed input read once, every output written once",
         "l2_bytes": l2_bytes, "flush_bytes": flush, "cold_iters": cold_iters(iters),
@@ -287,9 +289,8 @@ def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 
     fwd = lambda: api.run_forward(*args, out, ratio=128, coff=coff)
     bwd_only = lambda: api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff)
 
-    def bwd():
-        dape.zero_()   # the contract: the caller zeroes dAPE before every call
-        bwd_only()
+    def bwd():  # what api.backward and the op launch: dAPE zeroed inside the launch
+        api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff, accumulate=False)
 
     fkey = fwd()
     bkey = api.run_backward(*args, go, dkv, dscore, dape.zero_(), ratio=128, coff=coff)
