@@ -234,9 +234,10 @@ def test_listing_commands_fit(args, width):
 
 def _bench_rows():
     shape = SimpleNamespace(
-        config="c1d512", tokens=131072, fwd_kernel="v4t4x32_2ph_fexp_u8_pf_1e",
+        config="c1d512", tokens=131072, fwd_kernel="fwd_c1d512_v4t4x32_2ph_fexp_u8_pf_1e",
         fused_fwd_cold_us=1234.5, fused_fwd_graph_us=1240.1, eager_fwd_us=98765.4, fwd_speedup=80.0,
-        bwd_kernel="v2t16x32_fexp_gor_rw", fused_bwd_cold_us=2345.6, fused_bwd_graph_us=2350.7,
+        bwd_kernel="bwd_c1d512_v2t16x32_fexp_gor_rw", fused_bwd_cold_us=2345.6,
+        fused_bwd_graph_us=2350.7,
         fused_bwd_det_cold_us=2400.1, det_cost=0.0232,
         eager_total_us=345678.9, total_speedup=96.3,
         bw=lambda d: 4.12e12, roofline=lambda d: 0.87)
@@ -269,6 +270,10 @@ def test_bench_tables_fit(width):
                    "12.34->12.01", "-2.7%", "0.4%", "7/7", "2400.1", "+2.3%",
                    "v4t4x32_2ph_fexp_u8_pf_1e"):
         assert number in flat, number
+    # the kernel cells drop the direction and config prefix (the row shows both already)
+    assert "c1d512_v" not in flat and "v2t16x32_fexp_gor_rw" in flat
+    if width >= 120:  # and read unfolded, on one line
+        assert "v4t4x32_2ph_fexp_u8_pf_1e" in text and "v2t16x32_fexp_gor_rw" in text
 
 
 @pytest.mark.parametrize("width", WIDTHS)
