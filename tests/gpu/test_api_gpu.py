@@ -380,16 +380,32 @@ def test_explicit_stream_input_lifetime():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_launch_is_anchored_to_the_tensors_device():
-    pack = cuda_pack((1023, 2048, 509), ratio=4, coff=2, d=128)
-    go = R.make_grad_out(pack.n_rows, 128, device="cuda")
+@pytest.mark.parametrize("ratio,coff,d", [(4, 2, 128), (128, 1, 128), (128, 2, 512)])
+def test_launch_is_anchored_to_the_tensors_device(ratio, coff, d):
+    """Tensors on cuda:0 with cuda:1 current, and tensors on cuda:1 with cuda:0 current: each
+    launch runs on the tensors' device (twice: the first call of a signature takes the full
+    path, the second the fast one) and gives the bits of the native launch."""
+    pack = cuda_pack((1023, 2048, 509), ratio=ratio, coff=coff, d=d)
+    go = R.make_grad_out(pack.n_rows, d, device="cuda")
     native = fused(pack, go)
     torch.cuda.synchronize()
-    with torch.cuda.device(1):
-        foreign = fused(pack, go)
-    torch.cuda.synchronize()
-    assert foreign[0].abs().sum() > 0
-    assert_same_run("launch with cuda:1 current", foreign, native)
+    for _ in range(2):
+        with torch.cuda.device(1):
+            foreign = fused(pack, go)
+        torch.cuda.synchronize()
+        assert foreign[0].abs().sum() > 0 and foreign[0].device.index == 0
+        assert_same_run("launch with cuda:1 current", foreign, native)
+    A = api()
+    args1 = [t.to("cuda:1") for t in pack.inputs()]
+    go1 = go.to("cuda:1")
+    for _ in range(2):
+        with torch.cuda.device(0):
+            out = A.forward(*args1, ratio=ratio, coff=coff, n_rows=go1.shape[0])
+            grads = A.backward(*args1, go1, ratio=ratio, coff=coff)
+        torch.cuda.synchronize(1)
+        assert all(t.device.index == 1 for t in (out, *grads))
+        assert_same_run("tensors on cuda:1, cuda:0 current",
+                        [t.to("cuda:0") for t in (out, *grads)], native)
 
 
 def test_build_loads_every_bucket_for_capture():
