@@ -80,6 +80,8 @@ def method(l2_bytes: int, flush: int, *, iters: int, warmup: int, launches: int 
                   "dAPE first (a second kernel, as api.backward and the op launch it)"),
         "cold_bwd": "the backward kernel alone: dAPE zeroed before the flush, untimed",
         "copy_ceiling": f"device-to-device copy of {COPY_BYTES} bytes, read + written bytes",
+        "vs_copy": ("a device-to-device copy moving the op's bytes (half read, half written), "
+                    "timed cold like the kernel: copy us / kernel us"),
         "bytes": "op_bytes: every consumed input read once, every output written once",
         "l2_bytes": l2_bytes, "flush_bytes": flush, "cold_iters": cold_iters(iters),
         "warmup": warmup,
@@ -210,6 +212,18 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, iters: int = 50, warmup: int = 10) 
     return 2 * nbytes / (t.median_us * 1e-6)
 
 
+def cold_copy_us(nbytes: int, flush: Callable[[], None], *, iters: int = 100,
+                 warmup: int = 30) -> float:
+    """COLD time of a device-to-device copy that moves ``nbytes`` (half read, half written),
+    timed exactly like a kernel (``cold_median``): the same-size ceiling of an op. A single
+    cold launch pays a fixed start (TLB and DRAM pages cold, the launch) that a 1 GiB copy
+    hides, so at tens of MB even a copy stays well below the copy ceiling."""
+    half = max(16, nbytes // 2 // 16 * 16)
+    src = torch.empty(half, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    return cold_median(lambda: dst.copy_(src), flush, iters=iters, warmup=warmup).median_us
+
+
 def op_bytes(direction: str, *, coff: int, d: int, n_tokens: int, n_rows: int,
              ratio: int = 128) -> int:
     """Bytes the op must move at least: every consumed input read once, every output written."""
@@ -241,6 +255,8 @@ class ShapeRow:
     fwd_bytes: int = 0
     bwd_bytes: int = 0
     copy_bw: float = 0.0
+    copy_fwd_cold_us: float = 0.0    # a copy of fwd_bytes, timed cold like the kernel
+    copy_bwd_cold_us: float = 0.0
     extra: dict = field(default_factory=dict)
 
     def us(self, direction: str, which: str = "cold") -> float:
@@ -267,6 +283,13 @@ class ShapeRow:
 
     def roofline(self, direction: str, which: str = "cold") -> float:
         return percent_of(self.bw(direction, which), self.copy_bw)
+
+    def vs_copy(self, direction: str) -> float:
+        """The cold kernel against a cold copy of the same bytes: copy time / kernel time (1.0:
+        as fast as moving its bytes can be from a cold start; 0 when either is missing)."""
+        copy = self.copy_fwd_cold_us if direction == "fwd" else self.copy_bwd_cold_us
+        us = self.us(direction)
+        return copy / us if copy > 0 and us > 0 else 0.0
 
 
 def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 100,
@@ -310,6 +333,8 @@ def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 
         flush, iters=iters, warmup=warmup, before=dape.zero_).median_us
     row.fused_bwd_us = _events_median(bwd, iters, warmup).median_us
     row.fused_bwd_graph_us = graph_median(bwd, iters=iters, warmup=warmup).median_us
+    row.copy_fwd_cold_us = cold_copy_us(row.fwd_bytes, flush, iters=iters, warmup=warmup)
+    row.copy_bwd_cold_us = cold_copy_us(row.bwd_bytes, flush, iters=iters, warmup=warmup)
     row.eager_fwd_us = _events_median(
         lambda: ref_forward(*args, ratio=128, coff=coff), eager_iters, 3).median_us
     row.eager_total_us = _events_median(

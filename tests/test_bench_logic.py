@@ -110,11 +110,21 @@ def test_shape_row_headline_is_cold_and_graph_is_second():
     assert row.fwd_speedup == 10.0 and row.total_speedup == 20.0
 
 
+def test_vs_copy_is_the_same_size_cold_copy_over_the_kernel():
+    row = B.ShapeRow("c1d128", 131072, 1024, "f", "b", fused_fwd_cold_us=28.0,
+                     fused_bwd_cold_us=50.0, copy_fwd_cold_us=24.0, copy_bwd_cold_us=40.0)
+    assert row.vs_copy("fwd") == pytest.approx(24.0 / 28.0)
+    assert row.vs_copy("bwd") == pytest.approx(0.8)
+    assert B.ShapeRow("c1d128", 8192, 64, "f", "b", fused_fwd_cold_us=1.0).vs_copy("fwd") == 0.0
+    assert B.ShapeRow("c1d128", 8192, 64, "f", "b", copy_fwd_cold_us=1.0).vs_copy("fwd") == 0.0
+
+
 def test_method_record_names_flush_iters_and_ceiling():
     m = B.method(60 << 20, B.flush_bytes(60 << 20), iters=10, warmup=5)
     assert m["headline"] == "cold" and m["cold_iters"] == 60
     assert m["flush_bytes"] == 256 << 20 and m["l2_bytes"] == 60 << 20
     assert "one launch" in m["cold"] and str(B.COPY_BYTES) in m["copy_ceiling"]
+    assert "cold" in m["vs_copy"] and "same" not in m["copy_ceiling"]
 
 
 def test_shape_json_has_cold_and_graph_figures():
@@ -122,8 +132,11 @@ def test_shape_json_has_cold_and_graph_figures():
 
     row = B.ShapeRow("c1d128", 8192, 64, "f", "b", fused_fwd_cold_us=10.0,
                      fused_fwd_graph_us=5.0, fused_bwd_cold_us=20.0, fused_bwd_graph_us=10.0,
-                     fwd_bytes=40_000_000, bwd_bytes=80_000_000, copy_bw=8e12)
+                     fwd_bytes=40_000_000, bwd_bytes=80_000_000, copy_bw=8e12,
+                     copy_bwd_cold_us=15.0)
     rec = shape_json(row)
+    assert rec["bwd_vs_copy"] == pytest.approx(0.75) and rec["fwd_vs_copy"] == 0.0
+    assert rec["copy_bwd_cold_us"] == 15.0
     assert rec["fwd_cold_Bps"] == pytest.approx(4e12)
     assert rec["fwd_graph_roofline"] == pytest.approx(1.0)
     assert rec["fwd_bytes"] == 40_000_000 and rec["fused_bwd_cold_us"] == 20.0

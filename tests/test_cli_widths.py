@@ -240,7 +240,8 @@ def _bench_rows():
         fused_bwd_graph_us=2350.7,
         fused_bwd_det_cold_us=2400.1, det_cost=0.0232,
         eager_total_us=345678.9, total_speedup=96.3,
-        bw=lambda d: 4.12e12, roofline=lambda d: 0.87)
+        bw=lambda d: 4.12e12, roofline=lambda d: 0.87,
+        vs_copy=lambda d: 0.93 if d == "fwd" else 0.78)
     ab = SimpleNamespace(direction="bwd", config="c2d512", bucket="default", tokens=65536,
                          base="v2t16x32_fexp_gor", variant="v2t16x32_fexp", base_us=(12.34, 12.5),
                          variant_us=(12.01, 12.2), delta=lambda o: -0.0267, noise=0.004,
@@ -267,7 +268,7 @@ def test_bench_tables_fit(width):
     assert_fits(text, width)
     flat = columnwise(text)
     for number in ("131072", "1234.5", "98765.4", "345678.9", "96.3", "87%", "4.12",
-                   "12.34->12.01", "-2.7%", "0.4%", "7/7", "2400.1", "+2.3%",
+                   "12.34->12.01", "-2.7%", "0.4%", "7/7", "2400.1", "+2.3%", "93%", "78%",
                    "v4t4x32_2ph_fexp_u8_pf_1e"):
         assert number in flat, number
     # the kernel cells drop the direction and config prefix (the row shows both already)
