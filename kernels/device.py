@@ -164,8 +164,11 @@ ZERO_STORES = 4  # stores per thread: a c2d512 dAPE (131072 fp32) takes 32 CTAs
 
 @cute.kernel
 def _zero_f32_kernel(mVec: cute.Tensor, n_vec: I32):
-    # The backward that follows is launched as this kernel's programmatic dependent (PDL): it
-    # may start now, and waits for these stores (griddepcontrol.wait) only before its atomics.
+    # Launched as a programmatic dependent (PDL) of the kernel before it, its CTAs may be
+    # resident early: they wait until that kernel has finished (so the buffer, fresh from the
+    # allocator, is free), then let the backward that follows (this kernel's own dependent)
+    # start, which waits for these stores only before its atomics. Without PDL both are no-ops.
+    cute.arch.griddepcontrol_wait()
     cute.arch.griddepcontrol_launch_dependents()
     tx, _, _ = cute.arch.thread_idx()
     bx, _, _ = cute.arch.block_idx()
@@ -177,17 +180,19 @@ def _zero_f32_kernel(mVec: cute.Tensor, n_vec: I32):
             cute.local_tile(mVec, (1, ZERO_VEC), (i, 0)).store(zeros.load())
 
 
-def launch_zero_f32(mDst: cute.Tensor, stream):
+def launch_zero_f32(mDst: cute.Tensor, stream, pdl: bool = True):
     """Host side, inside a ``@cute.jit`` launcher: a kernel that writes +0.0 into every
     element of the compact fp32 tensor ``mDst`` (the backward's dAPE: 16-byte aligned, a
     multiple of 4 elements), launched on ``stream`` ahead of the launcher's next kernel, so
     that kernel's atomics add into zeros. One more launch inside the same TVM-FFI call is
-    cheaper on the host than a torch ``zeros_like``. The next kernel may be launched with
-    ``use_pdl=True``: it then starts while this one runs and must execute
-    ``griddepcontrol.wait`` before it touches ``mDst``."""
+    cheaper on the host than a torch ``zeros_like``. With ``pdl`` the kernel is launched as a
+    programmatic dependent of the kernel before it (it waits for it before anything else). The
+    next kernel may be launched with ``use_pdl=True``: it then starts while this one stores and
+    must execute ``griddepcontrol.wait`` before it touches ``mDst``."""
     n_vec = cute.size(mDst.layout) // ZERO_VEC
     vecs = cute.make_tensor(mDst.iterator, cute.make_layout((n_vec, ZERO_VEC),
                                                             stride=(ZERO_VEC, 1)))
     per_cta = ZERO_THREADS * ZERO_STORES
     _zero_f32_kernel(vecs, n_vec).launch(grid=((n_vec + per_cta - 1) // per_cta, 1, 1),
-                                         block=(ZERO_THREADS, 1, 1), stream=stream)
+                                         block=(ZERO_THREADS, 1, 1), stream=stream,
+                                         use_pdl=pdl)

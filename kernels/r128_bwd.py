@@ -159,7 +159,7 @@ class R128Bwd(R128Geometry):
         gx = (n_rows + rows_per_cta - 1) // rows_per_cta
         if cutlass.const_expr(not self.sched.deterministic):
             if zero_dape != 0:
-                launch_zero_f32(mDApe, stream)
+                launch_zero_f32(mDApe, stream, self.pdl_zero)
         kernel = self.kernel(mKV, mScore, mApe, mCu, mCuc, mGO, mDKV, mDScore, mDApe,
                              n_tokens, n_seq, rows_per_cta, zero_dape)
         block = (self.threads_x, self.tchunks, 1)

@@ -222,28 +222,33 @@ def _first(pattern: str, text: str) -> int:
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_default_backward_overlaps_the_dape_zeroing_through_pdl(arch):
-    """The default launcher starts the backward as a programmatic dependent (PDL) of the
-    kernel before it: the zeroing kernel releases it at once (griddepcontrol.launch_dependents
-    before its store); the backward waits (griddepcontrol.wait) before its first load when it
-    follows any other kernel (zero_dape == 0) and, in every case, before its first dAPE
-    atomic. The deterministic kernel and the A/B twin without PDL never wait."""
+    """The default launcher starts the zeroing and the backward as programmatic dependents
+    (PDL) of the kernel before each: the zeroing waits for its predecessor, then releases the
+    backward (griddepcontrol.launch_dependents before its store); the backward waits
+    (griddepcontrol.wait) before its first load when it follows any other kernel
+    (zero_dape == 0) and, in every case, before its first dAPE atomic. The deterministic
+    kernel never waits; the A/B twin without PDL launches the same kernels without PDL."""
     from csagate.kernels.r128_bwd import build_bwd
 
     (coff, d), sched = BASE[0]
     entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch)))
     zero = next(text for name, text in entries.items() if ZERO_KERNEL in name)
     body = next(text for name, text in entries.items() if ZERO_KERNEL not in name)
-    assert 0 <= _first(r"griddepcontrol\.launch_dependents", zero) < _first(r"\bst\.global", zero)
+    # the zeroing waits for the kernel before it (it is a dependent too), then releases the
+    # backward, then stores
+    assert (0 <= _first(r"griddepcontrol\.wait", zero)
+            < _first(r"griddepcontrol\.launch_dependents", zero) < _first(r"\bst\.global", zero))
     waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", body)]
     assert len(waits) == 2, waits
     assert waits[0] < _first(r"\bld\.global", body)
     reds = [m.start() for m in re.finditer(r"\bred\.[\w.]*global", body)]
     assert reds and waits[1] < reds[0] and waits[1] > _first(r"\bst\.global", body)
-    for twin in (build_bwd(d=d, coff=coff, sched=dataclasses.replace(sched, deterministic=True),
-                           arch=arch),
-                 build_bwd(d=d, coff=coff, sched=sched, arch=arch, pdl_zero=False)):
-        assert all("griddepcontrol.wait" not in text
-                   for text in ptx_entries(ptx_of(twin)).values())
+    det = build_bwd(d=d, coff=coff, sched=dataclasses.replace(sched, deterministic=True),
+                    arch=arch)
+    assert all("griddepcontrol.wait" not in text for text in ptx_entries(ptx_of(det)).values())
+    twin = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch, pdl_zero=False)))
+    assert all("griddepcontrol.wait" not in text
+               for name, text in twin.items() if ZERO_KERNEL not in name)
 
 
 def test_rejects_invalid_schedules():

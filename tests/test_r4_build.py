@@ -143,13 +143,15 @@ def test_fwd_schedule(d):
 def test_backward_waits_for_its_pdl_predecessor(arch):
     """The backward launches as a programmatic dependent (PDL) of the kernel before it: it
     waits (griddepcontrol.wait) before its first load unless its own launch zeroed dAPE
-    first, and always before its first dAPE atomic; the zeroing kernel releases it at once."""
+    first, and always before its first dAPE atomic; the zeroing kernel (a dependent of the
+    kernel before it) waits for that one, then releases the backward."""
     ptx = _ptx("bwd", arch, 2, 128)
     main = _main_ptx("bwd", arch, 2, 128)
     from csagate.perf.probe import ZERO_KERNEL, ptx_entries
 
     zero = next(text for name, text in ptx_entries(ptx).items() if ZERO_KERNEL in name)
-    assert "griddepcontrol.launch_dependents" in zero.split("st.global")[0]
+    head = zero.split("st.global")[0]  # before the first store: wait for the kernel before
+    assert 0 <= head.find("griddepcontrol.wait") < head.find("griddepcontrol.launch_dependents")
     waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", main)]
     loads = [m.start() for m in re.finditer(r"\bld\.global", main)]
     reds = [m.start() for m in re.finditer(r"\bred\.[\w.]*global", main)]
