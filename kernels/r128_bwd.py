@@ -129,9 +129,9 @@ class R128Bwd(R128Geometry):
         self.vsm = sched.vsm
         self.keepdp = sched.keepdp
         self.fast = sched.fastexp
-        # The default-mode kernel is launched as a programmatic dependent (PDL): behind the
-        # launch's dAPE zeroing it overlaps that kernel and waits only before its atomics (an
-        # A/B knob: False launches without PDL, as before; the same bits either way).
+        # The default-mode kernel and the launch's dAPE zeroing are launched as programmatic
+        # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics
+        # (an A/B knob: False launches both without PDL; the same bits either way).
         self.pdl_zero = pdl_zero and not sched.deterministic
         self.cols_pc = sched.threads_x * sched.vec
         self.smem_bytes = bwd_smem_bytes(coff, sched)
@@ -184,9 +184,9 @@ class R128Bwd(R128Geometry):
         TCH, COFF = self.tchunks, self.coff
         if cutlass.const_expr(self.pdl_zero):
             # Launched as a programmatic dependent (PDL) of the kernel before it on the stream.
-            # Behind this launch's dAPE zeroing (which started only after everything before
-            # it had finished) it runs at once and waits before its atomics (_dape_epilogue);
-            # behind any other kernel it waits here, before it reads anything.
+            # Behind this launch's dAPE zeroing (which releases it only after everything before
+            # the zeroing has finished) it runs at once and waits before its atomics
+            # (_dape_epilogue); behind any other kernel it waits here, before it reads anything.
             if zero_dape == 0:
                 cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.sched.deterministic):
