@@ -29,7 +29,9 @@ neither reload APE nor recompute s and e (about a quarter of the instructions pe
 with it, ``keepdp`` holds dp = go * kv (fp32) from pass 1 instead of the raw kv word, and
 ``vsm`` moves the per-row shared values (chunk max, partials, 1/den, S) as vec-wide vectors;
 ``l2pf`` = n requests row r + n's window slice into L2 at the start of row r
-(``prefetch.global.L2``, one per 128-byte line; nothing waits on it).
+(``prefetch.global.L2``, one per 128-byte line; nothing waits on it). ``apesm`` copies the
+thread's C*vec APE values (the same for every row) into thread-private shared memory once per
+CTA, so the rows read them there instead of through L1/L2.
 
 After the row loop every thread adds its C * vec dAPE partials with fp32 ``red.add``.
 Window position k maps to (token, column, ape row):
@@ -128,12 +130,14 @@ class R128Bwd(R128Geometry):
         self.keeps = sched.keeps
         self.vsm = sched.vsm
         self.keepdp = sched.keepdp
+        self.apesm = sched.apesm
         self.fast = sched.fastexp
         # The default-mode kernel and the launch's dAPE zeroing are launched as programmatic
         # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics
         # (an A/B knob: False launches both without PDL; the same bits either way).
         self.pdl_zero = pdl_zero and not sched.deterministic
         self.cols_pc = sched.threads_x * sched.vec
+        self.nthreads = sched.threads_x * sched.tchunks
         self.smem_bytes = bwd_smem_bytes(coff, sched)
         # regwin: sched.sm_threads resident threads per SM (schedule.rows_per_cta assumes the
         # same), so ptxas caps registers at 65536 / sm_threads (128 or 64) per thread through
@@ -220,6 +224,11 @@ class R128Bwd(R128Geometry):
         if cutlass.const_expr(self.regwin):  # the first row's loads fly during the prologue
             if bx * rows_per_cta < nb_valid:
                 self._fetch(m, g, n_seq, bx * rows_per_cta, rScN, rKvN, rGoN, rSegN)
+        if cutlass.const_expr(self.apesm):
+            # the thread's own C*vec APE values, once: only this thread reads them (no barrier)
+            for kk in cutlass.range_constexpr(self.chunk):
+                cute.local_tile(sh.ape, (1, self.vec), (kk * self.nthreads + tid, 0)).store(
+                    cute.local_tile(mApe, (1, self.vec), (g.ape_row0 + kk, g.wgrp)).load())
         zero = functools.partial(self._zero_token, mDKV, mDScore, col=col,
                                  halves=tuple(range(COFF)))
         if bx == 0:  # class (c) by CTA 0, its threads striding the tokens
@@ -305,6 +314,12 @@ class R128Bwd(R128Geometry):
             sh.dape = smem.allocate_tensor(
                 F32, cute.make_layout((4, nt, cv // 4), stride=(1, 4, 4 * nt)),
                 byte_alignment=16)
+        if self.apesm:
+            # thread-private APE values: (kk, j) of thread tid at row kk*nt + tid, column j, so
+            # a warp reads 32 consecutive vec-wide vectors per window position
+            sh.ape = smem.allocate_tensor(
+                F32, cute.make_layout((self.chunk * self.nthreads, self.vec),
+                                      stride=(self.vec, 1)), byte_alignment=16)
         return sh
 
     def _registers(self, sh, tid):
@@ -389,6 +404,12 @@ class R128Bwd(R128Geometry):
                     rScN[kk] = sc[0]
                     rKvN[kk] = kv[0]
 
+    def _ape(self, m, sh, g, kk: int):
+        """The vec APE values of the thread's window position kk (apesm: its shared copy)."""
+        if self.apesm:
+            return cute.local_tile(sh.ape, (1, self.vec), (kk * self.nthreads + g.tid, 0)).load()
+        return cute.local_tile(m.ape, (1, self.vec), (g.ape_row0 + kk, g.wgrp)).load()
+
     def _raw_f32(self, raw, kk: int, j: int):
         """Exact fp32 of window value (kk, j) of a raw chunk: packed bf16 pairs or bf16."""
         return _raw_word_f32(raw[kk], j, self.vec)
@@ -408,7 +429,7 @@ class R128Bwd(R128Geometry):
                     if cutlass.const_expr(self.keeps):
                         if cutlass.const_expr(not self.keepdp):
                             rKv[kk] = rKvN[kk]
-                        ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+                        ap = self._ape(m, sh, g, kk)
                         for j in cutlass.range_constexpr(VEC):
                             if cutlass.const_expr(self.keepdp):  # rKv holds dp = go * kv
                                 rKv[kk, j] = mul_rn(rGo[j], self._raw_f32(rKvN, kk, j))
@@ -418,7 +439,7 @@ class R128Bwd(R128Geometry):
                     else:
                         rSc[kk] = rScN[kk]
                         rKv[kk] = rKvN[kk]
-                        ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+                        ap = self._ape(m, sh, g, kk)
                         for j in cutlass.range_constexpr(VEC):
                             rM[j] = cute.arch.fmax(rM[j], self._raw_f32(rSc, kk, j) + ap[j])
         else:
@@ -441,7 +462,7 @@ class R128Bwd(R128Geometry):
         VEC = self.vec
         for kk in cutlass.range(self.chunk, unroll=4):
             sc = cute.local_tile(m.score, (1, VEC), (tok_row0 + kk, g.wgrp)).load()
-            ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+            ap = self._ape(m, sh, g, kk)
             kv = cute.local_tile(m.kv, (1, VEC), (tok_row0 + kk, g.wgrp)).load()
             scf = sc.to(F32)
             for j in cutlass.range_constexpr(VEC):
@@ -481,7 +502,7 @@ class R128Bwd(R128Geometry):
             if chunk_ok:
                 for kk in cutlass.range_constexpr(self.chunk):
                     if cutlass.const_expr(not self.keeps):
-                        ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+                        ap = self._ape(m, sh, g, kk)
                     for j in cutlass.range_constexpr(VEC):
                         if cutlass.const_expr(self.keeps):
                             e = exp_of(rSc[kk, j] - rM[j], self.fast)
@@ -552,7 +573,7 @@ class R128Bwd(R128Geometry):
             for kk in cutlass.range_constexpr(self.chunk):
                 if cutlass.const_expr(self.regwin):
                     if cutlass.const_expr(not self.keeps):
-                        ap = cute.local_tile(m.ape, (1, VEC), (g.ape_row0 + kk, g.wgrp)).load()
+                        ap = self._ape(m, sh, g, kk)
                     if cutlass.const_expr(not self.keepdp):
                         kv = _opaque(rKv[kk]) if VEC == 2 else rKv[kk]
                 for j in cutlass.range_constexpr(VEC):

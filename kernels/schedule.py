@@ -29,6 +29,7 @@ BWD_SMALL_NB_MAX = 192
 
 MAX_THREADS = 1024
 SMEM_LIMIT = 227 * 1024
+SM_SMEM = 228 * 1024  # shared memory per SM (sm_90a, sm_100a), 1 KB of it reserved per CTA
 # regwin: resident threads per SM that its register cap (.maxntid: 65536 / 512 = 128 registers
 # per thread) and rows_per_cta assume, by default; a schedule may target 1024 instead
 # (BwdSchedule.sm_threads: 64 registers per thread, twice the warps in flight).
@@ -106,6 +107,10 @@ class BwdSchedule:
     # keeps only: dp = go * kv kept in fp32 from pass 1 instead of the raw kv word, so passes 2
     # and 3 neither unpack kv nor multiply by go again (C*vec registers instead of C).
     keepdp: bool = False
+    # regwin only: each thread's C*vec APE values (the same for every row of the CTA) copied
+    # once into thread-private shared memory at the CTA's start, so a row reads them from
+    # shared memory instead of re-loading them from L1/L2 (win*cols*4 more bytes per CTA).
+    apesm: bool = False
 
     @property
     def tag(self) -> str:
@@ -114,6 +119,7 @@ class BwdSchedule:
                 + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else "")
                 + (rw if self.regwin else "") + ("_ks" if self.keeps else "")
                 + ("_vsm" if self.vsm else "") + ("_kdp" if self.keepdp else "")
+                + ("_as" if self.apesm else "")
                 + (f"_l2p{self.l2pf}" if self.l2pf else "")
                 + ("_det" if self.deterministic else ""))
 
@@ -148,12 +154,14 @@ def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
     """Shared memory of the backward: sE fp32 + sKV bf16 tiles, chunk partials, 64 B slack.
 
     regwin keeps the window in registers: shared memory holds the chunk partials, the
-    per-column 1/den and S, and the thread-private fp32 dAPE sums (one per window slot).
+    per-column 1/den and S, and the thread-private fp32 dAPE sums (one per window slot);
+    apesm adds the thread-private APE values (one per window slot).
     """
     cols = sched.threads_x * sched.vec
     win = window(coff, ratio)
     if sched.regwin:
-        return win * cols * 4 + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
+        ape = win * cols * 4 if sched.apesm else 0
+        return win * cols * 4 + ape + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
     return win * cols * 6 + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
 
 
@@ -217,6 +225,17 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
                 out.append(f"regwin: a chunk of C={win // sched.tchunks} window positions "
                            f"needs 4*C = {4 * (win // sched.tchunks)} registers > "
                            f"{4 * REGWIN_MAX_CHUNK}")
+        if sched.apesm:
+            threads = sched.threads_x * sched.tchunks
+            if not sched.regwin:
+                out.append("apesm is a register-window option")
+            elif threads >= 1 and sched.sm_threads % threads == 0:
+                # the sm_threads target must stay resident: CTAs per SM x (smem + 1 KB)
+                ctas = sched.sm_threads // threads
+                need = ctas * (bwd_smem_bytes(coff, sched, ratio) + 1024)
+                if need > SM_SMEM:
+                    out.append(f"apesm: {ctas} CTAs per SM need {need} B of shared memory > "
+                               f"{SM_SMEM} B")
         if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
             out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
     return out

@@ -491,7 +491,7 @@ def _geometries(direction: str, coff: int, d: int, base):
                         (True, t) for t in S.REGWIN_SM_THREADS]:
                     out.append(replace(base, vec=vec, tchunks=tch, regwin=rw, sm_threads=sm,
                                        keeps=base.keeps and rw, vsm=base.vsm and rw,
-                                       keepdp=base.keepdp and rw,
+                                       keepdp=base.keepdp and rw, apesm=base.apesm and rw,
                                        threads_x=S.threads_x_for(d, vec)))
     return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
 
@@ -501,7 +501,7 @@ def _flag_variants(direction: str, coff: int, d: int, sched):
     with goreuse flipped too (the pair that fits 128 registers; keeps off drops its options)
     and the L2 prefetch on/off."""
     names = (("twophase", "fastexp", "prefetch", "oneexp") if direction == "fwd"
-             else ("fastexp", "goreuse", "keeps", "vsm", "keepdp"))
+             else ("fastexp", "goreuse", "keeps", "vsm", "keepdp", "apesm"))
     out = [_flip(sched, n) for n in names]
     if direction == "fwd":
         out += [replace(sched, unroll=u) for u in (2, 8) if u != sched.unroll]

@@ -36,6 +36,7 @@ _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
 
 BASE = BWD_BASE
+APE_PAIR = r"\bld\.global(?:\.nc)?\.(?:v2\.b32|b64)\b"  # vec 2: one APE load (an fp32 pair)
 
 
 def _flip(sched: BwdSchedule, *, goreuse: bool | None = None,
@@ -388,6 +389,8 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
     assert not re.search(r"\b(?:ld|st)\.shared(?:\.v\d)?\.b16\b", ptx)
     n_shared = len(re.findall(r"\b(?:ld|st)\.shared\b", ptx))
     bound = 3 * sched.tchunks + 8 + 3 * cv + 8
+    if sched.apesm:  # the APE copy: C*vec values stored once, read in each pass that reads APE
+        bound += (1 + (1 if sched.keeps else 3)) * cv
     assert n_shared <= bound, f"{n_shared} shared accesses > {bound}"
     # dAPE: one fp32 reduction per (window position, column), sums read from shared memory.
     n_red = len(re.findall(r"\b(?:red|atom)(?:\.[a-z]+)*\.add\.f32\b", ptx))
@@ -408,10 +411,17 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
     assert n_ex2 == exps and n_lo == n_ex2, f"ex2={n_ex2} LO-fma={n_lo}, expected {exps}"
     assert n_rm == (0 if sched.fastexp else n_ex2), f"fma.rm={n_rm} (fastexp={sched.fastexp})"
     # APE is loaded in each of the three passes, or once with keeps: C loads a pass (at vec 2
-    # its fp32 pair is the only 2 x 32-bit load; at vec 1 it shares ld.global.b32 with cu/cuc).
+    # its fp32 pair is the only 2 x 32-bit load; at vec 1 it shares ld.global.b32 with cu/cuc);
+    # apesm: C loads once, before the row loop (the passes read the shared copy; a pair only
+    # moved to shared memory may load as one b64).
     if sched.vec == 2:
-        n_ape = len(re.findall(r"\bld\.global(?:\.nc)?\.v2\.b32\b", ptx))
-        assert n_ape == chunk * (1 if sched.keeps else 3), f"{n_ape} APE loads, C={chunk}"
+        n_ape = len(re.findall(APE_PAIR, ptx))
+        passes = 1 if sched.keeps or sched.apesm else 3
+        assert n_ape == chunk * passes, f"{n_ape} APE loads, C={chunk}"
+        if sched.apesm:
+            first_ape = next(n for n, line in enumerate(ptx.splitlines())
+                             if re.search(APE_PAIR, line))
+            assert first_ape < bars[0] and n_ape_after(ptx, bars[0]) == 0
     # l2pf = n: one prefetch site per array in the row loop and n - 1 in the prologue, each a
     # prefetch.global.L2 per 128-byte line of the CTA's column slice.
     lines = -(-sched.threads_x * sched.vec * 2 // 128)
@@ -429,6 +439,11 @@ def test_regwin_goreuse_loads_grad_out_once(cfg, sched, arch):
         ptx, _, _, _ = _built(coff, d, _flip(sched, goreuse=g), arch)
         loads[g] = len(re.findall(r"\bld\.global(?:\.nc)?(?:\.v\d)?\.b16\b", ptx))
     assert loads[False] == loads[True] + 1, f"bf16 global loads by goreuse: {loads}"
+
+
+def n_ape_after(ptx: str, line_no: int) -> int:
+    """vec 2: the APE global loads after PTX line ``line_no``."""
+    return sum(1 for line in ptx.splitlines()[line_no:] if re.search(APE_PAIR, line))
 
 
 def test_regwin_schedule_rules():
@@ -450,6 +465,15 @@ def test_regwin_schedule_rules():
     assert bwd_smem_bytes(1, BwdSchedule(2, 8, 32, True, True, True)) == 39488
     assert bwd_smem_bytes(2, BwdSchedule(2, 16, 32, True, True, True)) == 78400
     assert bwd_smem_bytes(2, BwdSchedule(1, 16, 32, True, True, True)) == 39232
+    # apesm: the thread-private APE copy, one fp32 per window slot and column more; a register-
+    # window option whose CTAs must still fit the SM's shared memory at the target occupancy.
+    aps = BwdSchedule(2, 8, 32, True, True, True, apesm=True)
+    assert bwd_smem_bytes(1, aps) == 39488 + 128 * 64 * 4 and config_problems(1, 128, aps) == []
+    staged = BwdSchedule(2, 8, 32, True, True, apesm=True)
+    assert any("register-window option" in p for p in config_problems(1, 128, staged))
+    wide = BwdSchedule(2, 16, 32, True, True, True, sm_threads=1024, apesm=True)
+    assert any(p.startswith("apesm: 2 CTAs per SM") for p in config_problems(2, 512, wide))
+    assert aps.tag == "v2t8x32_fexp_gor_rw_as"
 
 
 def test_regwin_occupancy_matches_rows_per_cta():

@@ -1,6 +1,6 @@
 """GPU: the ratio=128 backward kernel against the eager references, every schedule.
 
-Each of the 6 backward table schedules and 7 regwin schedules (the window in registers; two
+Each of the 6 backward table schedules and the regwin schedules (the window in registers; two
 at 1024 resident threads per SM) is
 built and launched directly (whatever bucket its N would select) on the edge pack
 [127, 8192, 0, 129, 128, 3, 515, 1024] with 8 capacity padding rows (nonzero grad_out there,
@@ -57,6 +57,11 @@ REGWIN = [
     _rw(1, 128, 2, 16, True, False, keeps=True, vsm=True, keepdp=True),
     _rw(2, 128, 1, 16, True, True, keeps=True, keepdp=True),  # vec 1
     _rw(2, 128, 1, 16, True, True, l2pf=2),
+    # APE copied once per CTA into thread-private shared memory (apesm), with and without keeps
+    _rw(1, 128, 2, 8, True, False, keeps=True, vsm=True, keepdp=True, apesm=True),
+    _rw(2, 512, 2, 16, True, False, keeps=True, keepdp=True, apesm=True),
+    _rw(2, 128, 1, 16, True, True, apesm=True),
+    _rw(1, 512, 2, 16, True, False, apesm=True),
 ]
 REGWIN_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in REGWIN]
 KERNELS = sorted(selectable_any("bwd"), key=lambda cs: (cs[0], cs[1].astuple())) + REGWIN
@@ -224,7 +229,7 @@ def test_regwin_matches_staged_bitwise(cfg, sched):
     pack, go, ref32, _, _ = edge_case(coff, d)
     # staged: the default occupancy, s in shared memory (keeps is a register-window option)
     staged = dataclasses.replace(sched, regwin=False, sm_threads=512, keeps=False, vsm=False,
-                                 keepdp=False)
+                                 keepdp=False, apesm=False)
     a = run_fused(coff, d, staged, pack, go, fill=float("nan"))
     b = run_fused(coff, d, sched, pack, go, fill=float("nan"), rows_per_cta=3)
     for i, name in enumerate(("dkv", "dscore")):
