@@ -73,4 +73,11 @@ BWD_REGWIN += [
     ((1, 128), BwdSchedule(1, 16, 32, True, True, True)),
     ((1, 128), BwdSchedule(2, 16, 32, True, False, True, keeps=True, vsm=True)),
 ]
+# the four sm_90a default entries before the APE moved to shared memory (fifth session)
+BWD_REGWIN += [
+    ((1, 128), BwdSchedule(2, 8, 32, True, False, True, keeps=True, vsm=True, keepdp=True)),
+    ((2, 128), BwdSchedule(2, 16, 32, True, False, True, keeps=True, keepdp=True)),
+    ((1, 512), BwdSchedule(2, 8, 32, True, False, True, keeps=True, keepdp=True)),
+    ((2, 512), BwdSchedule(2, 16, 32, True, False, True, keeps=True, keepdp=True)),
+]
 BWD_REGWIN += [(cfg, s) for cfg, s in _BWD_TABLE if s.regwin and (cfg, s) not in BWD_REGWIN]
