@@ -31,7 +31,10 @@ with it, ``keepdp`` holds dp = go * kv (fp32) from pass 1 instead of the raw kv 
 ``l2pf`` = n requests row r + n's window slice into L2 at the start of row r
 (``prefetch.global.L2``, one per 128-byte line; nothing waits on it). ``apesm`` copies the
 thread's C*vec APE values (the same for every row) into thread-private shared memory once per
-CTA, so the rows read them there instead of through L1/L2.
+CTA, so the rows read them there instead of through L1/L2. ``gopack`` keeps the fetched
+grad_out as the loaded word (a packed bf16 pair at vec 2) until it is used (ptxas otherwise
+unpacks it right after the fetch, stalling the warp on the load), and with goreuse holds that
+word, not vec fp32 values, for the gradient pass.
 
 After the row loop every thread adds its C * vec dAPE partials with fp32 ``red.add``.
 Window position k maps to (token, column, ape row):
@@ -131,6 +134,7 @@ class R128Bwd(R128Geometry):
         self.vsm = sched.vsm
         self.keepdp = sched.keepdp
         self.apesm = sched.apesm
+        self.gopack = sched.gopack
         self.fast = sched.fastexp
         # The default-mode kernel and the launch's dAPE zeroing are launched as programmatic
         # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics
@@ -270,8 +274,8 @@ class R128Bwd(R128Geometry):
                 cute.arch.sync_threads()
                 self._merge(sh, g)
                 cute.arch.sync_threads()
-                self._gradients(m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rM, rDen,
-                                rSp, rGo, rK, rS)
+                self._gradients(m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rGoN, rM,
+                                rDen, rSp, rGo, rK, rS)
                 if bb + 1 == mCuc[seg + 1]:  # the segment's last block
                     # regwin re-derives the block's first token and re-reads cu[s+1] here (its
                     # register budget); staged holds both from the row's start.
@@ -340,7 +344,13 @@ class R128Bwd(R128Geometry):
                    else cute.make_rmem_tensor((C,), raw))
             rScN = cute.make_rmem_tensor((C,), raw)
             rKvN = cute.make_rmem_tensor((C,), raw)
-            rGoN = cute.make_rmem_tensor((VEC,), BF16)
+            if self.gopack:
+                # grad_out as loaded (a packed bf16 pair for vec 2): [0] the next row's, fetched
+                # with its window; [1] the current row's, held for the gradient pass (goreuse).
+                # Unpacked only where used: nothing waits on the load right after the fetch.
+                rGoN = cute.make_rmem_tensor((2,), raw)
+            else:
+                rGoN = cute.make_rmem_tensor((VEC,), BF16)
             rSegN = cute.make_rmem_tensor((1,), I32)
         else:
             rDApe = cute.make_rmem_tensor((C * VEC,), F32)  # (kk, j) at kk*VEC + j
@@ -390,8 +400,11 @@ class R128Bwd(R128Geometry):
         blk = bb - m.cuc[seg]
         tok_row0 = m.cu[seg] + blk * RATIO + g.k0 - (self.coff - 1) * RATIO
         gov = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load()
-        for j in cutlass.range_constexpr(VEC):
-            rGoN[j] = gov[j]
+        if cutlass.const_expr(self.gopack):
+            rGoN[0] = gov.bitcast(I32)[0] if VEC == 2 else gov[0]
+        else:
+            for j in cutlass.range_constexpr(VEC):
+                rGoN[j] = gov[j]
         chunk_ok = (blk + g.half) > 0 if self.coff == 2 else True
         if chunk_ok:
             for kk in cutlass.range_constexpr(self.chunk):
@@ -419,8 +432,12 @@ class R128Bwd(R128Geometry):
         """1. The chunk max of s = f32(score) + ape into sMax[ty]; staged: s and kv staged
         (-inf and 0 for an invalid chunk); regwin: the fetched row taken over."""
         VEC = self.vec
+        if cutlass.const_expr(self.gopack and self.sched.goreuse):
+            rGoN[1] = rGoN[0]
         for j in cutlass.range_constexpr(VEC):
-            if cutlass.const_expr(self.regwin):
+            if cutlass.const_expr(self.gopack):
+                rGo[j] = _raw_word_f32(rGoN[0], j, VEC)
+            elif cutlass.const_expr(self.regwin):
                 rGo[j] = rGoN[j].to(F32)
             rM[j] = F32(-F32.inf)
         if cutlass.const_expr(self.regwin):
@@ -550,8 +567,8 @@ class R128Bwd(R128Geometry):
             sh.s[c] = sp / den
 
     @cute.jit
-    def _gradients(self, m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rM, rDen, rSp, rGo,
-                   rK, rS):
+    def _gradients(self, m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rGoN, rM, rDen,
+                   rSp, rGo, rK, rS):
         """4. dKV, dScore of the chunk and its fp32 dScore sums for dAPE (regwin: e recomputed
         as in pass 2, dp = go*kv from the raw word, not kept from pass 2)."""
         VEC = self.vec
@@ -559,6 +576,12 @@ class R128Bwd(R128Geometry):
             gov2 = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load().to(F32)
             for j in cutlass.range_constexpr(VEC):
                 rGo[j] = gov2[j]
+        elif cutlass.const_expr(self.gopack):
+            # converted again from the held grad_out word (one register through the row, not
+            # vec fp32 ones), opaque so that the compiler does not keep the fp32 pair instead
+            w = _opaque(rGoN[1]) if VEC == 2 else rGoN[1]
+            for j in cutlass.range_constexpr(VEC):
+                rGo[j] = _raw_word_f32(w, j, VEC)
         if chunk_ok:
             if cutlass.const_expr(self.vsm):
                 dv = cute.local_tile(sh.den, (VEC,), (g.tx,)).load()

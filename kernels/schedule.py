@@ -111,6 +111,10 @@ class BwdSchedule:
     # once into thread-private shared memory at the CTA's start, so a row reads them from
     # shared memory instead of re-loading them from L1/L2 (win*cols*4 more bytes per CTA).
     apesm: bool = False
+    # regwin only: the fetched grad_out kept as the loaded word (a packed bf16 pair at vec 2)
+    # until used, instead of unpacked as loaded (the warp then waits on the load right after
+    # issuing the fetch); with goreuse, that word is what the row holds for its gradient pass.
+    gopack: bool = False
 
     @property
     def tag(self) -> str:
@@ -119,7 +123,7 @@ class BwdSchedule:
                 + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else "")
                 + (rw if self.regwin else "") + ("_ks" if self.keeps else "")
                 + ("_vsm" if self.vsm else "") + ("_kdp" if self.keepdp else "")
-                + ("_as" if self.apesm else "")
+                + ("_as" if self.apesm else "") + ("_gp" if self.gopack else "")
                 + (f"_l2p{self.l2pf}" if self.l2pf else "")
                 + ("_det" if self.deterministic else ""))
 
@@ -225,6 +229,8 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
                 out.append(f"regwin: a chunk of C={win // sched.tchunks} window positions "
                            f"needs 4*C = {4 * (win // sched.tchunks)} registers > "
                            f"{4 * REGWIN_MAX_CHUNK}")
+        if sched.gopack and not sched.regwin:
+            out.append("gopack is a register-window option")
         if sched.apesm:
             threads = sched.threads_x * sched.tchunks
             if not sched.regwin:

@@ -474,6 +474,10 @@ def test_regwin_schedule_rules():
     wide = BwdSchedule(2, 16, 32, True, True, True, sm_threads=1024, apesm=True)
     assert any(p.startswith("apesm: 2 CTAs per SM") for p in config_problems(2, 512, wide))
     assert aps.tag == "v2t8x32_fexp_gor_rw_as"
+    # gopack: also a register-window option
+    assert any("gopack is a register-window option" in p for p in
+               config_problems(1, 128, BwdSchedule(2, 8, 32, True, True, gopack=True)))
+    assert dataclasses.replace(aps, gopack=True).tag == "v2t8x32_fexp_gor_rw_as_gp"
 
 
 def test_regwin_occupancy_matches_rows_per_cta():

@@ -62,6 +62,10 @@ REGWIN = [
     _rw(2, 512, 2, 16, True, False, keeps=True, keepdp=True, apesm=True),
     _rw(2, 128, 1, 16, True, True, apesm=True),
     _rw(1, 512, 2, 16, True, False, apesm=True),
+    # grad_out kept packed until used (gopack), its word held (goreuse) or reloaded
+    _rw(2, 512, 2, 16, True, False, keeps=True, keepdp=True, apesm=True, gopack=True),
+    _rw(1, 128, 1, 16, True, False, keeps=True, gopack=True),
+    _rw(2, 128, 2, 16, True, True, gopack=True),
 ]
 REGWIN_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in REGWIN]
 KERNELS = sorted(selectable_any("bwd"), key=lambda cs: (cs[0], cs[1].astuple())) + REGWIN
@@ -229,7 +233,7 @@ def test_regwin_matches_staged_bitwise(cfg, sched):
     pack, go, ref32, _, _ = edge_case(coff, d)
     # staged: the default occupancy, s in shared memory (keeps is a register-window option)
     staged = dataclasses.replace(sched, regwin=False, sm_threads=512, keeps=False, vsm=False,
-                                 keepdp=False, apesm=False)
+                                 keepdp=False, apesm=False, gopack=False)
     a = run_fused(coff, d, staged, pack, go, fill=float("nan"))
     b = run_fused(coff, d, sched, pack, go, fill=float("nan"), rows_per_cta=3)
     for i, name in enumerate(("dkv", "dscore")):
