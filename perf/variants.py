@@ -80,4 +80,10 @@ BWD_REGWIN += [
     ((1, 512), BwdSchedule(2, 8, 32, True, False, True, keeps=True, keepdp=True)),
     ((2, 512), BwdSchedule(2, 16, 32, True, False, True, keeps=True, keepdp=True)),
 ]
+# the three sm_90a entries before grad_out was kept packed (gopack, fifth session)
+BWD_REGWIN += [
+    ((1, 128), BwdSchedule(1, 16, 32, True, False, True, keeps=True)),
+    ((2, 128), BwdSchedule(2, 16, 32, True, False, True, keeps=True, keepdp=True, apesm=True)),
+    ((2, 512), BwdSchedule(2, 16, 32, True, False, True, keeps=True, keepdp=True, apesm=True)),
+]
 BWD_REGWIN += [(cfg, s) for cfg, s in _BWD_TABLE if s.regwin and (cfg, s) not in BWD_REGWIN]
