@@ -141,6 +141,24 @@ def prefetch_l2(mSrc: cute.Tensor, coord, nbytes: int):
                     "l", has_side_effects=True)
 
 
+def cp_async_to_shared(sDst: cute.Tensor, dst_coord, mSrc: cute.Tensor, src_coord,
+                       nbytes: int):
+    """Copy ``nbytes`` (4, 8 or 16, aligned) from global ``mSrc[src_coord]`` to shared
+    ``sDst[dst_coord]`` with ``cp.async.ca``: no register holds the data on its way, so nothing
+    waits for the load where it is issued. The issuing thread reads the destination only after
+    ``cute.arch.cp_async_wait_group`` (its copies complete in order of their commit groups)."""
+    from cutlass._mlir.dialects import llvm
+
+    if nbytes not in (4, 8, 16):
+        raise ValueError(f"cp.async.ca copies 4, 8 or 16 bytes, not {nbytes}")
+    dst = (sDst.iterator + cute.crd2idx(dst_coord, sDst.layout)).toint()  # shared: 32-bit
+    src = (mSrc.iterator + cute.crd2idx(src_coord, mSrc.layout)).toint()
+    llvm.inline_asm(None, [dst.ir_value(), src.ir_value()],
+                    "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+                    f"cp.async.ca.shared.global [$0], [g], {nbytes}; }}",
+                    "r,l", has_side_effects=True)
+
+
 @cute.jit
 def prefetch_window_l2(mScore: cute.Tensor, mKV: cute.Tensor, tok_first, k_first, col0,
                        coff: cutlass.Constexpr, d: cutlass.Constexpr,

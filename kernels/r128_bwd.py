@@ -31,7 +31,10 @@ with it, ``keepdp`` holds dp = go * kv (fp32) from pass 1 instead of the raw kv 
 ``l2pf`` = n requests row r + n's window slice into L2 at the start of row r
 (``prefetch.global.L2``, one per 128-byte line; nothing waits on it). ``apesm`` copies the
 thread's C*vec APE values (the same for every row) into thread-private shared memory once per
-CTA, so the rows read them there instead of through L1/L2. ``gopack`` keeps the fetched
+CTA (with cp.async), so the rows read them there instead of through L1/L2. ``gosm``
+(vec 2) fetches the next row's grad_out with cp.async into a thread-private shared-memory
+slot (two, by row parity), so no register holds it and no instruction waits on it before
+pass 1 (and with goreuse the gradient pass reads it there again). ``gopack`` keeps the fetched
 grad_out as the loaded word (a packed bf16 pair at vec 2) until it is used (ptxas otherwise
 unpacks it right after the fetch, stalling the warp on the load), and with goreuse holds that
 word, not vec fp32 values, for the gradient pass.
@@ -66,6 +69,7 @@ from csagate.kernels.device import (
     F32,
     I32,
     add_rn,
+    cp_async_to_shared,
     exp_of,
     fma_rn,
     launch_zero_f32,
@@ -135,6 +139,7 @@ class R128Bwd(R128Geometry):
         self.keepdp = sched.keepdp
         self.apesm = sched.apesm
         self.gopack = sched.gopack
+        self.gosm = sched.gosm
         self.fast = sched.fastexp
         # The default-mode kernel and the launch's dAPE zeroing are launched as programmatic
         # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics
@@ -227,17 +232,21 @@ class R128Bwd(R128Geometry):
                     self._prefetch_row(m, g, n_seq, nb_valid, bx * rows_per_cta + i)
         if cutlass.const_expr(self.regwin):  # the first row's loads fly during the prologue
             if bx * rows_per_cta < nb_valid:
-                self._fetch(m, g, n_seq, bx * rows_per_cta, rScN, rKvN, rGoN, rSegN)
+                self._fetch(m, g, n_seq, bx * rows_per_cta, rScN, rKvN, rGoN, rSegN, sh, 0)
         if cutlass.const_expr(self.apesm):
-            # the thread's own C*vec APE values, once: only this thread reads them (no barrier)
+            # the thread's own C*vec APE values, once: only this thread reads them (no barrier;
+            # cp.async, so nothing waits on the loads here; waited for before the row loop)
             for kk in cutlass.range_constexpr(self.chunk):
-                cute.local_tile(sh.ape, (1, self.vec), (kk * self.nthreads + tid, 0)).store(
-                    cute.local_tile(mApe, (1, self.vec), (g.ape_row0 + kk, g.wgrp)).load())
+                cp_async_to_shared(sh.ape, (kk * self.nthreads + tid, 0), mApe,
+                                   (g.ape_row0 + kk, g.wgrp * self.vec), 4 * self.vec)
+            cute.arch.cp_async_commit_group()
         zero = functools.partial(self._zero_token, mDKV, mDScore, col=col,
                                  halves=tuple(range(COFF)))
         if bx == 0:  # class (c) by CTA 0, its threads striding the tokens
             zero_short_segments(mCu, mCuc, n_seq, 0, 1, ty, TCH, zero, 0)
         zero_padding_tokens(tok_end + bx * TCH + ty, n_tokens, gdx * TCH, zero, 0)
+        if cutlass.const_expr(self.apesm):
+            cute.arch.cp_async_wait_group(0)  # the APE copy (and gosm: the first grad_out)
 
         for rr in cutlass.range(rows_per_cta):
             bb = bx * rows_per_cta + rr
@@ -262,20 +271,21 @@ class R128Bwd(R128Geometry):
                         self._prefetch_row(m, g, n_seq, nb_valid, bb + L2PF)
 
                 self._pass_max(m, sh, g, tok_row0, chunk_ok, rSc, rKv, rScN, rKvN, rGoN, rM,
-                               rGo)
+                               rGo, rr & 1)
                 cute.arch.sync_threads()
                 if cutlass.const_expr(self.regwin):
                     # The next row's loads fly during this row's passes, merge and stores
                     # (issued after the barrier, they cannot be hoisted above the take-over).
                     if rr + 1 < rows_per_cta:
                         if bb + 1 < nb_valid:
-                            self._fetch(m, g, n_seq, bb + 1, rScN, rKvN, rGoN, rSegN)
+                            self._fetch(m, g, n_seq, bb + 1, rScN, rKvN, rGoN, rSegN, sh,
+                                        (rr + 1) & 1)
                 self._pass_partials(m, sh, g, bb, chunk_ok, rSc, rKv, rM, rDen, rSp, rGo)
                 cute.arch.sync_threads()
                 self._merge(sh, g)
                 cute.arch.sync_threads()
                 self._gradients(m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rGoN, rM,
-                                rDen, rSp, rGo, rK, rS)
+                                rDen, rSp, rGo, rK, rS, rr & 1)
                 if bb + 1 == mCuc[seg + 1]:  # the segment's last block
                     # regwin re-derives the block's first token and re-reads cu[s+1] here (its
                     # register budget); staged holds both from the row's start.
@@ -318,6 +328,12 @@ class R128Bwd(R128Geometry):
             sh.dape = smem.allocate_tensor(
                 F32, cute.make_layout((4, nt, cv // 4), stride=(1, 4, 4 * nt)),
                 byte_alignment=16)
+        if self.gosm:
+            # thread-private grad_out words, double-buffered by row parity: the next row's
+            # arrives (cp.async) while the current row's may still be read
+            sh.go = smem.allocate_tensor(
+                I32, cute.make_layout((2, self.nthreads), stride=(self.nthreads, 1)),
+                byte_alignment=16)
         if self.apesm:
             # thread-private APE values: (kk, j) of thread tid at row kk*nt + tid, column j, so
             # a warp reads 32 consecutive vec-wide vectors per window position
@@ -344,7 +360,9 @@ class R128Bwd(R128Geometry):
                    else cute.make_rmem_tensor((C,), raw))
             rScN = cute.make_rmem_tensor((C,), raw)
             rKvN = cute.make_rmem_tensor((C,), raw)
-            if self.gopack:
+            if self.gosm:
+                rGoN = None  # grad_out goes to shared memory (sh.go)
+            elif self.gopack:
                 # grad_out as loaded (a packed bf16 pair for vec 2): [0] the next row's, fetched
                 # with its window; [1] the current row's, held for the gradient pass (goreuse).
                 # Unpacked only where used: nothing waits on the load right after the fetch.
@@ -391,7 +409,7 @@ class R128Bwd(R128Geometry):
                                self.threads_x * self.tchunks)
 
     @cute.jit
-    def _fetch(self, m, g, n_seq, bb, rScN, rKvN, rGoN, rSegN):
+    def _fetch(self, m, g, n_seq, bb, rScN, rKvN, rGoN, rSegN, sh, slot):
         """regwin: issue row bb's loads into registers: its grad_out vec and this thread's C
         score and C kv vecs, all independent of each other, so they are in flight together."""
         VEC = self.vec
@@ -399,12 +417,16 @@ class R128Bwd(R128Geometry):
         rSegN[0] = seg
         blk = bb - m.cuc[seg]
         tok_row0 = m.cu[seg] + blk * RATIO + g.k0 - (self.coff - 1) * RATIO
-        gov = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load()
-        if cutlass.const_expr(self.gopack):
-            rGoN[0] = gov.bitcast(I32)[0] if VEC == 2 else gov[0]
+        if cutlass.const_expr(self.gosm):  # into shared memory slot `slot`, no register
+            cp_async_to_shared(sh.go, (slot, g.tid), m.go, (bb, g.col * VEC), 2 * VEC)
+            cute.arch.cp_async_commit_group()
         else:
-            for j in cutlass.range_constexpr(VEC):
-                rGoN[j] = gov[j]
+            gov = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load()
+            if cutlass.const_expr(self.gopack):
+                rGoN[0] = gov.bitcast(I32)[0] if VEC == 2 else gov[0]
+            else:
+                for j in cutlass.range_constexpr(VEC):
+                    rGoN[j] = gov[j]
         chunk_ok = (blk + g.half) > 0 if self.coff == 2 else True
         if chunk_ok:
             for kk in cutlass.range_constexpr(self.chunk):
@@ -428,14 +450,21 @@ class R128Bwd(R128Geometry):
         return _raw_word_f32(raw[kk], j, self.vec)
 
     @cute.jit
-    def _pass_max(self, m, sh, g, tok_row0, chunk_ok, rSc, rKv, rScN, rKvN, rGoN, rM, rGo):
+    def _pass_max(self, m, sh, g, tok_row0, chunk_ok, rSc, rKv, rScN, rKvN, rGoN, rM, rGo,
+                  slot):
         """1. The chunk max of s = f32(score) + ape into sMax[ty]; staged: s and kv staged
-        (-inf and 0 for an invalid chunk); regwin: the fetched row taken over."""
+        (-inf and 0 for an invalid chunk); regwin: the fetched row taken over (gosm: its
+        grad_out word from shared memory slot ``slot``, once its cp.async has landed)."""
         VEC = self.vec
         if cutlass.const_expr(self.gopack and self.sched.goreuse):
             rGoN[1] = rGoN[0]
+        if cutlass.const_expr(self.gosm):
+            cute.arch.cp_async_wait_group(0)
+            wgo = sh.go[slot, g.tid]
         for j in cutlass.range_constexpr(VEC):
-            if cutlass.const_expr(self.gopack):
+            if cutlass.const_expr(self.gosm):
+                rGo[j] = _half(wgo, j)
+            elif cutlass.const_expr(self.gopack):
                 rGo[j] = _raw_word_f32(rGoN[0], j, VEC)
             elif cutlass.const_expr(self.regwin):
                 rGo[j] = rGoN[j].to(F32)
@@ -568,7 +597,7 @@ class R128Bwd(R128Geometry):
 
     @cute.jit
     def _gradients(self, m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rGoN, rM, rDen,
-                   rSp, rGo, rK, rS):
+                   rSp, rGo, rK, rS, slot):
         """4. dKV, dScore of the chunk and its fp32 dScore sums for dAPE (regwin: e recomputed
         as in pass 2, dp = go*kv from the raw word, not kept from pass 2)."""
         VEC = self.vec
@@ -576,6 +605,12 @@ class R128Bwd(R128Geometry):
             gov2 = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load().to(F32)
             for j in cutlass.range_constexpr(VEC):
                 rGo[j] = gov2[j]
+        elif cutlass.const_expr(self.gosm):
+            # read again from the row's shared-memory slot (the next row's copy lands in the
+            # other slot)
+            wgo = sh.go[slot, g.tid]
+            for j in cutlass.range_constexpr(VEC):
+                rGo[j] = _half(wgo, j)
         elif cutlass.const_expr(self.gopack):
             # converted again from the held grad_out word (one register through the row, not
             # vec fp32 ones), opaque so that the compiler does not keep the fp32 pair instead

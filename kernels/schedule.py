@@ -115,6 +115,10 @@ class BwdSchedule:
     # until used, instead of unpacked as loaded (the warp then waits on the load right after
     # issuing the fetch); with goreuse, that word is what the row holds for its gradient pass.
     gopack: bool = False
+    # regwin, vec 2: the next row's grad_out fetched with cp.async into a thread-private shared
+    # slot (two, by row parity) instead of a register; pass 1 unpacks it from there, and with
+    # goreuse the gradient pass reads it there again (no reload, no register held).
+    gosm: bool = False
 
     @property
     def tag(self) -> str:
@@ -124,6 +128,7 @@ class BwdSchedule:
                 + (rw if self.regwin else "") + ("_ks" if self.keeps else "")
                 + ("_vsm" if self.vsm else "") + ("_kdp" if self.keepdp else "")
                 + ("_as" if self.apesm else "") + ("_gp" if self.gopack else "")
+                + ("_gs" if self.gosm else "")
                 + (f"_l2p{self.l2pf}" if self.l2pf else "")
                 + ("_det" if self.deterministic else ""))
 
@@ -165,7 +170,8 @@ def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
     win = window(coff, ratio)
     if sched.regwin:
         ape = win * cols * 4 if sched.apesm else 0
-        return win * cols * 4 + ape + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
+        go = 2 * sched.threads_x * sched.tchunks * 4 if sched.gosm else 0
+        return win * cols * 4 + ape + go + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
     return win * cols * 6 + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
 
 
@@ -231,6 +237,9 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
                            f"{4 * REGWIN_MAX_CHUNK}")
         if sched.gopack and not sched.regwin:
             out.append("gopack is a register-window option")
+        if sched.gosm and (not sched.regwin or sched.vec != 2 or sched.gopack):
+            out.append("gosm is a register-window option at vec 2 (a 4-byte cp.async), "
+                       "exclusive with gopack")
         if sched.apesm:
             threads = sched.threads_x * sched.tchunks
             if not sched.regwin:
