@@ -372,9 +372,11 @@ BWD_DEFAULT_H200 = {
     # then 56.8 -> 52.7 / 57.3 -> 52.1 (+8%): vector shared accesses; sweep 5
     # (v2t16x32_fexp_rw_ks_vsm ->): 54.0 -> 51.4 / 54.0 -> 51.6 cold us (+4.8/+4.5%): tchunks
     # 8, dp kept (the sweep's _l2p1 form ties it, and its deterministic form spills); fifth
-    # session (->_as): 51.9 -> 50.0 / 51.9 -> 50.1 cold us (+3.7%): APE in shared memory
+    # session (->_as): 51.9 -> 50.0 / 51.9 -> 50.1 cold us (+3.7%): APE in shared memory;
+    # then (->_gs) 50.6 -> 49.6 / 50.3 -> 49.8 (+1.4%; with goreuse +1.0%): grad_out by cp.async
+    # into shared memory, the APE copy by cp.async too
     (1, 128): BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, vsm=True, keepdp=True,
-                          apesm=True),
+                          apesm=True, gosm=True),
     # 1x65536: 78.20 -> 59.39 / 78.18 -> 59.44 (+24.0%); 2026-12-01 cold
     # (v2t16x32_fexp_gor_rw ->): 61.6 -> 54.3 / 61.5 -> 54.4 cold us (+11.7%): s kept, and
     # goreuse off (with both, ptxas spills at 128 registers); then 54.8 -> 53.6 / 54.7 ->
@@ -385,9 +387,10 @@ BWD_DEFAULT_H200 = {
     # 1x65536: 129.84 -> 113.46 / 129.78 -> 113.32 (+12.6%); goreuse off; 2026-12-01 cold
     # (v2t8x32_fexp_rw ->): 115.8 -> 92.0 / 116.3 -> 92.4 cold us (+20.5%): s kept; then
     # 92.1 -> 89.6 / 92.3 -> 89.3 (+3%): dp kept; fifth session (->_as): 90.4 -> 89.3 / 90.6
-    # -> 89.5 (+1.3%; 1x8192 +3.9%): APE in shared memory
+    # -> 89.5 (+1.3%; 1x8192 +3.9%): APE in shared memory; then (->_gs) 89.0 -> 87.7 / 89.1 ->
+    # 87.6 (+1.6%; 1x8192 +4.7%; with goreuse +0.5%): grad_out by cp.async into shared memory
     (1, 512): BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, keepdp=True,
-                          apesm=True),
+                          apesm=True, gosm=True),
     # 1x65536: 256.42 -> 223.65 / 256.41 -> 223.72 (+12.8%); 2026-12-01 cold
     # (v2t16x32_fexp_gor_rw ->): 220.3 -> 181.8 / 220.6 -> 181.8 cold us (+17.5%): s kept,
     # goreuse off (with both, ptxas spills at 128 registers); then 182.2 -> 175.9 / 182.2 ->

@@ -86,4 +86,10 @@ BWD_REGWIN += [
     ((2, 128), BwdSchedule(2, 16, 32, True, False, True, keeps=True, keepdp=True, apesm=True)),
     ((2, 512), BwdSchedule(2, 16, 32, True, False, True, keeps=True, keepdp=True, apesm=True)),
 ]
+# the two c1 sm_90a entries before grad_out went to shared memory (gosm, fifth session)
+BWD_REGWIN += [
+    ((1, 128), BwdSchedule(2, 8, 32, True, False, True, keeps=True, vsm=True, keepdp=True,
+                           apesm=True)),
+    ((1, 512), BwdSchedule(2, 8, 32, True, False, True, keeps=True, keepdp=True, apesm=True)),
+]
 BWD_REGWIN += [(cfg, s) for cfg, s in _BWD_TABLE if s.regwin and (cfg, s) not in BWD_REGWIN]
