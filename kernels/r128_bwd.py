@@ -31,7 +31,8 @@ with it, ``keepdp`` holds dp = go * kv (fp32) from pass 1 instead of the raw kv 
 ``l2pf`` = n requests row r + n's window slice into L2 at the start of row r
 (``prefetch.global.L2``, one per 128-byte line; nothing waits on it). ``apesm`` copies the
 thread's C*vec APE values (the same for every row) into thread-private shared memory once per
-CTA (with cp.async), so the rows read them there instead of through L1/L2. ``gosm``
+CTA (``apeasync``: with cp.async), so the rows read them there instead of through L1/L2.
+``gosm``
 (vec 2) fetches the next row's grad_out with cp.async into a thread-private shared-memory
 slot (two, by row parity), so no register holds it and no instruction waits on it before
 pass 1 (and with goreuse the gradient pass reads it there again). ``gopack`` keeps the fetched
@@ -138,6 +139,7 @@ class R128Bwd(R128Geometry):
         self.vsm = sched.vsm
         self.keepdp = sched.keepdp
         self.apesm = sched.apesm
+        self.apeasync = sched.apeasync
         self.gopack = sched.gopack
         self.gosm = sched.gosm
         self.fast = sched.fastexp
@@ -234,18 +236,22 @@ class R128Bwd(R128Geometry):
             if bx * rows_per_cta < nb_valid:
                 self._fetch(m, g, n_seq, bx * rows_per_cta, rScN, rKvN, rGoN, rSegN, sh, 0)
         if cutlass.const_expr(self.apesm):
-            # the thread's own C*vec APE values, once: only this thread reads them (no barrier;
-            # cp.async, so nothing waits on the loads here; waited for before the row loop)
+            # the thread's own C*vec APE values, once: only this thread reads them (no barrier)
             for kk in cutlass.range_constexpr(self.chunk):
-                cp_async_to_shared(sh.ape, (kk * self.nthreads + tid, 0), mApe,
-                                   (g.ape_row0 + kk, g.wgrp * self.vec), 4 * self.vec)
-            cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(self.apeasync):  # nothing waits here; before the loop
+                    cp_async_to_shared(sh.ape, (kk * self.nthreads + tid, 0), mApe,
+                                       (g.ape_row0 + kk, g.wgrp * self.vec), 4 * self.vec)
+                else:
+                    cute.local_tile(sh.ape, (1, self.vec), (kk * self.nthreads + tid, 0)).store(
+                        cute.local_tile(mApe, (1, self.vec), (g.ape_row0 + kk, g.wgrp)).load())
+            if cutlass.const_expr(self.apeasync):
+                cute.arch.cp_async_commit_group()
         zero = functools.partial(self._zero_token, mDKV, mDScore, col=col,
                                  halves=tuple(range(COFF)))
         if bx == 0:  # class (c) by CTA 0, its threads striding the tokens
             zero_short_segments(mCu, mCuc, n_seq, 0, 1, ty, TCH, zero, 0)
         zero_padding_tokens(tok_end + bx * TCH + ty, n_tokens, gdx * TCH, zero, 0)
-        if cutlass.const_expr(self.apesm):
+        if cutlass.const_expr(self.apeasync):
             cute.arch.cp_async_wait_group(0)  # the APE copy (and gosm: the first grad_out)
 
         for rr in cutlass.range(rows_per_cta):

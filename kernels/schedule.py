@@ -119,6 +119,9 @@ class BwdSchedule:
     # slot (two, by row parity) instead of a register; pass 1 unpacks it from there, and with
     # goreuse the gradient pass reads it there again (no reload, no register held).
     gosm: bool = False
+    # apesm only: the APE copy by cp.async (nothing waits on its loads where they are issued;
+    # waited for before the row loop) instead of loads and shared stores.
+    apeasync: bool = False
 
     @property
     def tag(self) -> str:
@@ -127,7 +130,8 @@ class BwdSchedule:
                 + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else "")
                 + (rw if self.regwin else "") + ("_ks" if self.keeps else "")
                 + ("_vsm" if self.vsm else "") + ("_kdp" if self.keepdp else "")
-                + ("_as" if self.apesm else "") + ("_gp" if self.gopack else "")
+                + ("_as" if self.apesm else "") + ("a" if self.apeasync else "")
+                + ("_gp" if self.gopack else "")
                 + ("_gs" if self.gosm else "")
                 + (f"_l2p{self.l2pf}" if self.l2pf else "")
                 + ("_det" if self.deterministic else ""))
@@ -237,6 +241,8 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
                            f"{4 * REGWIN_MAX_CHUNK}")
         if sched.gopack and not sched.regwin:
             out.append("gopack is a register-window option")
+        if sched.apeasync and not sched.apesm:
+            out.append("apeasync is an apesm option (how the APE copy is made)")
         if sched.gosm and (not sched.regwin or sched.vec != 2 or sched.gopack):
             out.append("gosm is a register-window option at vec 2 (a 4-byte cp.async), "
                        "exclusive with gopack")
@@ -373,10 +379,10 @@ BWD_DEFAULT_H200 = {
     # (v2t16x32_fexp_rw_ks_vsm ->): 54.0 -> 51.4 / 54.0 -> 51.6 cold us (+4.8/+4.5%): tchunks
     # 8, dp kept (the sweep's _l2p1 form ties it, and its deterministic form spills); fifth
     # session (->_as): 51.9 -> 50.0 / 51.9 -> 50.1 cold us (+3.7%): APE in shared memory;
-    # then (->_gs) 50.6 -> 49.6 / 50.3 -> 49.8 (+1.4%; with goreuse +1.0%): grad_out by cp.async
-    # into shared memory, the APE copy by cp.async too
+    # then (->_asa.._gs) 50.6 -> 49.6 / 50.3 -> 49.8 (+1.4%; with goreuse +1.0%): grad_out by
+    # cp.async into shared memory, the APE copy by cp.async too
     (1, 128): BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, vsm=True, keepdp=True,
-                          apesm=True, gosm=True),
+                          apesm=True, gosm=True, apeasync=True),
     # 1x65536: 78.20 -> 59.39 / 78.18 -> 59.44 (+24.0%); 2026-12-01 cold
     # (v2t16x32_fexp_gor_rw ->): 61.6 -> 54.3 / 61.5 -> 54.4 cold us (+11.7%): s kept, and
     # goreuse off (with both, ptxas spills at 128 registers); then 54.8 -> 53.6 / 54.7 ->
@@ -387,19 +393,22 @@ BWD_DEFAULT_H200 = {
     # 1x65536: 129.84 -> 113.46 / 129.78 -> 113.32 (+12.6%); goreuse off; 2026-12-01 cold
     # (v2t8x32_fexp_rw ->): 115.8 -> 92.0 / 116.3 -> 92.4 cold us (+20.5%): s kept; then
     # 92.1 -> 89.6 / 92.3 -> 89.3 (+3%): dp kept; fifth session (->_as): 90.4 -> 89.3 / 90.6
-    # -> 89.5 (+1.3%; 1x8192 +3.9%): APE in shared memory; then (->_gs) 89.0 -> 87.7 / 89.1 ->
-    # 87.6 (+1.6%; 1x8192 +4.7%; with goreuse +0.5%): grad_out by cp.async into shared memory
+    # -> 89.5 (+1.3%; 1x8192 +3.9%): APE in shared memory; then (->_asa.._gs) 89.0 -> 87.7 /
+    # 89.1 -> 87.6 (+1.6%; 1x8192 +4.7%; with goreuse +0.5%): grad_out by cp.async into shared
+    # memory, the APE copy by cp.async too
     (1, 512): BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, keepdp=True,
-                          apesm=True, gosm=True),
+                          apesm=True, gosm=True, apeasync=True),
     # 1x65536: 256.42 -> 223.65 / 256.41 -> 223.72 (+12.8%); 2026-12-01 cold
     # (v2t16x32_fexp_gor_rw ->): 220.3 -> 181.8 / 220.6 -> 181.8 cold us (+17.5%): s kept,
     # goreuse off (with both, ptxas spills at 128 registers); then 182.2 -> 175.9 / 182.2 ->
     # 175.8 (+3.5%; 1x131072: 353.6 -> 339.0 / 353.7 -> 339.2, +4.2%): dp kept; fifth session
     # (->_as), 1x131072: 339.1 -> 329.0 / 339.3 -> 328.9 (+3.0%; 1x8192 +3.9%): APE in shared
     # memory; then (->_gor.._gp) 328.6 -> 315.6 / 327.9 -> 315.5 (+3.9%; 1x8192 +2.2%):
-    # grad_out kept packed, its word held for the gradient pass
+    # grad_out kept packed, its word held for the gradient pass; then (->_asa..)
+    # 317.9 -> 313.5 / 317.5 -> 313.2 (+1.4%): the APE copy by cp.async (at c2d128: -0.2% cold,
+    # and 8 B of spill on sm_100a, so not there)
     (2, 512): BwdSchedule(2, 16, 32, True, True, regwin=True, keeps=True, keepdp=True,
-                          apesm=True, gopack=True),
+                          apesm=True, gopack=True, apeasync=True),
 }
 
 UPSTREAM_ARCH = "sm_100a"

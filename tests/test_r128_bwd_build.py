@@ -412,11 +412,12 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
     assert n_rm == (0 if sched.fastexp else n_ex2), f"fma.rm={n_rm} (fastexp={sched.fastexp})"
     # APE is loaded in each of the three passes, or once with keeps: C loads a pass (at vec 2
     # its fp32 pair is the only 2 x 32-bit load; at vec 1 it shares ld.global.b32 with cu/cuc);
-    # apesm: none; C cp.async copies of the thread's APE values into shared memory, before
-    # the row loop (the passes read the shared copy), waited for before the first barrier.
+    # apesm: C, once, before the row loop (the passes read the shared copy; a pair only moved
+    # to shared memory may load as one b64); apeasync: none, C cp.async copies instead, waited
+    # for before the first barrier.
     if sched.vec == 2:
         n_ape = len(re.findall(APE_PAIR, ptx))
-        passes = 0 if sched.apesm else 1 if sched.keeps else 3
+        passes = 0 if sched.apeasync else 1 if sched.keeps or sched.apesm else 3
         assert n_ape == chunk * passes, f"{n_ape} APE loads, C={chunk}"
     lines_ = ptx.splitlines()
     ape_copies = [n for n, line in enumerate(lines_)
@@ -424,14 +425,14 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
                                rf"{4 * sched.vec};", line)]
     go_copies = [n for n, line in enumerate(lines_)
                  if re.search(r"\bcp\.async\.ca\.shared\.global \[[^]]+\], \[g\], 4;", line)]
-    if sched.apesm:
+    if sched.apeasync:
         assert len(ape_copies) >= chunk and ape_copies[chunk - 1] < bars[0]
     # gosm: the grad_out word of the prologue's and the loop's fetch by cp.async (4 bytes),
     # waited for (cp.async.wait_group) before each row's pass 1 reads it.
-    n_go = len(go_copies) - (chunk if sched.apesm and sched.vec == 1 else 0)
+    n_go = len(go_copies) - (chunk if sched.apeasync and sched.vec == 1 else 0)
     assert n_go == (2 if sched.gosm else 0), f"{n_go} grad_out copies (gosm={sched.gosm})"
     n_wait = len(re.findall(r"\bcp\.async\.wait_group\s+0;", ptx))
-    assert n_wait == int(sched.apesm) + int(sched.gosm), f"{n_wait} cp.async waits"
+    assert n_wait == int(sched.apeasync) + int(sched.gosm), f"{n_wait} cp.async waits"
     # l2pf = n: one prefetch site per array in the row loop and n - 1 in the prologue, each a
     # prefetch.global.L2 per 128-byte line of the CTA's column slice.
     lines = -(-sched.threads_x * sched.vec * 2 // 128)
@@ -488,6 +489,9 @@ def test_regwin_schedule_rules():
     gs = dataclasses.replace(aps, gosm=True)
     assert config_problems(1, 128, gs) == [] and gs.tag == "v2t8x32_fexp_gor_rw_as_gs"
     assert bwd_smem_bytes(1, gs) == bwd_smem_bytes(1, aps) + 2 * 256 * 4
+    assert dataclasses.replace(gs, apeasync=True).tag == "v2t8x32_fexp_gor_rw_asa_gs"
+    assert any(p.startswith("apeasync is an apesm option") for p in
+               config_problems(1, 128, dataclasses.replace(gs, apesm=False, apeasync=True)))
     for bad in (dataclasses.replace(gs, gopack=True), dataclasses.replace(gs, vec=1),
                 BwdSchedule(2, 8, 32, True, True, gosm=True)):
         assert any(p.startswith("gosm is a register-window option") for p in

@@ -67,8 +67,11 @@ REGWIN = [
     _rw(1, 128, 1, 16, True, False, keeps=True, gopack=True),
     _rw(2, 128, 2, 16, True, True, gopack=True),
     # grad_out fetched by cp.async into shared memory (gosm), read again (goreuse) or reloaded
-    _rw(1, 128, 2, 8, True, True, keeps=True, vsm=True, keepdp=True, apesm=True, gosm=True),
-    _rw(1, 512, 2, 8, True, False, keeps=True, keepdp=True, apesm=True, gosm=True),
+    _rw(1, 128, 2, 8, True, True, keeps=True, vsm=True, keepdp=True, apesm=True, gosm=True,
+        apeasync=True),
+    _rw(1, 512, 2, 8, True, False, keeps=True, keepdp=True, apesm=True, gosm=True,
+        apeasync=True),
+    _rw(2, 128, 1, 16, True, True, keeps=True, apesm=True, apeasync=True),  # vec 1 copies
     _rw(2, 512, 2, 16, True, True, gosm=True),
 ]
 REGWIN_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in REGWIN]
@@ -237,7 +240,8 @@ def test_regwin_matches_staged_bitwise(cfg, sched):
     pack, go, ref32, _, _ = edge_case(coff, d)
     # staged: the default occupancy, s in shared memory (keeps is a register-window option)
     staged = dataclasses.replace(sched, regwin=False, sm_threads=512, keeps=False, vsm=False,
-                                 keepdp=False, apesm=False, gopack=False, gosm=False)
+                                 keepdp=False, apesm=False, gopack=False, gosm=False,
+                                 apeasync=False)
     a = run_fused(coff, d, staged, pack, go, fill=float("nan"))
     b = run_fused(coff, d, sched, pack, go, fill=float("nan"), rows_per_cta=3)
     for i, name in enumerate(("dkv", "dscore")):
