@@ -91,5 +91,8 @@ BWD_REGWIN += [
     ((1, 128), BwdSchedule(2, 8, 32, True, False, True, keeps=True, vsm=True, keepdp=True,
                            apesm=True)),
     ((1, 512), BwdSchedule(2, 8, 32, True, False, True, keeps=True, keepdp=True, apesm=True)),
+    # and the c2d512 entry before its APE copy went by cp.async
+    ((2, 512), BwdSchedule(2, 16, 32, True, True, True, keeps=True, keepdp=True, apesm=True,
+                           gopack=True)),
 ]
 BWD_REGWIN += [(cfg, s) for cfg, s in _BWD_TABLE if s.regwin and (cfg, s) not in BWD_REGWIN]
