@@ -32,13 +32,12 @@ with it, ``keepdp`` holds dp = go * kv (fp32) from pass 1 instead of the raw kv 
 (``prefetch.global.L2``, one per 128-byte line; nothing waits on it). ``apesm`` copies the
 thread's C*vec APE values (the same for every row) into thread-private shared memory once per
 CTA (``apeasync``: with cp.async), so the rows read them there instead of through L1/L2.
-``gosm``
-(vec 2) fetches the next row's grad_out with cp.async into a thread-private shared-memory
-slot (two, by row parity), so no register holds it and no instruction waits on it before
-pass 1 (and with goreuse the gradient pass reads it there again). ``gopack`` keeps the fetched
-grad_out as the loaded word (a packed bf16 pair at vec 2) until it is used (ptxas otherwise
-unpacks it right after the fetch, stalling the warp on the load), and with goreuse holds that
-word, not vec fp32 values, for the gradient pass.
+``gosm`` (vec 2) fetches the next row's grad_out with cp.async into a thread-private
+shared-memory slot (two, by row parity), so no register holds it and no instruction waits on
+it before pass 1 (and with goreuse the gradient pass reads it there again). ``gopack`` keeps
+the fetched grad_out as the loaded word (a packed bf16 pair at vec 2) until it is used (ptxas
+otherwise unpacks it right after the fetch, stalling the warp on the load), and with goreuse
+holds that word, not vec fp32 values, for the gradient pass.
 
 After the row loop every thread adds its C * vec dAPE partials with fp32 ``red.add``.
 Window position k maps to (token, column, ape row):
@@ -330,7 +329,7 @@ class R128Bwd(R128Geometry):
             # fp32 dScore sums for dAPE, thread-private (no barrier): slot i = kk*VEC + j of
             # thread tid at (i % 4, tid, i // 4), so a thread's slots move as 16 B vectors and
             # a warp's vectors are contiguous. In registers they would cost C*VEC more each.
-            nt, cv = self.threads_x * self.tchunks, self.chunk * self.vec
+            nt, cv = self.nthreads, self.chunk * self.vec
             sh.dape = smem.allocate_tensor(
                 F32, cute.make_layout((4, nt, cv // 4), stride=(1, 4, 4 * nt)),
                 byte_alignment=16)
@@ -412,7 +411,7 @@ class R128Bwd(R128Geometry):
                     k_first = I32(RATIO)
             prefetch_window_l2(m.score, m.kv, m.cu[seg] + (blk - (self.coff - 1)) * RATIO,
                                k_first, g.col0, self.coff, self.d, self.cols_pc * 2, g.tid,
-                               self.threads_x * self.tchunks)
+                               self.nthreads)
 
     @cute.jit
     def _fetch(self, m, g, n_seq, bb, rScN, rKvN, rGoN, rSegN, sh, slot):

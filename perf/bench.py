@@ -486,12 +486,17 @@ def _geometries(direction: str, coff: int, d: int, base):
                 cand = replace(base, vec=vec, tchunks=tch, threads_x=S.threads_x_for(d, vec))
                 out.append(cand)
             else:
-                # staged, and the register window at each occupancy target
+                # staged, and the register window at each occupancy target; the base's
+                # register-window options where the geometry can take them (else a staged or
+                # vec-1 geometry would be refused for the base's options, not for itself)
                 for rw, sm in [(False, S.REGWIN_THREADS_PER_SM)] + [
                         (True, t) for t in S.REGWIN_SM_THREADS]:
                     out.append(replace(base, vec=vec, tchunks=tch, regwin=rw, sm_threads=sm,
                                        keeps=base.keeps and rw, vsm=base.vsm and rw,
                                        keepdp=base.keepdp and rw, apesm=base.apesm and rw,
+                                       apeasync=base.apeasync and rw,
+                                       gopack=base.gopack and rw,
+                                       gosm=base.gosm and rw and vec == 2,
                                        threads_x=S.threads_x_for(d, vec)))
     return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
 
@@ -501,7 +506,8 @@ def _flag_variants(direction: str, coff: int, d: int, sched):
     with goreuse flipped too (the pair that fits 128 registers; keeps off drops its options)
     and the L2 prefetch on/off."""
     names = (("twophase", "fastexp", "prefetch", "oneexp") if direction == "fwd"
-             else ("fastexp", "goreuse", "keeps", "vsm", "keepdp", "apesm"))
+             else ("fastexp", "goreuse", "keeps", "vsm", "keepdp", "apesm", "apeasync",
+                   "gopack", "gosm"))
     out = [_flip(sched, n) for n in names]
     if direction == "fwd":
         out += [replace(sched, unroll=u) for u in (2, 8) if u != sched.unroll]
