@@ -3,32 +3,66 @@
     out = csa_compress(kv, score, ape, cu_seqlens, cu_seqlens_comp, *, ratio, coff,
                        n_rows=None)
 
-Two custom ops, each one opaque node for torch.compile, make_fx and CUDA graphs:
+Two paths, one result (the kernels' own: the op adds no numerics, and the gate checks that
+bitwise, docs/CONTRACT.md section 5):
 
-* ``csagate::csa_compress_fwd(kv, score, ape, cu, cuc, ratio, coff, n_rows) -> out``
-* ``csagate::csa_compress_bwd(kv, score, ape, cu, cuc, grad_out, ratio, coff)
-  -> (dkv, dscore, dape)``: dape is freshly zeroed and accumulated by the kernel, so
-  autograd's accumulation into ``ape.grad`` is right across calls.
+* **Eager** (plain CUDA tensors, not under torch.compile, no torch dispatch mode or functorch
+  transform active): :class:`_CsaCompress`, a ``torch.autograd.Function`` whose forward and
+  backward call :mod:`csagate.kernels.api` directly. What a training step pays on the host is
+  then what any autograd.Function over the api pays; the dispatcher's custom-op machinery
+  (its per-call checks and dynamo-disable wrappers) is not on the path. Without grad the
+  forward is ``api.forward`` itself.
+* **Everything else** (torch.compile and export, make_fx, fake and meta tensors, dispatch
+  modes, other devices): the registered custom ops, each one opaque node for torch.compile,
+  make_fx and CUDA graphs:
 
-``register_autograd`` links them (differentiable in kv, score and ape; not twice
-differentiable). ``register_fake`` gives the shapes: the forward's row count is ``n_rows`` when
-given, else a data-dependent (unbacked) size, ``cuc[-1]``. The fake implementations validate
-shapes and dtypes with the messages of :func:`csagate.kernels.api.check_support`; the real
-ones call :mod:`csagate.kernels.api`, whose outputs they return unchanged: the op adds no
-numerics (the gate checks that bitwise, docs/CONTRACT.md section 5).
+  - ``csagate::csa_compress_fwd(kv, score, ape, cu, cuc, ratio, coff, n_rows) -> out``
+  - ``csagate::csa_compress_bwd(kv, score, ape, cu, cuc, grad_out, ratio, coff)
+    -> (dkv, dscore, dape)``: dape is freshly zeroed and accumulated by the kernel, so
+    autograd's accumulation into ``ape.grad`` is right across calls.
+
+  ``register_autograd`` links them (differentiable in kv, score and ape; not twice
+  differentiable). ``register_fake`` gives the shapes: the forward's row count is ``n_rows``
+  when given, else a data-dependent (unbacked) size, ``cuc[-1]``. The fake implementations
+  validate shapes and dtypes with the messages of :func:`csagate.kernels.api.check_support`.
+  The CUDA kernels call the api; on any other device the ops raise the api's one-line
+  ValueError (``kv must be a CUDA tensor ...``), not the dispatcher's list of backends.
+
+The backward's dAPE mode follows ``torch.are_deterministic_algorithms_enabled()`` on both
+paths (``api.backward(deterministic=None)``); streams are the current stream of the tensors'
+device on both.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from csagate.kernels import api
 
 
-@torch.library.custom_op("csagate::csa_compress_fwd", mutates_args=(), device_types="cuda")
+def _refuse_off_cuda(kv, score, ape, cu, cuc, other=None, *, ratio, coff, out_name="out"):
+    """The api's one-line error for inputs that are not all CUDA tensors (shape and dtype
+    errors first, as check_support orders them)."""
+    api.check_support(kv, score, ape, cu, cuc, other, ratio=ratio, coff=coff,
+                      out_name=out_name)
+    raise ValueError(f"kv must be a CUDA tensor, got device {kv.device}")
+
+
+# --- the registered ops: torch.compile, make_fx, fake tensors, opcheck ------------------
+
+
+@torch.library.custom_op("csagate::csa_compress_fwd", mutates_args=())
 def csa_compress_fwd(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor,
                      cu_seqlens: torch.Tensor, cu_seqlens_comp: torch.Tensor, ratio: int,
                      coff: int, n_rows: int | None = None) -> torch.Tensor:
+    """Every device but CUDA (whose kernel is below) and meta (the fake): the one-line
+    device error."""
+    _refuse_off_cuda(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=ratio, coff=coff)
+
+
+@csa_compress_fwd.register_kernel("cuda")
+def _fwd_cuda(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, n_rows=None):
     return api.forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=ratio, coff=coff,
                        n_rows=n_rows)
 
@@ -45,11 +79,18 @@ def _fwd_fake(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, n_rows=N
     return kv.new_empty((n_rows, kv.shape[1] // coff))
 
 
-@torch.library.custom_op("csagate::csa_compress_bwd", mutates_args=(), device_types="cuda")
+@torch.library.custom_op("csagate::csa_compress_bwd", mutates_args=())
 def csa_compress_bwd(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor,
                      cu_seqlens: torch.Tensor, cu_seqlens_comp: torch.Tensor,
                      grad_out: torch.Tensor, ratio: int, coff: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every device but CUDA and meta: the one-line device error."""
+    _refuse_off_cuda(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=ratio,
+                     coff=coff, out_name="grad_out")
+
+
+@csa_compress_bwd.register_kernel("cuda")
+def _bwd_cuda(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, coff):
     return api.backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=ratio,
                         coff=coff)
 
@@ -67,17 +108,57 @@ def _setup_context(ctx, inputs, output):
     ctx.ratio, ctx.coff = ratio, coff
 
 
-def _backward(ctx, grad_out):
+def _grads(ctx, grad_out):
+    """(dkv, dscore, dape, None x 5) from the saved inputs; the backward op, or the api on
+    the eager path."""
     kv, score, ape, cu, cuc = ctx.saved_tensors
     # The kernel reads grad_out row-major; autograd may hand an expanded or strided view.
-    dkv, dscore, dape = csa_compress_bwd(kv, score, ape, cu, cuc, grad_out.contiguous(),
-                                         ctx.ratio, ctx.coff)
+    grad_out = grad_out.contiguous()
+    if _eager(kv, grad_out):
+        dkv, dscore, dape = api.backward(kv, score, ape, cu, cuc, grad_out, ratio=ctx.ratio,
+                                         coff=ctx.coff)
+    else:
+        dkv, dscore, dape = csa_compress_bwd(kv, score, ape, cu, cuc, grad_out, ctx.ratio,
+                                             ctx.coff)
     need = ctx.needs_input_grad
     return (dkv if need[0] else None, dscore if need[1] else None,
             dape if need[2] else None, None, None, None, None, None)
 
 
-csa_compress_fwd.register_autograd(_backward, setup_context=_setup_context)
+csa_compress_fwd.register_autograd(_grads, setup_context=_setup_context)
+
+
+# --- the eager path ------------------------------------------------------------------------
+
+
+def _eager(kv, other) -> bool:
+    """True where the api may be called directly: plain CUDA tensors, not traced (dynamo,
+    export), no torch dispatch mode (fake tensors, make_fx, FlopCounter...) and no functorch
+    transform active. Each test is one cheap attribute or C call."""
+    return (not torch.compiler.is_compiling() and type(kv) is torch.Tensor
+            and type(other) is torch.Tensor and kv.is_cuda
+            and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active())
+
+
+_grads_once = once_differentiable(_grads)
+
+
+class _CsaCompress(torch.autograd.Function):
+    """The eager path: the api's forward and backward under autograd, nothing else."""
+
+    @staticmethod
+    def forward(ctx, kv, score, ape, cu, cuc, ratio, coff, n_rows):
+        out = api.forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
+        ctx.save_for_backward(kv, score, ape, cu, cuc)
+        ctx.ratio, ctx.coff = ratio, coff
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative must raise
+            return _grads_once(ctx, grad_out)
+        return _grads(ctx, grad_out)
 
 
 def csa_compress(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor,
@@ -90,5 +171,12 @@ def csa_compress(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor,
     data-dependent size). Bad input raises the one-line ValueErrors of
     ``csagate.kernels.api.check_support``.
     """
+    if _eager(kv, score):
+        if torch.is_grad_enabled() and (kv.requires_grad or score.requires_grad
+                                        or ape.requires_grad):
+            return _CsaCompress.apply(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio,
+                                      coff, n_rows)
+        return api.forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=ratio,
+                           coff=coff, n_rows=n_rows)
     return torch.ops.csagate.csa_compress_fwd(kv, score, ape, cu_seqlens, cu_seqlens_comp,
                                               ratio, coff, n_rows)

@@ -9,7 +9,11 @@
 * a CPU kernel registered for the tests (``register_kernel("cpu")``) with the eager
   reference (csagate.reference) standing in for csagate.kernels.api: torch.library.opcheck
   on CPU, eager gradients equal the reference's autograd bitwise, ape.grad accumulates across
-  calls, a fullgraph compile of a training step runs.
+  calls, a fullgraph compile of a training step runs;
+* the eager path (the autograd.Function over the api), routed onto CPU tensors with the
+  reference as the api: values, grads only where required, no second derivative, no-grad
+  forward;
+* CPU tensors without a test kernel: the api's one-line device error, not the dispatcher's.
 """
 
 from __future__ import annotations
@@ -89,19 +93,17 @@ def _bwd_cpu(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, coff)
                                   ratio=ratio, coff=coff))
 
 
-_CPU_REGISTERED = []
-
-
 @pytest.fixture
 def ref_backend(monkeypatch):
-    """A CPU kernel for the ops (test-only) whose api is the eager reference."""
-    if not _CPU_REGISTERED:
-        ops.csa_compress_fwd.register_kernel("cpu")(_fwd_cpu)
-        ops.csa_compress_bwd.register_kernel("cpu")(_bwd_cpu)
-        _CPU_REGISTERED.append(True)
+    """A CPU kernel for the ops (test-only) whose api is the eager reference; afterwards the
+    ops' own CPU behaviour (the one-line device error) is back."""
+    ops.csa_compress_fwd.register_kernel("cpu")(_fwd_cpu)
+    ops.csa_compress_bwd.register_kernel("cpu")(_bwd_cpu)
     be = RefBackend()
     monkeypatch.setattr(ops, "api", be)
-    return be
+    yield be
+    for op in (ops.csa_compress_fwd, ops.csa_compress_bwd):
+        op.register_kernel("cpu")(op._init_fn)
 
 
 def inputs(device, *, lens=(300, 260), ratio=128, coff=2, d=128, grad=True, seed=0):
@@ -384,3 +386,94 @@ def test_compiled_training_step_cpu(ref_backend):
     assert torch.equal(loss, eager)
     for a, b in zip(g_eager, (kv.grad, score.grad, ape.grad)):
         assert torch.equal(a, b)
+
+
+# --- the eager path: the autograd.Function over the api ---------------------------------
+
+
+@pytest.fixture
+def eager_on_cpu(monkeypatch):
+    """The eager route taken for plain CPU tensors, the reference as the api. No CPU kernel
+    is registered: a call that reached the custom ops would raise their device error."""
+    be = RefBackend()
+    monkeypatch.setattr(ops, "api", be)
+    monkeypatch.setattr(ops, "_eager", lambda kv, other: (
+        type(kv) is torch.Tensor and type(other) is torch.Tensor
+        and not torch._C._len_torch_dispatch_stack()))
+    return be
+
+
+def test_eager_function_values_and_grads_bitwise(eager_on_cpu):
+    kv, score, ape, cu, cuc = inputs("cpu", lens=(300, 260, 5))
+    n_rows = int(cuc[-1]) + 2
+    out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=2, n_rows=n_rows)
+    assert type(out.grad_fn).__name__ == "_CsaCompressBackward"
+    go = torch.randn(n_rows, 128).to(torch.bfloat16)
+    out.backward(go)
+    ref = REF.backward(kv.detach(), score.detach(), ape.detach(), cu, cuc, go, ratio=128,
+                       coff=2)
+    assert torch.equal(out.detach(), ref.out)
+    assert torch.equal(kv.grad, ref.dkv) and torch.equal(score.grad, ref.dscore)
+    assert torch.equal(ape.grad, ref.dape)
+    assert eager_on_cpu.calls == ["fwd", "bwd"]
+
+
+def test_eager_function_strided_grad_out(eager_on_cpu):
+    """autograd may hand an expanded grad_out (d sum): the backward makes it contiguous."""
+    kv, score, ape, cu, cuc = inputs("cpu", lens=(256,), coff=1)
+    out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1, n_rows=2)
+    out.sum().backward()
+    ones = torch.ones(2, 128, dtype=torch.bfloat16)
+    ref = REF.backward(kv.detach(), score.detach(), ape.detach(), cu, cuc, ones, ratio=128,
+                       coff=1)
+    assert torch.equal(kv.grad, ref.dkv) and torch.equal(ape.grad, ref.dape)
+
+
+def test_eager_function_grads_only_where_required(eager_on_cpu):
+    kv, score, ape, cu, cuc = inputs("cpu", lens=(256,), coff=1)
+    kv.requires_grad_(False)
+    ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1, n_rows=2).float().sum() \
+        .backward()
+    assert kv.grad is None and score.grad is not None and ape.grad is not None
+
+
+def test_eager_function_is_not_twice_differentiable(eager_on_cpu):
+    kv, score, ape, cu, cuc = inputs("cpu", lens=(256,), coff=1)
+    out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1, n_rows=2)
+    (g,) = torch.autograd.grad(out.float().square().sum(), (ape,), create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        g.sum().backward()
+
+
+@pytest.mark.parametrize("no_grad", [True, False])
+def test_eager_forward_without_grad_is_the_api(eager_on_cpu, no_grad):
+    kv, score, ape, cu, cuc = inputs("cpu", lens=(256,), coff=1, grad=not no_grad)
+    with torch.set_grad_enabled(not no_grad):
+        out = ops.csa_compress(kv.detach(), score.detach(), ape.detach(), cu, cuc, ratio=128,
+                               coff=1, n_rows=2)
+    assert out.grad_fn is None and eager_on_cpu.calls == ["fwd"]
+
+
+# --- CPU tensors: the api's one-line error ----------------------------------------------
+
+
+@pytest.mark.parametrize("call", ["forward", "forward-grad", "fwd-op", "bwd-op"])
+def test_cpu_tensors_give_one_line_device_error(call):
+    kv, score, ape, cu, cuc = inputs("cpu", lens=(256,), coff=1, grad=call == "forward-grad")
+    go = torch.zeros(2, 128, dtype=torch.bfloat16)
+    run = {
+        "forward": lambda: ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1,
+                                            n_rows=2),
+        "forward-grad": lambda: ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1),
+        "fwd-op": lambda: FWD(kv, score, ape, cu, cuc, 128, 1, 2),
+        "bwd-op": lambda: BWD(kv, score, ape, cu, cuc, go, 128, 1),
+    }[call]
+    with pytest.raises(ValueError) as err:
+        run()
+    assert str(err.value) == "kv must be a CUDA tensor (or meta for checks), got device cpu"
+
+
+def test_cpu_bad_shape_reported_before_device():
+    kv, score, ape, cu, cuc = inputs("cpu", lens=(256,), coff=1, grad=False)
+    with pytest.raises(ValueError, match=r"^ape shape \(128, 64\) must be"):
+        ops.csa_compress(kv, score, ape[:, :64].contiguous(), cu, cuc, ratio=128, coff=1)
