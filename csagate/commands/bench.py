@@ -137,6 +137,83 @@ def _sweep_json(rows) -> list[dict]:
     return out
 
 
+def _host_report(err) -> dict:
+    """Every host measurement (perf/hostus.py), each in a process of its own."""
+    from csagate.perf import hostus
+
+    # no spinner: its refresh thread would take the GIL from the timed loops
+    try:
+        return hostus.measure_all(progress=lambda what: err.print(f"measuring {what} ..."))
+    except RuntimeError as exc:
+        console.abort(f"host measurement failed: {exc}", ExitCode.COULD_NOT_EVALUATE)
+
+
+def _training_table(rows, process: str) -> Table:
+    from csagate.perf.hostus import VARIANTS
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    cols = ("variant", *(c for s in shapes for c in (f"{s}\np50 us", "p10-p90")))
+    t = console.new_table(f"forward + .backward() through autograd, host us per call ({process} "
+                          "process; p10/p50/p90 of back-to-back calls)", cols, marks=cols[1:],
+                          right=cols[1:])
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        cells = []
+        for s in shapes:
+            r = next((r for r in rows if (r["variant"], r["shape"]) == (variant, s)), None)
+            cells += ([f"{r['p50']:.1f}", f"{r['p10']:.0f}-{r['p90']:.0f}"] if r
+                      else ["-", "-"])
+        t.add_row(VARIANTS.get(variant, variant), *cells)
+    return t
+
+
+def _cold_table(gpu: dict) -> Table:
+    cols = ("process", "shape", "op us", "api us", "kernels\nus", "op /\nkernels")
+    t = console.new_table("cold forward + backward (L2 flushed; events around one step): the "
+                          "op through autograd, api.forward + api.backward, the kernels into "
+                          "buffers", cols, marks=cols[2:], right=cols[2:])
+    for process, g in gpu.items():
+        for c in g["cold"]:
+            t.add_row(process, c["shape"], f"{c['op_us']:.1f}", f"{c['api_us']:.1f}",
+                      f"{c['kernels_us']:.1f}", f"{c['op_over_kernels']:.2f}")
+    return t
+
+
+def _spread_table(gpu: dict) -> Table:
+    cols = ("process", "backward", "p10 us", "p50 us", "p90 us", "p90 /\np10", "host\np50 us")
+    t = console.new_table("backward spread (events around the call, GPU idle before it)", cols,
+                          marks=cols[2:], right=cols[2:])
+    for process, g in gpu.items():
+        sp = g["spread"]
+        for name in ("op_backward", "api_backward"):
+            e = sp[name]["event_us"]
+            t.add_row(process, f"{name.replace('_', ' ')} {sp['shape']}", f"{e['p10']:.1f}",
+                      f"{e['p50']:.1f}", f"{e['p90']:.1f}", f"{sp[name]['event_spread']:.2f}",
+                      f"{sp[name]['host_us']['p50']:.1f}")
+    return t
+
+
+def host_tables(host: dict) -> list[Table]:
+    """The training tables (one per process), the cold comparison, the backward spread, the
+    per-call paths without autograd, and the targets."""
+    tables = [_training_table([r for r in host["host"] if r["process"] == p], p)
+              for p in dict.fromkeys(r["process"] for r in host["host"])]
+    tables += [_cold_table(host["gpu"]), _spread_table(host["gpu"])]
+    calls = console.new_table("one call, no autograd (CPU wall, 1000 back-to-back calls, "
+                              "median of 5; r128 c1d128, 1024 tokens)",
+                              ("path", "us/call", "sync tail us"),
+                              marks=("us/call", "sync tail us"),
+                              right=("us/call", "sync tail us"))
+    for r in host["calls"] or ():
+        calls.add_row(r["path"], f"{r['us']:.1f}", f"{r['sync_tail_us']:.1f}")
+    goals = console.new_table("targets", ("figure", "value", "limit", "met"),
+                              marks=("value", "limit", "met"), right=("value", "limit"))
+    for g in host["targets"]:
+        goals.add_row(g["what"], f"{g['value']:.2f}",
+                      "-" if g["limit"] is None else f"{g['limit']:.2f}",
+                      {True: "yes", False: "NO", None: "-"}[g["ok"]])
+    return [*tables, calls, goals]
+
+
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
 @click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True)
@@ -146,8 +223,10 @@ def _sweep_json(rows) -> list[dict]:
 @click.option("--sweep", "sweep_dirs", type=click.Choice(["fwd", "bwd", "all"]), default=None,
               help="Search each bucket's schedule space and A/B the winner against the table.")
 @click.option("--host", "host", is_flag=True,
-              help="Host time per call instead: the api path, the torch op and a do-nothing op "
-                   "with the op's signature (1000 calls, median of 5; c1d128, 1024 tokens).")
+              help="Host time instead: forward + backward through autograd per variant (the "
+                   "op, a plain autograd.Function, a do-nothing op, the api), p10/p50/p90, in "
+                   "a fresh process and one that ran torch.compile; the cold 131072-token "
+                   "op-vs-kernels comparison; the op backward's spread.")
 @click.option("--shape", "shapes", multiple=True, metavar="cCdD:TOKENS",
               help="Only these shapes, e.g. c1d128:8192 (repeatable).")
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(1),
@@ -178,20 +257,9 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
     report = {"gpu": torch.cuda.get_device_name(), "cc": list(torch.cuda.get_device_capability()),
               "iters": iters, "warmup": warmup}
     if host:
-        from csagate.perf.hostus import host_us_table
-
-        # no spinner here: its refresh thread would take the GIL from the timed loop
-        err.print("measuring host us per call ...")
-        host_rows = host_us_table()
-        table = console.new_table("host time per call (CPU wall, 1000 back-to-back calls, "
-                                  "median of 5; c1d128, 1024 tokens, N = 8)",
-                                  ("path", "us/call", "sync tail us"),
-                                  marks=("us/call", "sync tail us"),
-                                  right=("us/call", "sync tail us"))
-        for r in host_rows:
-            table.add_row(r.path, f"{r.us:.1f}", f"{r.sync_tail_us:.1f}")
-        console.print_table(table)
-        report["host_us"] = [dataclasses.asdict(r) for r in host_rows]
+        report["host"] = _host_report(err)
+        for table in host_tables(report["host"]):
+            console.print_table(table)
         if json_path:
             from pathlib import Path
 
