@@ -1,8 +1,11 @@
 """The torch op on the GPU (the ``gpu`` marker; run on the H200): opcheck, gradients equal to
-the api's, ape.grad across calls, torch.compile(fullgraph=True) training steps (backed and
-unbacked row counts), CUDA-graph capture after a warm-up, the environment stream and an
-explicit stream, and the api's one-line errors through the op. dAPE is compared within 1e-5
-(fp32 atomics: not bitwise run to run); out, dKV and dScore bitwise."""
+the api's on the eager path (the autograd.Function) and on the custom ops' path (a dispatch
+mode, the ops' own register_autograd), deterministic mode, ape.grad across calls,
+torch.compile(fullgraph=True) training steps (backed and unbacked row counts), CUDA-graph
+capture after a warm-up, the environment stream and an explicit stream, the api's one-line
+errors through the op, and on two GPUs the launch anchored to the tensors' device. dAPE is
+compared within 1e-5 (fp32 atomics: not bitwise run to run) except in deterministic mode; out,
+dKV and dScore bitwise."""
 
 from __future__ import annotations
 
@@ -227,3 +230,132 @@ def test_bad_input_gives_api_errors(bad, message):
         cuc = torch.tensor([0, 0], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match=message):
         ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=1, n_rows=2)
+
+
+# --- the eager path and the custom ops' path ----------------------------------------------
+
+
+def _leaves(p):
+    ts = [t.clone() for t in p.inputs()]
+    for t in ts[:3]:
+        t.requires_grad_(True)
+    return ts
+
+
+def _fwd_bwd(fn, p, go):
+    kv, score, ape, cu, cuc = _leaves(p)
+    out = fn(kv, score, ape, cu, cuc)
+    out.backward(go)
+    return out.detach(), kv.grad, score.grad, ape.grad, out.grad_fn
+
+
+class _SeenOps(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("ratio, coff, d", [(128, 1, 128), (4, 2, 128)])
+def test_eager_path_is_the_function_and_equals_the_custom_ops(ratio, coff, d):
+    """Plain CUDA tensors take the autograd.Function over the api; under a dispatch mode the
+    custom ops (which the mode sees) give the same bits; so does the forward op called
+    directly (its register_autograd)."""
+    p = pack(ratio, coff, d)
+    go = grad_out(p)
+    op = lambda *t: ops.csa_compress(*t, ratio=ratio, coff=coff, n_rows=p.n_rows)
+    eager = _fwd_bwd(op, p, go)
+    assert type(eager[4]).__name__ == "_CsaCompressBackward"
+    mode = _SeenOps()
+    with mode:
+        routed = _fwd_bwd(op, p, go)
+    assert "csagate.csa_compress_fwd.default" in mode.ops
+    assert "csagate.csa_compress_bwd.default" in mode.ops
+    direct = _fwd_bwd(lambda *t: torch.ops.csagate.csa_compress_fwd(*t, ratio, coff, p.n_rows),
+                      p, go)
+    for other, what in ((routed, "dispatch mode"), (direct, "register_autograd")):
+        assert torch.equal(eager[0], other[0]), what
+        assert torch.equal(eager[1], other[1]) and torch.equal(eager[2], other[2]), what
+        _dape_close(eager[3], other[3], what)
+
+
+def test_forward_without_grad_is_api_forward():
+    p = pack(128, 2, 128)
+    with torch.no_grad():
+        out = ops.csa_compress(*_leaves(p), ratio=128, coff=2, n_rows=p.n_rows)
+    assert out.grad_fn is None
+    assert torch.equal(out, A.forward(*p.inputs(), ratio=128, coff=2, n_rows=p.n_rows))
+
+
+@pytest.fixture
+def deterministic_mode():
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(was)
+
+
+@pytest.mark.parametrize("ratio, coff, d", [(128, 2, 128), (4, 2, 128)])
+def test_deterministic_mode_dape_bitwise(deterministic_mode, ratio, coff, d):
+    """torch.use_deterministic_algorithms(True): the op's dAPE is api.backward's
+    deterministic one bitwise, run after run, on the eager path and the compiled one."""
+    p = pack(ratio, coff, d)
+    go = grad_out(p)
+    want = A.backward(*p.inputs(), go, ratio=ratio, coff=coff, deterministic=True)
+    op = lambda *t: ops.csa_compress(*t, ratio=ratio, coff=coff, n_rows=p.n_rows)
+    torch._dynamo.reset()
+    compiled = torch.compile(op, fullgraph=True)
+    for fn in (op, op, compiled):
+        _, dkv, dscore, dape, _ = _fwd_bwd(fn, p, go)
+        assert torch.equal(dkv, want[0]) and torch.equal(dscore, want[1])
+        assert torch.equal(dape, want[2])
+
+
+def test_cpu_tensors_one_line_error():
+    p = pack(128, 1, 128, lens=(300,))
+    kv, score, ape, cu, cuc = (t.cpu() for t in p.inputs())
+    with pytest.raises(ValueError) as err:
+        ops.csa_compress(kv.requires_grad_(True), score, ape, cu, cuc, ratio=128, coff=1,
+                         n_rows=p.n_rows)
+    assert str(err.value) == "kv must be a CUDA tensor (or meta for checks), got device cpu"
+
+
+# --- two GPUs: the launch is anchored to the tensors' device --------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "deterministic"])
+@pytest.mark.parametrize("ratio, coff, d", [(4, 2, 128), (4, 1, 65), (128, 1, 128),
+                                            (128, 2, 512)])
+def test_op_anchored_to_the_tensors_device(request, ratio, coff, d, deterministic):
+    """The op's eager path (forward and backward through autograd) with tensors on cuda:1
+    and cuda:0 current, and on cuda:0 with cuda:1 current: outputs and grads on the tensors'
+    device, the native run's bits; three calls each (the first signature on a device takes
+    the api's full path, the next ones its fast path)."""
+    if deterministic:
+        request.getfixturevalue("deterministic_mode")
+    native_pack = pack(ratio, coff, d, lens=(1023, 2048, 509))
+    go0 = grad_out(native_pack)
+    op = lambda *t: ops.csa_compress(*t, ratio=ratio, coff=coff, n_rows=native_pack.n_rows)
+    with torch.cuda.device(0):
+        native = _fwd_bwd(op, native_pack, go0)[:4]
+    p1 = R.make_pack((1023, 2048, 509), ratio=ratio, coff=coff, d=d, pad_rows=2,
+                     pad_tokens=5, seed=0, device="cuda:1")
+    go1 = go0.to("cuda:1")
+    for tensors_on, current, p, go in ((1, 0, p1, go1), (0, 1, native_pack, go0)):
+        for _ in range(3):
+            with torch.cuda.device(current):
+                got = _fwd_bwd(op, p, go)[:4]
+            torch.cuda.synchronize(tensors_on)
+            assert all(t.device.index == tensors_on for t in got)
+            got = [t.to("cuda:0") for t in got]
+            where = f"tensors on cuda:{tensors_on}, cuda:{current} current"
+            assert torch.equal(got[0], native[0]), where
+            assert torch.equal(got[1], native[1]) and torch.equal(got[2], native[2]), where
+            if deterministic:
+                assert torch.equal(got[3], native[3]), where
+            else:
+                _dape_close(got[3], native[3], where)
