@@ -59,6 +59,7 @@ def step(fn, p, w):
 def check(ratio: int, coff: int, mode: str, rank: int, world: int, device) -> dict:
     ape0 = batch(0, ratio, coff, device)[0].ape  # the same initial parameter on every rank
     wrap = (lambda m: m) if mode == "eager" else torch.compile
+    torch._dynamo.reset()  # each configuration compiles from scratch (static shapes)
     one_gpu, dapes = {}, []
     for r in range(world):
         model = Compressor(ape0, ratio, coff).to(device)
