@@ -75,6 +75,34 @@ def _noop_backward(ctx, grad_out):
 noop_fwd.register_autograd(_noop_backward, setup_context=_noop_setup)
 
 
+# --- the op as it was: custom ops over the api, register_autograd, both directions dispatched
+
+
+@torch.library.custom_op("csagate_bench::before_fwd", mutates_args=(), device_types="cuda")
+def before_fwd(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor,
+               cu_seqlens: torch.Tensor, cu_seqlens_comp: torch.Tensor, ratio: int, coff: int,
+               n_rows: int | None = None) -> torch.Tensor:
+    return _api().forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=ratio, coff=coff,
+                          n_rows=n_rows)
+
+
+@torch.library.custom_op("csagate_bench::before_bwd", mutates_args=(), device_types="cuda")
+def before_bwd(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor,
+               cu_seqlens: torch.Tensor, cu_seqlens_comp: torch.Tensor, grad_out: torch.Tensor,
+               ratio: int, coff: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _api().backward(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=ratio,
+                           coff=coff)
+
+
+def _before_backward(ctx, grad_out):
+    dkv, dscore, dape = before_bwd(*ctx.saved_tensors, grad_out.contiguous(), ctx.ratio,
+                                   ctx.coff)
+    return dkv, dscore, dape, None, None, None, None, None
+
+
+before_fwd.register_autograd(_before_backward, setup_context=_noop_setup)
+
+
 # --- the alternatives to the op (autograd.Function forms) ---------------------------------
 
 
@@ -143,7 +171,8 @@ class FunctionApiOrOps(torch.autograd.Function):
 # variant -> what it is (the table's row label)
 VARIANTS: dict[str, str] = {
     "op": "csagate.ops.csa_compress (shipped)",
-    "op-register-autograd": "the custom op with register_autograd (the op before)",
+    "op-before": "custom ops + register_autograd, both dispatched (the op before)",
+    "op-register-autograd": "the forward custom op called directly (its register_autograd)",
     "function-over-ops": "autograd.Function calling the custom ops",
     "function-api-or-ops": "autograd.Function, api unless compiling",
     "function-over-api": "plain autograd.Function over the api",
@@ -163,8 +192,9 @@ def _forward_of(variant: str, ratio: int, coff: int, n_rows: int) -> Callable:
     if variant == "op-register-autograd":
         op = torch.ops.csagate.csa_compress_fwd
         return lambda *t: op(*t, ratio, coff, n_rows)
-    if variant == "noop-register-autograd":
-        op = torch.ops.csagate_bench.noop_fwd
+    if variant in ("noop-register-autograd", "op-before"):
+        op = (torch.ops.csagate_bench.noop_fwd if variant.startswith("noop")
+              else torch.ops.csagate_bench.before_fwd)
         return lambda *t: op(*t, ratio, coff, n_rows)
     apply = functions[variant].apply
     return lambda *t: apply(*t, ratio, coff, n_rows)
