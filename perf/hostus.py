@@ -320,7 +320,7 @@ def _pack(shape: HostShape, *, grad: bool = True):
     return inputs, make_grad_out(p.n_rows, shape.d, device="cuda")
 
 
-def host_task(variant: str, shapes, *, calls: int = 2000, warm: int = 200) -> list[dict]:
+def host_task(variant: str, shapes, *, calls: int = 1000, warm: int = 100) -> list[dict]:
     """Forward + backward of ``variant`` per call, each shape: p10/p50/p90 us."""
     rows = []
     for shape in shapes:
@@ -489,7 +489,7 @@ def run_worker(argv: list[str], *, run=subprocess.run) -> dict:
     return json.loads(lines[-1])
 
 
-def measure_all(variants=tuple(VARIANTS), shapes=HOST_SHAPES, *, calls: int = 2000,
+def measure_all(variants=tuple(VARIANTS), shapes=HOST_SHAPES, *, calls: int = 1000,
                 run=subprocess.run, progress: Callable[[str], None] | None = None) -> dict:
     """Every measurement, each in a process of its own, fresh and after a torch.compile."""
     report = {"host": [], "gpu": {}, "calls": None}
@@ -547,7 +547,7 @@ def main(argv=None) -> None:
     ap.add_argument("--variant", choices=tuple(VARIANTS), default="op")
     ap.add_argument("--compiled", action="store_true", help="run a torch.compile first")
     ap.add_argument("--shape", action="append", default=[], type=HostShape.parse)
-    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--calls", type=int, default=1000)
     a = ap.parse_args(argv)
     if a.compiled:
         run_a_compile()
