@@ -320,14 +320,27 @@ def _pack(shape: HostShape, *, grad: bool = True):
     return inputs, make_grad_out(p.n_rows, shape.d, device="cuda")
 
 
-def host_task(variant: str, shapes, *, calls: int = 1000, warm: int = 100) -> list[dict]:
-    """Forward + backward of ``variant`` per call, each shape: p10/p50/p90 us."""
+def host_task(variants, shapes, *, calls: int = 1000, warm: int = 100,
+              rounds: int = 10) -> list[dict]:
+    """Forward + backward per call of each variant, each shape: p10/p50/p90 us. The variants
+    run interleaved in one process, ``rounds`` rounds of ``calls // rounds`` calls, the order
+    reversed every other round, so machine drift falls on all of them alike."""
     rows = []
     for shape in shapes:
         inputs, go = _pack(shape)
-        step = training_step(variant, inputs, go, ratio=shape.ratio, coff=shape.coff)
-        times, tail = per_call_us(step, calls=calls, warm=warm)
-        rows.append({"shape": shape.name, "n_rows": go.shape[0], **host_record(times, tail)})
+        steps = {v: training_step(v, inputs, go, ratio=shape.ratio, coff=shape.coff)
+                 for v in variants}
+        samples = {v: [] for v in variants}
+        tails = {v: [] for v in variants}
+        for step in steps.values():
+            per_call_us(step, calls=1, warm=warm)
+        for r in range(rounds):
+            for v in (variants if r % 2 == 0 else tuple(reversed(variants))):
+                times, tail = per_call_us(steps[v], calls=max(1, calls // rounds), warm=5)
+                samples[v] += times
+                tails[v].append(tail)
+        rows += [{"variant": v, "shape": shape.name, "n_rows": go.shape[0],
+                  **host_record(samples[v], statistics.median(tails[v]))} for v in variants]
     return rows
 
 
@@ -464,11 +477,11 @@ def calls_task(*, tokens: int = 1024, coff: int = 1, d: int = 128) -> list[dict]
 # --- the parent: one process per measurement ------------------------------------------------
 
 
-def worker_argv(task: str, *, variant: str | None = None, compiled: bool = False,
+def worker_argv(task: str, *, variants=(), compiled: bool = False,
                 shapes=(), calls: int | None = None) -> list[str]:
     argv = [sys.executable, "-m", "csagate.perf.hostus", "--task", task]
-    if variant is not None:
-        argv += ["--variant", variant]
+    for v in variants:
+        argv += ["--variant", v]
     if compiled:
         argv.append("--compiled")
     for s in shapes:
@@ -491,16 +504,17 @@ def run_worker(argv: list[str], *, run=subprocess.run) -> dict:
 
 def measure_all(variants=tuple(VARIANTS), shapes=HOST_SHAPES, *, calls: int = 1000,
                 run=subprocess.run, progress: Callable[[str], None] | None = None) -> dict:
-    """Every measurement, each in a process of its own, fresh and after a torch.compile."""
+    """Every measurement: the variants interleaved in one fresh process and in one that has
+    run a torch.compile; the GPU figures and the per-call paths each in a process of their
+    own."""
     report = {"host": [], "gpu": {}, "calls": None}
     for compiled in (False, True):
         process = "compiled" if compiled else "fresh"
-        for v in variants:
-            if progress:
-                progress(f"{v} ({process} process)")
-            rows = run_worker(worker_argv("host", variant=v, compiled=compiled, shapes=shapes,
-                                          calls=calls), run=run)
-            report["host"] += [{"variant": v, "process": process, **r} for r in rows]
+        if progress:
+            progress(f"{len(variants)} variants interleaved ({process} process)")
+        rows = run_worker(worker_argv("host", variants=variants, compiled=compiled,
+                                      shapes=shapes, calls=calls), run=run)
+        report["host"] += [{"process": process, **r} for r in rows]
         if progress:
             progress(f"cold 131072-token comparison, backward spread ({process} process)")
         report["gpu"][process] = run_worker(worker_argv("gpu", compiled=compiled), run=run)
@@ -544,7 +558,7 @@ def targets(report: dict) -> list[dict]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m csagate.perf.hostus")
     ap.add_argument("--task", choices=("host", "gpu", "calls"), required=True)
-    ap.add_argument("--variant", choices=tuple(VARIANTS), default="op")
+    ap.add_argument("--variant", choices=tuple(VARIANTS), action="append", default=[])
     ap.add_argument("--compiled", action="store_true", help="run a torch.compile first")
     ap.add_argument("--shape", action="append", default=[], type=HostShape.parse)
     ap.add_argument("--calls", type=int, default=1000)
@@ -552,7 +566,7 @@ def main(argv=None) -> None:
     if a.compiled:
         run_a_compile()
     if a.task == "host":
-        result = host_task(a.variant, a.shape or HOST_SHAPES, calls=a.calls)
+        result = host_task(tuple(a.variant or VARIANTS), a.shape or HOST_SHAPES, calls=a.calls)
     elif a.task == "gpu":
         result = gpu_task()
     else:

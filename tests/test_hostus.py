@@ -53,9 +53,11 @@ def test_per_call_us_times_each_call_after_the_warmups():
 
 
 def test_worker_argv_and_protocol():
-    argv = H.worker_argv("host", variant="op", compiled=True, shapes=H.HOST_SHAPES, calls=50)
+    argv = H.worker_argv("host", variants=("op", "api"), compiled=True, shapes=H.HOST_SHAPES,
+                         calls=50)
     assert argv[:3] == [sys.executable, "-m", "csagate.perf.hostus"]
-    assert argv[argv.index("--variant") + 1] == "op" and "--compiled" in argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--variant"] == ["op", "api"]
+    assert "--compiled" in argv
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--shape"] == [
         s.name for s in H.HOST_SHAPES]
     ok = lambda *a, **k: SimpleNamespace(returncode=0, stdout='warming\n{"x": 1}\n', stderr="")
@@ -74,11 +76,14 @@ def _fake_worker(op_p50=110.0, base_p50=100.0, spread=(10.0, 12.0)):
         seen.append(argv)
         task = argv[argv.index("--task") + 1]
         if task == "host":
-            variant = argv[argv.index("--variant") + 1]
-            p50 = {"op": op_p50, "function-over-api": base_p50}.get(variant, 50.0)
+            variants = [argv[i + 1] for i, a in enumerate(argv) if a == "--variant"]
             shapes = [argv[i + 1] for i, a in enumerate(argv) if a == "--shape"]
-            out = [{"shape": s, "n_rows": 8, "p10": p50 - 5, "p50": p50, "p90": p50 + 20,
-                    "mean": p50, "calls": 10, "sync_tail_us": 1.0} for s in shapes]
+            out = []
+            for v in variants:
+                p50 = {"op": op_p50, "function-over-api": base_p50}.get(v, 50.0)
+                out += [{"variant": v, "shape": s, "n_rows": 8, "p10": p50 - 5, "p50": p50,
+                         "p90": p50 + 20, "mean": p50, "calls": 10, "sync_tail_us": 1.0}
+                        for s in shapes]
         elif task == "gpu":
             e = {"p10": spread[0], "p50": spread[0], "p90": spread[1]}
             b = {"event_us": e, "host_us": e, "event_spread": spread[1] / spread[0]}
@@ -98,10 +103,10 @@ def test_measure_all_runs_each_variant_in_both_processes():
     run, seen = _fake_worker()
     report = H.measure_all(run=run)
     host = [a for a in seen if "host" in a]
-    assert len(host) == 2 * len(H.VARIANTS)  # one process per variant, fresh and compiled
-    for v in H.VARIANTS:
-        runs = [a for a in host if a[a.index("--variant") + 1] == v]
-        assert sorted("--compiled" in a for a in runs) == [False, True]
+    assert len(host) == 2  # all variants interleaved in one process, fresh and compiled
+    assert sorted("--compiled" in a for a in host) == [False, True]
+    for a in host:
+        assert [a[i + 1] for i, x in enumerate(a) if x == "--variant"] == list(H.VARIANTS)
     assert set(report["gpu"]) == {"fresh", "compiled"}
     assert {(r["variant"], r["process"], r["shape"]) for r in report["host"]} == {
         (v, p, s.name) for v in H.VARIANTS for p in ("fresh", "compiled") for s in H.HOST_SHAPES}
