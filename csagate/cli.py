@@ -21,6 +21,8 @@ COMMANDS = {
     "bench": "Benchmark the fused kernels against the eager reference and the roofline.",
     "cache": "The disk cache of compiled kernels: info (where, how many), clear.",
     "reference": "Show the in-place eager reference; --check runs the drift check alone.",
+    "impls": "List the implementations --impl can judge here, and why the others cannot.",
+    "compare": "Run the same inputs through two implementations (--impl A --impl B).",
 }
 
 

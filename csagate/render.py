@@ -23,7 +23,7 @@ from rich.text import Text
 
 from csagate import console as _console
 from csagate.exitcodes import ExitCode
-from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
+from csagate.gates.verdict import ERROR, FAIL, NA, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
 
 if TYPE_CHECKING:  # annotations only: the renderers read the verdict's records
     from csagate.gates.verdict import CaseResult, CoverageResult, GateResult, Selection, Verdict
@@ -32,9 +32,9 @@ SCHEMA = "csagate.verdict/1"
 COULD_NOT_EVALUATE = "COULD NOT EVALUATE"   # the verdict of an exit-3 run
 
 _STYLE = {PASS: "green", FAIL: "bold red", ERROR: "bold red", SKIP: "yellow",
-          RECORDED: "cyan", UNTRUSTED: "yellow", NOT_ASSERTED: "yellow"}
+          RECORDED: "cyan", UNTRUSTED: "yellow", NOT_ASSERTED: "yellow", NA: "dim"}
 _WORD = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", SKIP: "skip", RECORDED: "rec",
-         UNTRUSTED: "UNTRUSTED", NOT_ASSERTED: "NOT ASSERTED"}
+         UNTRUSTED: "UNTRUSTED", NOT_ASSERTED: "NOT ASSERTED", NA: "n/a"}
 
 # The compact verdict: one mark per gate. The marks and the result never wrap or shrink; the
 # case name and config fold. It fits 80 columns; the numbers are in ``detail_table`` (-v).
@@ -271,6 +271,7 @@ def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
         "hardening_total": verdict.hardening_total,
         "full_contract": verdict.full,
         "reasons": list(verdict.reasons),
+        "scope": verdict.scope,
         "env": dict(verdict.env),
         "gate_seconds": verdict.seconds,
         "drift": case_json(verdict.drift),
@@ -332,7 +333,7 @@ def _case_testcase(suite: ET.Element, result: CaseResult) -> str:
     tc = _testcase(suite, f"csagate.case.{result.case.kind}", result.name, result.seconds)
     if result.status == ERROR:
         ET.SubElement(tc, "error", message=result.error, type="error").text = result.error
-    elif result.status == UNTRUSTED:
+    elif result.status in (UNTRUSTED, NA):
         ET.SubElement(tc, "skipped", message=result.error or "not trusted")
     elif result.status == FAIL:
         reasons = result.reasons

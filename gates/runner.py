@@ -42,9 +42,12 @@ from csagate.gates import checks
 from csagate.gates.backend import Backend, ProgressFn, Target, one_line
 from csagate.gates.cases import Case
 from csagate.gates.contracts import Contract
+from csagate.gates.implementation import Applies, applies_to
+from csagate.gates.locate import locate_failures
 from csagate.gates.verdict import (
     ERROR,
     FAIL,
+    NA,
     NOT_ASSERTED,
     PASS,
     RECORDED,
@@ -92,38 +95,49 @@ def build_targets(cases: Sequence[Case], drift: Case | None) -> tuple[Target, ..
 
 
 def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | None = None,
-             progress: ProgressFn | None = None) -> Verdict:
+             progress: ProgressFn | None = None, drift_backend: Backend | None = None
+             ) -> Verdict:
     """Drift check, then every case (a failure never hides the others), then coverage.
 
     ``cases`` (default: the contract's cases and hardening cases) may be a subset, in the
     contract's order; coverage is then not asserted. If the drift check fails, the cases are
-    reported as untrusted and not run.
+    reported as untrusted and not run. ``drift_backend`` (default ``backend``): the kernels the
+    drift check judges the reference with, when ``backend`` is another implementation. What
+    does not apply to ``backend`` (its ``applies``: a direction, the deterministic mode, the
+    dispatch hooks, a case outside its envelope) is ``n/a``.
     """
+    applies = applies_to(backend)
     start = perf_counter()
     cases = contract.all_cases if cases is None else tuple(cases)
     full = set(cases) == set(contract.all_cases)
     total = len(cases) + 2
     _tick(progress, 0, total, f"drift check {contract.drift.name}")
-    drift_result = run_drift(backend, contract.drift)
+    drift_result = run_drift(drift_backend or backend, contract.drift)
     results = []
     for i, case in enumerate(cases, start=1):
         if not drift_result.ok:
             results.append(CaseResult(case, UNTRUSTED,
                                       error="not run: the reference drift check failed"))
             continue
+        if not applies.covers(case):
+            results.append(CaseResult(case, NA, error=applies.why_not(case)))
+            continue
         _tick(progress, i, total, case.name)
         results.append(run_case(backend, case, contract))
     results = _compare_scaled(results)
     _tick(progress, total - 1, total, "schedule coverage")
-    if not drift_result.ok:
-        status = UNTRUSTED
+    if not applies.dispatch:
+        cov = CoverageResult(status=NA, expected={}, selected={})
     else:
-        status = None if full else NOT_ASSERTED
-    cov = coverage(backend, contract, results, status=status)
+        if not drift_result.ok:
+            status = UNTRUSTED
+        else:
+            status = None if full else NOT_ASSERTED
+        cov = coverage(backend, contract, results, status=status)
     _tick(progress, total, total, "done")
     return Verdict(drift=drift_result, cases=tuple(results), coverage=cov, full=full,
                    env=backend.describe(), seconds=perf_counter() - start,
-                   ratio=contract.ratio)
+                   ratio=contract.ratio, scope=applies.scope)
 
 
 def _compare_scaled(results: list[CaseResult]) -> list[CaseResult]:
@@ -140,7 +154,7 @@ def _compare_scaled(results: list[CaseResult]) -> list[CaseResult]:
         counts = {}
         for name in OUTPUTS:
             mine, theirs = r.result("G2", name), twin.result("G2", name)
-            if mine is not None and theirs is not None:
+            if mine is not None and theirs is not None and "n_diff" in mine.numbers:
                 counts[name] = [mine.numbers["n_diff"], theirs.numbers["n_diff"]]
         recorded = {**r.recorded, "unit_scale_twin": twin.name, "n_diff_scaled_vs_twin": counts,
                     "n_diff_same_as_twin": all(a == b for a, b in counts.values())}
@@ -230,6 +244,9 @@ def _inputs(case: Case, device):
     return with_values(pack, slots), go, pack, slots
 
 
+case_inputs = _inputs   # the gate's inputs of a case (``csagate compare`` uses the same)
+
+
 def _fill(run: int) -> float:
     return 0.0 if run == 0 else math.nan
 
@@ -270,22 +287,37 @@ def _through_op(backend: Backend, case: Case, ins, go, n_rows: int,
     return gates
 
 
-def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list[Selection]):
+def _fused_runs(backend: Backend, case: Case, ins, go, n_rows: int, applies: Applies,
+                selections: list[Selection]) -> dict[str, list[torch.Tensor]]:
+    """The forward, then (if provided) the backward, ``RUNS`` times each into fresh buffers."""
     dev = backend.device
-    pack, go, clean, slots = _inputs(case, dev)
-    ins = pack.inputs()
-    n_rows, n_tokens = pack.n_rows, pack.n_tokens
-
-    fused: dict[str, list[torch.Tensor]] = {"out": [], "dkv": [], "dscore": [], "dape": []}
+    fused: dict[str, list[torch.Tensor]] = {"out": []}
     for run in range(RUNS):
         out = torch.full((n_rows, case.d), _fill(run), dtype=torch.bfloat16, device=dev)
         _record(selections, backend.forward(*ins, out, ratio=case.ratio, coff=case.coff))
         fused["out"].append(out)
+    if not applies.backward:
+        return fused
+    fused.update(dkv=[], dscore=[], dape=[])
     for run in range(RUNS):
         sel, grads = _fused_backward(backend, case, ins, go, _fill(run))
         _record(selections, sel)
         for name, t in grads.items():
             fused[name].append(t)
+    return fused
+
+
+def _na(gate: str, tensor: str) -> GateResult:
+    return GateResult(gate, tensor, NA, {}, "n/a: the implementation provides no backward")
+
+
+def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list[Selection]):
+    dev = backend.device
+    applies = applies_to(backend)
+    pack, go, clean, slots = _inputs(case, dev)
+    ins = pack.inputs()
+    n_rows, n_tokens = pack.n_rows, pack.n_tokens
+    fused = _fused_runs(backend, case, ins, go, n_rows, applies, selections)
 
     eager_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp32"))
     oracle_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff,
@@ -298,17 +330,21 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
     nan_ok = NAN_EXPECTED[case.inputs]
     for name in OUTPUTS + (("dape",) if case.deterministic else ()):
         gates.append(_gate("G1", name, checks.bitwise_replay(fused[name],
-                                                             allow_nan=name in nan_ok)))
+                                                             allow_nan=name in nan_ok))
+                     if name in fused else _na("G1", name))
 
     mask = never_consumed_mask(pack.cu, ratio=case.ratio, coff=case.coff, d=case.d,
                                n_tokens=n_tokens)
-    for name in GRADS:
-        gates.append(_zeros(name, fused[name], mask))
+    pad_mask = None
     if case.pad_tokens:
         pad_mask = torch.zeros_like(mask)
         pad_mask[int(pack.cu[-1]):] = True
-        for name in GRADS:
-            gates.append(_zeros(f"{name}[token pad]", fused[name], pad_mask))
+    for name in GRADS:
+        gates.append(_zeros(name, fused[name], mask) if name in fused else _na("zeros", name))
+        if pad_mask is not None:
+            tensor = f"{name}[token pad]"
+            gates.append(_zeros(tensor, fused[name], pad_mask) if name in fused
+                         else _na("zeros", tensor))
 
     if case.inputs == "overflow":
         gates.extend(_overflow_g2_g3(first, eager_t, oracle_t))
@@ -317,29 +353,43 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
         gates.extend(_g3(case, first, parity_t, oracle_t))
     else:
         gates.extend(_finite_g2_g3(contract, case, first, eager_t, parity_t, oracle_t))
-    if case.inputs == "pad_nonfinite":
+    if case.inputs == "pad_nonfinite" and applies.backward:
         sel, clean_grads = _fused_backward(backend, case, clean.inputs(), go, 0.0)
         _record(selections, sel)
         clean_eager = backward(*clean.inputs(), go, ratio=case.ratio, coff=case.coff,
                                precision="fp32")
         gates.extend(_isolation(first, clean_grads, eager_t, _as_dict(clean_eager)))
+    elif case.inputs == "pad_nonfinite":
+        gates.extend(_na("isolation", name) for name in GRADS + ("dape",))
 
-    if contract.via_op:
+    if contract.via_op and applies.op:
         gates.extend(_through_op(backend, case, ins, go, n_rows, first))
 
+    recorded = _recorded(case, contract, pack, go, fused, eager_t, oracle_t, parity_t, slots)
+    where = locate_failures(gates, first, eager_t, oracle_t, pack)
+    if where:
+        recorded["where"] = where
+    return gates, recorded
+
+
+def _recorded(case: Case, contract: Contract, pack, go, fused, eager_t, oracle_t, parity_t,
+              slots) -> dict[str, Any]:
+    """The numbers kept beside the gates (not gated)."""
+    first = {name: runs[0] for name, runs in fused.items()}
     recorded: dict[str, Any] = {
-        "n_rows": n_rows,
-        "n_tokens": n_tokens,
+        "n_rows": pack.n_rows,
+        "n_tokens": pack.n_tokens,
         "bitwise_equal_to_eager": {n: checks.bitwise_equal(first[n], eager_t[n])
-                                   for n in OUTPUTS},
+                                   for n in OUTPUTS if n in first},
         "err_fused": {n: checks.max_abs_error(first[n], oracle_t[n]) for n in fused},
-        "err_eager": {n: checks.max_abs_error(eager_t[n], oracle_t[n]) for n in fused},
-        "dape_replay_delta": checks.replay_delta(fused["dape"]),
+        "err_eager": {n: checks.max_abs_error(eager_t[n], oracle_t[n]) for n in TENSORS},
     }
+    if "dape" in fused:
+        recorded["dape_replay_delta"] = checks.replay_delta(fused["dape"])
     if contract.parity_ref != "fp32":
         recorded["parity_ref"] = contract.parity_ref
         recorded["err_parity_ref"] = {n: checks.max_abs_error(parity_t[n], oracle_t[n])
-                                      for n in fused}
+                                      for n in TENSORS}
     if slots:
         recorded["nonfinite_slots"] = [{"tensor": t, "token": tok, "column": col,
                                         "value": str(v)} for t, tok, col, v in slots]
@@ -347,7 +397,7 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
     if case.pad_rows:
         valid = int(pack.cuc[-1])
         recorded["pad_rows_grad_out_nonzero"] = bool((go[valid:] != 0).any())
-    return gates, recorded
+    return recorded
 
 
 def _gate(gate: str, tensor: str, check, status: str | None = None,
@@ -374,6 +424,9 @@ def _g2(contract: Contract, case: Case, fused, eager, masks=None) -> list[GateRe
     ``masks`` (tensor -> bool mask): judge those positions only (eager's finite positions)."""
     out = []
     for name, rule in contract.g2:
+        if name not in fused:
+            out.append(_na("G2", name))
+            continue
         mask = None if masks is None else masks[name]
         out.append(_gate("G2", name, rule.apply(fused[name], eager[name], scale=case.scale,
                                                 mask=mask)))
@@ -385,6 +438,9 @@ def _g3(case: Case, fused, eager, oracle, masks=None) -> list[GateResult]:
     only and recorded on scaled ones."""
     out = []
     for name in TENSORS:
+        if name not in fused:
+            out.append(_na("G3", name))
+            continue
         mask = None if masks is None else masks[name]
         parity = checks.oracle_parity(fused[name], eager[name], oracle[name], mask=mask)
         if name == "dape" and case.scale != 1.0:
@@ -403,7 +459,7 @@ def _finite_g2_g3(contract: Contract, case: Case, fused, eager, parity_ref,
     and G3 where eager is finite (docs/CONTRACT.md section 7.2)."""
     out = [_gate("G2", f"{name}[NaN mask]",
                  checks.nan_mask(fused[name], eager[name], require_full=False))
-           for name in TENSORS]
+           if name in fused else _na("G2", f"{name}[NaN mask]") for name in TENSORS]
     not_nan = {name: ~torch.isnan(eager[name]) for name in TENSORS}
     finite = {name: torch.isfinite(eager[name]) for name in TENSORS}
     return out + _g2(contract, case, fused, eager, not_nan) + _g3(case, fused, parity_ref,
@@ -434,8 +490,11 @@ def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:
 def _overflow_g2_g3(fused, eager, oracle) -> list[GateResult]:
     """G2 = NaN-mask equality with full eager masks; G3 skipped once the oracle is finite."""
     out = [_gate("G2", name, checks.nan_mask(fused[name], eager[name], require_full=True))
-           for name in ("out", "dkv", "dscore", "dape")]
-    for name in ("out", "dkv", "dscore", "dape"):
+           if name in fused else _na("G2", name) for name in TENSORS]
+    for name in TENSORS:
+        if name not in fused:
+            out.append(_na("G3", name))
+            continue
         finite = bool(torch.isfinite(oracle[name]).all())
         numbers: dict[str, Any] = {"oracle_finite": finite}
         ok = finite

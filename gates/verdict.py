@@ -21,6 +21,7 @@ RECORDED = "recorded"      # measured, not gated (dAPE G3 on the scaled case)
 ERROR = "error"            # the case raised; its one-line error is the reason
 UNTRUSTED = "untrusted"    # not run: the reference drift check failed
 NOT_ASSERTED = "not asserted"  # coverage of a subset run
+NA = "n/a"                 # does not apply to the implementation judged (never a pass)
 
 GATES = ("G1", "G2", "G3", "zeros", "isolation")
 TENSORS = ("out", "dkv", "dscore", "dape")
@@ -81,6 +82,11 @@ class CaseResult:
         return self.status == PASS
 
     @property
+    def applies(self) -> bool:
+        """False for a case outside the judged implementation's envelope (``n/a``)."""
+        return self.status != NA
+
+    @property
     def name(self) -> str:
         return self.case.name
 
@@ -98,7 +104,7 @@ class CaseResult:
         found = self.results(gate)
         if not found:
             return ""
-        for status in (FAIL, PASS, RECORDED, SKIP):
+        for status in (FAIL, PASS, RECORDED, SKIP, NA):
             if any(g.status == status for g in found):
                 return status
         return found[0].status
@@ -118,7 +124,7 @@ class CaseResult:
     def reasons(self) -> tuple[str, ...]:
         if self.status == ERROR:
             return (f"{self.name}: raised {self.error}",)
-        if self.status == UNTRUSTED:
+        if self.status in (UNTRUSTED, NA):
             return ()
         return tuple(f"{self.name}: {g.gate} {g.tensor}: {g.reason}" for g in self.failures)
 
@@ -153,6 +159,8 @@ class CoverageResult:
 
     @property
     def summary(self) -> str:
+        if self.status == NA:
+            return "n/a: no dispatch hooks"
         text = ", ".join(f"{d} {self.covered(d)}/{len(self.expected.get(d, ()))}"
                          for d in ("fwd", "bwd"))
         if self.edges is not None:
@@ -189,16 +197,19 @@ class Verdict:
     env: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     ratio: int = 128           # the contract family
+    scope: str = ""            # what was judged when not everything applies (the headline says)
 
     def _of(self, hardening: bool) -> tuple[CaseResult, ...]:
         """hardening True: the hardening cases; False: the named (upstream) cases (the
         deterministic-mode cases, section 7.5, are counted apart: ``_kind``)."""
         if hardening:
             return self._kind("hardening")
-        return tuple(c for c in self.cases if c.case.kind not in ("hardening", "deterministic"))
+        return tuple(c for c in self.cases if c.applies
+                     and c.case.kind not in ("hardening", "deterministic"))
 
     def _kind(self, kind: str) -> tuple[CaseResult, ...]:
-        return tuple(c for c in self.cases if c.case.kind == kind)
+        """The applicable cases of one kind (``n/a`` cases are counted nowhere)."""
+        return tuple(c for c in self.cases if c.case.kind == kind and c.applies)
 
     @property
     def deterministic_passed(self) -> int:
@@ -227,8 +238,8 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return (self.drift.ok and all(c.ok for c in self.cases) and self.coverage.ok
-                and (self.coverage.status == PASS or not self.full))
+        return (self.drift.ok and all(c.ok for c in self.cases if c.applies)
+                and self.coverage.ok and (self.coverage.status in (PASS, NA) or not self.full))
 
     @property
     def headline(self) -> str:
@@ -242,6 +253,8 @@ class Verdict:
                      "deterministic")
         if not self.full:
             line += " (subset run: schedule coverage not asserted, not the full contract)"
+        if self.scope:
+            line += f" [{self.scope}]"
         return line
 
     @property

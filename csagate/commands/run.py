@@ -7,9 +7,11 @@ stdout. Exit 0 pass, 1 contract failure, 2 usage error, 3 could not evaluate (no
 nvidia-cutlass-dsl, a build failure): the exit-3 checks run before cutlass is imported and
 each prints one line.
 
-The gate only ever judges the real kernels (``csagate.gates.backend.KernelBackend``): no option
-here selects anything else. ``contracts``, ``preflight`` and ``kernel_backend`` are
-module-level functions so the CLI tests can stand in for the GPU.
+By default the gate judges its own kernels (``csagate.gates.backend.KernelBackend``);
+``--impl`` judges another implementation (``csagate impls``) against the same contract, the
+drift check still judging the reference with the gate's kernels. ``contracts``,
+``preflight``, ``kernel_backend`` and ``impl_backend`` are module-level functions so the CLI
+tests can stand in for the GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import click
 
 from csagate import __version__, console
 from csagate.exitcodes import ExitCode
+from csagate.impl_choice import impl_option, report_option
 
 QUICK_CASES = 2
 DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
@@ -70,6 +73,15 @@ def kernel_backend(device_index: int):
     from csagate.gates.backend import KernelBackend
 
     return KernelBackend(device_index)
+
+
+def impl_backend(impl, device_index: int):
+    """The gate's backend for an ``--impl`` implementation on this device."""
+    import torch
+
+    from csagate.gates.implementation import as_backend
+
+    return as_backend(impl, torch.device("cuda", device_index))
 
 
 class StderrProgress:
@@ -220,8 +232,10 @@ def _report_path(path: Path | None, ratio: int, several: bool) -> Path | None:
                    "(--ratio all: one file per family, NAME.r128.json and NAME.r4.json).")
 @click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a JUnit XML report (one testcase per named case) to this file.")
+@impl_option
+@report_option
 def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, verbose: bool,
-            json_path: Path | None, junit_path: Path | None) -> None:
+            json_path: Path | None, junit_path: Path | None, impl, report_dir) -> None:
     if quick and names:
         raise click.UsageError("--quick and --case are exclusive: --quick already picks the "
                                f"first {QUICK_CASES} cases")
@@ -236,13 +250,13 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, 
     reports = {}
     for k, cases in families:
         selection = {"ratio": k.ratio, "requested": ratio, "quick": quick, "cases": list(names),
-                     "device": device_index}
+                     "device": device_index, "impl": impl.name}
         reports[k.ratio] = Reports(_report_path(json_path, k.ratio, several),
                                    _report_path(junit_path, k.ratio, several),
                                    selection=selection, total=len(cases),
                                    full=len(cases) == len(k.all_cases))
     try:
-        code = _evaluate(families, device_index, reports, verbose, started)
+        code = _evaluate(families, device_index, reports, verbose, started, impl, report_dir)
     except console.Aborted as exc:
         if exc.exit_code == ExitCode.COULD_NOT_EVALUATE:
             for rep in reports.values():
@@ -261,8 +275,8 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, 
     raise click.exceptions.Exit(int(code))
 
 
-def _evaluate(families, device_index: int, reports: dict, verbose: bool, started: float
-              ) -> ExitCode:
+def _evaluate(families, device_index: int, reports: dict, verbose: bool, started: float,
+              impl, report_dir: Path | None) -> ExitCode:
     """Preflight, build, then each family's gate, verdict and reports; the worse exit code.
     Exit 3 goes through ``console.abort``."""
     preflight(device_index)
@@ -270,9 +284,10 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
     from csagate import render
     from csagate.gates.backend import BuildError, one_line
     from csagate.gates.runner import build_targets, run_gate
+    from csagate.impl_choice import backends
 
     err = console.err()
-    backend = kernel_backend(device_index)
+    backend, drift_backend = backends(impl, device_index, kernel_backend, impl_backend)
     env = backend.describe()
     for rep in reports.values():
         rep.env.update(env)
@@ -283,9 +298,13 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
     targets: list = []
     for k, cases in families:
         targets += [t for t in build_targets(cases, k.drift) if t not in targets]
+    drift_targets = targets if backend is drift_backend else \
+        list(dict.fromkeys(t for k, _ in families for t in build_targets((), k.drift)))
     try:
         with StderrProgress("build") as progress:
-            records = backend.build(tuple(targets), progress=progress)
+            records = drift_backend.build(tuple(drift_targets), progress=progress)
+            if backend is not drift_backend:
+                records += backend.build(tuple(targets), progress=progress)
     except BuildError as exc:
         console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
     build_seconds = perf_counter() - build_start
@@ -298,13 +317,17 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
     for k, cases in families:
         try:
             with StderrProgress(f"gate ratio={k.ratio}" if several else "gate") as progress:
-                verdict = run_gate(backend, k, cases=cases, progress=progress)
+                verdict = run_gate(backend, k, cases=cases, progress=progress,
+                                   drift_backend=drift_backend)
         except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
             if os.environ.get("CSAGATE_DEBUG"):
                 err.print_exception()
             console.abort(f"the gate could not finish: {one_line(exc)}",
                           ExitCode.COULD_NOT_EVALUATE)
         render.print_verdict(verdict, console.out(), verbose=verbose)
+        from csagate.where import print_where
+
+        print_where(verdict, console.out())
         rep = reports[k.ratio]
         extra = {
             "csagate_version": __version__,
@@ -317,6 +340,11 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
                              "total": perf_counter() - started},
         }
         rep.verdict(verdict, extra)
+        if report_dir is not None:
+            from csagate.report import write_report
+
+            for line in write_report(report_dir, verdict, extra, several=several):
+                err.print(line)
         if not verdict.ok:
             code = ExitCode.CONTRACT_FAILURE
     return code

@@ -1,0 +1,368 @@
+"""The built-in implementations the gate can judge (``csagate run --impl NAME``).
+
+* ``csagate``: the gate's own CuTe DSL kernels (``csagate.kernels.api``), with their dispatch
+  tables and deterministic backward: the default.
+* ``csagate-op``: the torch op users call (``csagate.ops.csa_compress``), forward and the
+  autograd backward.
+* ``cudnn``: the released ``nvidia-cudnn-frontend`` (``cudnn.csa.compressor``'s
+  ``csa_compressor_forward_wrapper`` / ``csa_compressor_backward_wrapper``; ratios 2, 4 and
+  128, coff 1 and 2, compute capability >= 10). Below that the package refuses, and its
+  one-line refusal is what the gate reports (could not evaluate).
+* ``eager-bf16w``: the reference's upstream formulation (softmax weights rounded to bf16
+  before the weighted sum, as Megatron-LM's eager region does).
+* ``eager-bf16ape``: the APE cast to the score dtype before the add (bf16 + bf16, rounded
+  to bf16), the rest in fp32, as transformers-style eager code does.
+* ``compiled``: ``torch.compile`` of the fp32 gather formulation below (the reference's
+  slice views do not compile).
+
+The gather formulation (:func:`window_index`, :func:`pool`) is written apart from the
+reference (``csagate.reference.compressor``), from the layout it documents: row ``b`` of
+segment ``s``, block ``i = b - cuc[s]``, window position ``j`` of ``coff * ratio`` reads
+token ``cu[s] + i * ratio + j - (coff - 1) * ratio``, column half ``j >= ratio`` (coff=2),
+APE row ``j mod ratio``; the previous half of a segment's first block is empty (kv 0, score
+-inf). Capacity padding rows (``b >= cuc[B]``) read a first block at token 0 and take no part
+in the backward.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+from csagate.gates.backend import one_line
+from csagate.gates.implementation import Supports
+from csagate.reference import backward as ref_backward
+from csagate.reference import forward as ref_forward
+
+CSAGATE_SUPPORTS = Supports(ratios=(4, 128), coffs=(1, 2), head_dims=(128, 512),
+                            min_compute_capability=(9, 0))
+# Measurement only: lowers nvidia-cudnn-frontend's own compute-capability constant to this
+# major so its CSA kernels can be measured on a GPU below its validated envelope (cc 10).
+# A verdict taken with it says so; it is not a supported configuration of that package.
+CUDNN_MEASURE_ENV = "CSAGATE_MEASURE_CUDNN_MIN_CC"
+
+
+# --- the gather formulation -----------------------------------------------------------------
+
+
+def window_index(cu, cuc, n_rows: int, ratio: int, coff: int):
+    """Per row and window position: the flat kv row (``kv.reshape(T * coff, d)``), the flat
+    APE row (``ape.reshape(ratio * coff, d)``), whether the position is an empty half, and
+    whether the row is a real (not capacity padding) row."""
+    cu, cuc = cu.long(), cuc.long()
+    rows = torch.arange(n_rows, device=cu.device)
+    seg = torch.searchsorted(cuc[1:], rows, right=True).clamp(max=cu.numel() - 2)
+    valid = rows < cuc[-1]
+    block = torch.where(valid, rows - cuc[seg], torch.zeros_like(rows))
+    tok0 = torch.where(valid, cu[seg] + block * ratio, torch.zeros_like(rows))
+    j = torch.arange(coff * ratio, device=cu.device)
+    shift = (coff - 1) * ratio
+    half = (j >= ratio).long() if coff == 2 else torch.zeros_like(j)
+    hole = (j[None] < shift) & (block == 0)[:, None]
+    token = (tok0[:, None] + j[None] - shift).clamp(min=0)
+    return token * coff + half[None], (j % ratio) * coff + half, hole, valid
+
+
+def pool(kv, score, ape, flat, ape_flat, hole, valid, *, bf16_ape: bool = False):
+    """``out`` (N, d) bf16 from the window indices: fp32 softmax and weighted sum, one bf16
+    rounding. ``bf16_ape``: ``score + ape.to(bf16)`` in bf16 (then fp32). Padding rows keep
+    their values and lose their gradient path (``where(valid, x, x.detach())``)."""
+    coff = ape_flat.shape[0] // ape.shape[0]   # window positions = coff * ratio
+    d = kv.shape[1] // coff
+    kv_rows = kv.reshape(-1, d)
+    s_rows = score.reshape(-1, d)
+    a_rows = ape.reshape(-1, d)
+    kvw = kv_rows[flat].float()                                 # (N, W, d)
+    if bf16_ape:
+        sw = (s_rows[flat] + a_rows.to(torch.bfloat16)[ape_flat][None]).float()
+    else:
+        sw = s_rows[flat].float() + a_rows[ape_flat][None]
+    keep = valid[:, None, None]
+    kvw = torch.where(keep, kvw, kvw.detach())
+    sw = torch.where(keep, sw, sw.detach())
+    gap = hole[:, :, None]
+    kvw = torch.where(gap, torch.zeros((), device=kvw.device), kvw)
+    sw = torch.where(gap, torch.full((), float("-inf"), device=sw.device), sw)
+    p = torch.softmax(sw, dim=1)
+    return (p * kvw).sum(dim=1).to(torch.bfloat16)
+
+
+def _autograd(fn, kv, score, ape, grad_out, *index):
+    """(dkv, dscore, dape) of ``fn`` by autograd; padding rows' grad_out is zeroed too."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
+    with torch.enable_grad():
+        out = fn(*leaves, *index)
+        valid = index[-1]
+        go = torch.where(valid[:, None], grad_out, torch.zeros((), dtype=grad_out.dtype,
+                                                               device=grad_out.device))
+        if out.numel():
+            out.backward(go)
+    return tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves)
+
+
+class _Eager:
+    """The shared part of the eager built-ins: any ratio, any head dim, any device."""
+
+    supports = Supports()
+
+    def describe(self) -> dict[str, Any]:
+        return {"formulation": type(self).__doc__.strip().splitlines()[0]}
+
+
+class EagerBf16Weights(_Eager):
+    """The reference's upstream formulation: softmax weights rounded to bf16."""
+
+    name = "eager-bf16w"
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        return ref_forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows,
+                           precision="upstream").to(torch.bfloat16)
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+        g = ref_backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
+                         precision="upstream")
+        return g.dkv, g.dscore, g.dape
+
+
+class EagerBf16Ape(_Eager):
+    """The gather formulation with the APE cast to bf16 and added to the bf16 score."""
+
+    name = "eager-bf16ape"
+
+    def _fn(self, kv, score, ape, *index):
+        return pool(kv, score, ape, *index, bf16_ape=True)
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        with torch.no_grad():
+            return self._fn(kv, score, ape, *window_index(cu, cuc, n_rows, ratio, coff))
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+        index = window_index(cu, cuc, grad_out.shape[0], ratio, coff)
+        return _autograd(self._fn, kv, score, ape, grad_out, *index)
+
+
+class Compiled(_Eager):
+    """torch.compile (Inductor, dynamic shapes) of the fp32 gather formulation."""
+
+    name = "compiled"
+
+    def __init__(self):
+        self._compiled = None
+
+    def _fn(self, kv, score, ape, *index):
+        if self._compiled is None:
+            self._compiled = torch.compile(pool, dynamic=True)
+        return self._compiled(kv, score, ape, *index)
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        index = window_index(cu, cuc, n_rows, ratio, coff)
+        if n_rows == 0:
+            return torch.zeros(0, kv.shape[1] // coff, dtype=torch.bfloat16, device=kv.device)
+        with torch.no_grad():
+            return self._fn(kv, score, ape, *index)
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+        if grad_out.shape[0] == 0:
+            return torch.zeros_like(kv), torch.zeros_like(score), torch.zeros_like(ape)
+        index = window_index(cu, cuc, grad_out.shape[0], ratio, coff)
+        return _autograd(self._fn, kv, score, ape, grad_out, *index)
+
+
+# --- the gate's own kernels -------------------------------------------------------------------
+
+
+class Csagate:
+    """The gate's own CuTe DSL kernels (csagate.kernels.api), dispatch tables included."""
+
+    name = "csagate"
+    supports = CSAGATE_SUPPORTS
+    deterministic = True
+
+    def __init__(self):
+        self._kernels = None
+
+    def backend(self, device: torch.device):
+        """The gate drives these kernels through its own buffer interface."""
+        from csagate.gates.backend import KernelBackend
+
+        return KernelBackend(torch.device(device).index or 0)
+
+    def _k(self):
+        if self._kernels is None:
+            self._kernels = self.backend(torch.device("cuda", torch.cuda.current_device()))
+        return self._kernels
+
+    def unavailable(self, device: torch.device) -> str | None:
+        from csagate.kernels._dsl import ARCHES, device_arch, dsl_available
+
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return "no CUDA GPU visible (the kernels run on an H200 or a B200)"
+        arch = device_arch(device.index or 0)
+        if arch not in ARCHES:
+            return f"the csagate kernels are built for {', '.join(ARCHES)}, this GPU is {arch}"
+        ok, why = dsl_available()
+        return None if ok else why
+
+    def prepare(self, targets, progress=None):
+        return self._k().build(targets, progress)
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        out = torch.empty(n_rows, kv.shape[1] // coff, dtype=torch.bfloat16, device=kv.device)
+        self._k().forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+        return out
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff, deterministic=False):
+        dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
+        dape = torch.zeros_like(ape)
+        self._k().backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
+                           coff=coff, deterministic=deterministic)
+        return dkv, dscore, dape
+
+    def kernels(self, ratio, direction, configs=None):
+        return self._k().entries(ratio, direction, configs)
+
+    def dispatch(self, ratio, direction, coff, d, n_rows):
+        return self._k().dispatch(ratio, direction, coff, d, n_rows)
+
+    def describe(self) -> dict[str, Any]:
+        return self._k().describe()
+
+
+class CsagateOp(Csagate):
+    """The torch op users call (csagate.ops.csa_compress): forward, then autograd."""
+
+    name = "csagate-op"
+    deterministic = False    # the op follows torch's deterministic flag, not an argument
+
+    def backend(self, device):  # judged through its outputs, like any other implementation
+        return None
+
+    def _k(self):
+        if self._kernels is None:
+            self._kernels = Csagate.backend(self, torch.device("cuda",
+                                                               torch.cuda.current_device()))
+        return self._kernels
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        from csagate import ops
+
+        with torch.no_grad():
+            return ops.csa_compress(kv, score, ape, cu, cuc, ratio=ratio, coff=coff,
+                                    n_rows=n_rows)
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+        from csagate import ops
+
+        leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
+        with torch.enable_grad():
+            out = ops.csa_compress(*leaves, cu, cuc, ratio=ratio, coff=coff,
+                                   n_rows=grad_out.shape[0])
+            out.backward(grad_out)
+        return tuple(t.grad for t in leaves)
+
+
+# --- nvidia-cudnn-frontend --------------------------------------------------------------------
+
+
+class Cudnn:
+    """nvidia-cudnn-frontend's cudnn.csa.compressor wrappers (the released package)."""
+
+    name = "cudnn"
+    supports = Supports(ratios=(2, 4, 128), coffs=(1, 2), min_compute_capability=(10, 0))
+    deterministic = True
+
+    def __init__(self):
+        self._mod = None
+
+    @staticmethod
+    def lowered_cc() -> int | None:
+        """The measurement-only compute-capability major (``CSAGATE_MEASURE_CUDNN_MIN_CC``)."""
+        value = os.environ.get(CUDNN_MEASURE_ENV, "").strip()
+        return int(value) if value.isdigit() else None
+
+    @property
+    def label(self) -> str:
+        cc = self.lowered_cc()
+        if cc is None:
+            return self.name
+        return (f"{self.name} [MEASUREMENT ONLY: the package's compute-capability check "
+                f"lowered to {cc}]")
+
+    def _m(self):
+        if self._mod is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import cudnn.csa.compressor as mod
+                import cudnn.csa.compressor.api as api
+            cc = self.lowered_cc()
+            if cc is not None:
+                api.MINIMUM_COMPUTE_CAPABILITY_MAJOR = cc
+            self._mod = mod
+        return self._mod
+
+    def unavailable(self, device: torch.device) -> str | None:
+        """Not installed, or the package's own refusal (its check_support, one line)."""
+        try:
+            mod = self._m()
+        except ImportError as exc:
+            return (f"nvidia-cudnn-frontend is not importable ({one_line(exc)}); install it "
+                    "with `pip install 'csagate[cudnn]'`")
+        except Exception as exc:
+            return f"importing cudnn.csa.compressor failed: {one_line(exc)}"
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return "no CUDA GPU visible (needs compute capability >= 10.0)"
+        kv = torch.zeros(8, 2 * 128, dtype=torch.bfloat16, device=device)
+        cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
+        probe = mod.CSACompressorForward(
+            sample_kv=kv, sample_score=kv, sample_ape=torch.zeros(4, 256, device=device),
+            sample_cu_seqlens=cu, sample_cu_seqlens_comp=torch.tensor([0, 2], dtype=torch.int32,
+                                                                      device=device),
+            sample_out=torch.zeros(2, 128, dtype=torch.bfloat16, device=device), ratio=4,
+            coff=2)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                probe.check_support()
+        except Exception as exc:
+            return f"nvidia-cudnn-frontend refuses: {one_line(exc)}"
+        return None
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = self._m().csa_compressor_forward_wrapper(
+                kv, score, ape, cu, cuc, ratio=ratio, coff=coff, total_comp=n_rows)
+        return got["out"]
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff, deterministic=False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = self._m().csa_compressor_backward_wrapper(
+                kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
+                deterministic=deterministic)
+        return got["grad_kv"], got["grad_score"], got["grad_ape"]
+
+    def describe(self) -> dict[str, Any]:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("nvidia-cudnn-frontend")
+        except metadata.PackageNotFoundError:
+            version = "not installed"
+        env: dict[str, Any] = {"nvidia_cudnn_frontend": version}
+        if self.lowered_cc() is not None:
+            env["cudnn_min_cc_major"] = (f"{self.lowered_cc()} (measurement only: lowered "
+                                         "from the package's 10)")
+        return env
+
+
+BUILTINS = {
+    "csagate": Csagate,
+    "csagate-op": CsagateOp,
+    "cudnn": Cudnn,
+    "eager-bf16w": EagerBf16Weights,
+    "eager-bf16ape": EagerBf16Ape,
+    "compiled": Compiled,
+}

@@ -1,0 +1,295 @@
+"""Any implementation under the gate: adapters from a file and an entry point, what a
+forward-only one gets (``n/a``, never PASS), a planted fault caught at the right gate and
+located, bad ``--impl`` values (one line, exit 2), ``--report``, ``csagate compare``, and the
+built-in gather formulation against the reference. CPU only: the drift check runs on the
+reference-backed stand-in of ``tests/gate_backends.py``, the adapters on CPU tensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from csagate.gates import builtin_impls
+from csagate.gates.implementation import ImplBackend, ImplError, load, resolve
+from csagate.gates.runner import run_gate
+from csagate.gates.verdict import FAIL, NA, PASS
+from csagate.reference import backward, make_grad_out, make_pack
+from gate_backends import SMALL_CASES, SMALL_CONTRACT, SMALL_R4_CONTRACT, RefBackend, case_named
+
+from csagate.cli import cli
+from csagate.commands import compare as compare_cmd
+from csagate.commands import run as run_cmd
+
+ADAPTER = '''
+import torch
+from csagate.gates.implementation import Supports
+from csagate.reference import backward, forward
+
+
+class Reference:
+    """fp32 eager on any device: passes the contract."""
+    name = "ref-adapter"
+    supports = Supports()
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        return forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+        g = backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
+        return g.dkv, g.dscore, g.dape
+
+
+class ForwardOnly(Reference):
+    name = "fwd-only"
+    backward = None
+
+
+class Faulty(Reference):
+    """One element of out moved by 0.5 in the case with 14 rows of d 16 and coff 2."""
+    name = "faulty"
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        out = super().forward(kv, score, ape, cu, cuc, n_rows, ratio=ratio, coff=coff)
+        if coff == 2 and n_rows == 14 and out.shape[1] == 16:
+            out[3, 5] += 0.5
+        return out
+
+
+NOT_AN_IMPL = object()
+'''
+
+
+@pytest.fixture
+def adapter(tmp_path) -> Path:
+    path = tmp_path / "my_adapter.py"
+    path.write_text(ADAPTER)
+    return path
+
+
+@pytest.fixture
+def cpu_run(monkeypatch):
+    """``csagate run`` on the small contracts: drift on the reference stand-in, the judged
+    implementation on CPU tensors (test double of the GPU)."""
+    small = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
+             "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
+    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: small[ratio])
+    monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
+    monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: RefBackend())
+    monkeypatch.setattr(run_cmd, "impl_backend",
+                        lambda impl, device_index: ImplBackend(impl, torch.device("cpu")))
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def gate(impl, cases=None):
+    return run_gate(ImplBackend(impl, torch.device("cpu")), SMALL_CONTRACT, cases=cases,
+                    drift_backend=RefBackend())
+
+
+# --- discovery ---------------------------------------------------------------------------
+
+
+def test_adapter_from_a_file_is_judged_and_passes(adapter):
+    impl = load(resolve(f"{adapter}:Reference"))
+    assert impl.name == "ref-adapter"
+    v = gate(impl)
+    assert v.ok, v.reasons
+    assert v.coverage.status == NA          # no dispatch hooks: not asserted, never PASS
+    assert "coverage n/a" in v.headline and v.headline.startswith("GATE PASS")
+    for r in v.cases:
+        assert r.result("op", "out") is None    # the op comparison is the gate's kernels' own
+        assert r.gate_status("zeros") == PASS
+
+
+def test_adapter_from_an_entry_point(tmp_path, monkeypatch):
+    (tmp_path / "thirdparty_csa.py").write_text(ADAPTER)
+    info = tmp_path / "thirdparty_csa-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-csa\n"
+                                   "Version: 0.1\n")
+    (info / "entry_points.txt").write_text("[csagate.implementations]\n"
+                                           "thirdparty = thirdparty_csa:Reference\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = resolve("thirdparty")
+    assert found.origin == "entry point (thirdparty-csa)"
+    impl = load(found)
+    assert impl.name == "ref-adapter"
+    v = gate(impl, SMALL_CASES[:2])
+    assert v.ok, v.reasons
+    from csagate.commands.impls import rows
+
+    listed = {row[0]: row for row in rows()}
+    assert listed["thirdparty"][1] == "entry point (thirdparty-csa)"
+    assert listed["thirdparty"][4] == "available"
+    assert invoke("impls").exit_code == 0
+
+
+def test_forward_only_adapter_gets_na_for_the_backward(adapter):
+    v = gate(load(resolve(f"{adapter}:ForwardOnly")))
+    assert v.ok, v.reasons
+    assert "forward contract only" in v.headline
+    for r in v.cases:
+        assert r.gate_status("zeros") == NA
+        for gate_name in ("G1", "G2", "G3"):
+            for tensor in ("dkv", "dscore"):
+                g = r.result(gate_name, tensor)
+                if g is not None:
+                    assert g.status == NA, (r.name, gate_name, tensor)
+        g2_out = r.result("G2", "out") or r.result("G2", "out[NaN mask]")
+        assert g2_out.status == PASS
+        assert not any(g.status == PASS for g in r.gates if g.tensor.startswith("d"))
+
+
+def test_planted_fault_is_caught_by_g2_and_located(adapter):
+    v = gate(load(resolve(f"{adapter}:Faulty")))
+    assert not v.ok
+    failed = [r for r in v.cases if r.status == FAIL]
+    assert [r.name for r in failed] == ["c2d16/edge"]
+    r = failed[0]
+    assert ("G2", "out") in {(g.gate, g.tensor) for g in r.failures}
+    assert all(g.tensor == "out" for g in r.failures)
+    where = r.recorded["where"][0]
+    assert where["tensor"] == "out" and where["n_offending"] == 1
+    assert where["first"]["index"] == [3, 5]
+    assert abs(where["first"]["fused"] - where["first"]["eager"]) > 0.4
+    # row 3 of the pack (7, 64, 0, ...) at ratio 8 is block 3 of segment 1
+    assert where["first"]["segment"] == 1 and where["segments"] == [[1, 1]]
+    assert where["column_blocks"]["counts"][5] == 1
+
+
+def test_cli_run_with_a_file_adapter_prints_where_and_writes_the_report(adapter, cpu_run,
+                                                                      tmp_path):
+    report = tmp_path / "rep"
+    result = invoke("run", "--impl", f"{adapter}:Faulty", "--report", str(report))
+    assert result.exit_code == 1, result.output
+    assert "where the errors sit:" in result.stdout
+    assert "c2d16/edge: out (G2)" in result.stdout
+    doc = json.loads((report / "verdict.json").read_text())
+    assert doc["verdict"] == "FAIL" and doc["selection"]["impl"] == "faulty"
+    assert doc["coverage"]["status"] == NA
+    page = (report / "index.html").read_text()
+    assert "GATE FAIL" in page
+    pytest.importorskip("matplotlib")
+    pngs = sorted(p.name for p in report.glob("*.png"))
+    assert pngs == ["c2d16_edge__out.png"]
+    assert (report / pngs[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert pngs[0] in page
+
+
+def test_cli_forward_only_exit_0_and_shows_na(adapter, cpu_run):
+    result = invoke("run", "--impl", f"{adapter}:ForwardOnly")
+    assert result.exit_code == 0, result.output
+    assert "forward contract only" in result.stdout
+    assert "n/a" in result.stdout
+
+
+@pytest.mark.parametrize("value, words", [
+    ("nope", "unknown implementation 'nope'"),
+    ("eager-bf16", "Did you mean"),
+    ("missing_file.py:X", "no such file"),
+    ("{adapter}:Missing", "has no attribute 'Missing'"),
+    ("{adapter}:NOT_AN_IMPL", "is not an implementation"),
+    ("json:loads", "constructing it raised TypeError"),
+    ("no_such_module_xyz:Impl", "cannot import"),
+    (":Impl", "expected NAME"),
+])
+def test_bad_impl_values_are_one_line_exit_2(adapter, cpu_run, value, words):
+    result = invoke("run", "--impl", value.format(adapter=adapter))
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr
+    assert result.stdout == ""
+    message = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(message) == 1 and "Traceback" not in result.stderr
+
+
+def test_cudnn_missing_is_could_not_evaluate_exit_3(cpu_run, monkeypatch):
+    import builtins as py
+
+    real_import = py.__import__
+
+    def no_cudnn(name, *args, **kwargs):
+        if name == "cudnn" or name.startswith("cudnn."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(py, "__import__", no_cudnn)
+    result = invoke("run", "--impl", "cudnn")
+    assert result.exit_code == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nvidia-cudnn-frontend is not importable" in lines[0]
+    assert "csagate[cudnn]" in lines[0]
+
+
+# --- compare -------------------------------------------------------------------------------
+
+
+def test_compare_table_fits_80_columns_and_json(adapter, cpu_run, monkeypatch, tmp_path):
+    monkeypatch.setattr(compare_cmd, "compare_device", lambda index: torch.device("cpu"))
+    out = tmp_path / "cmp.json"
+    names = ("c1d16/ragged", "c2d32/ragged+pad2r3t")
+    args = ["compare", "--impl", f"{adapter}:Reference", "--impl", "eager-bf16w",
+            "--json", str(out)]
+    for name in names:
+        args += ["--case", name]
+    result = CliRunner().invoke(cli, args, env={"COLUMNS": "80"}, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    doc = json.loads(out.read_text())
+    assert [c["name"] for c in doc["cases"]] == list(names)
+    for case in doc["cases"]:
+        by = {t["tensor"]: t for t in case["tensors"]}
+        assert set(by) == {"out", "dkv", "dscore", "dape"}
+        # A is the fp32 eager reference itself; B rounds its weights to bf16
+        assert all(t["a_eager"] == 0 for t in by.values())
+        assert by["out"]["max_abs"] == by["out"]["b_eager"] > 0
+        assert by["out"]["n_diff"] > 0
+
+
+def test_compare_needs_two_impls(cpu_run):
+    result = invoke("compare", "--impl", "eager-bf16w")
+    assert result.exit_code == 2 and "exactly two --impl" in result.stderr
+
+
+# --- the built-in gather formulation -------------------------------------------------------
+
+
+@pytest.mark.parametrize("coff", [1, 2])
+def test_gather_formulation_equals_the_fp32_reference(coff):
+    """The compiled built-in's formulation, run eagerly: bitwise the reference's out, dKV and
+    dScore (one fp32 sum order), dAPE within fp32 accumulation order."""
+    pack = make_pack((7, 64, 0, 9, 8, 3, 35), ratio=8, coff=coff, d=16, pad_rows=3,
+                     pad_tokens=5)
+    go = make_grad_out(pack.n_rows, 16)
+    ref = backward(*pack.inputs(), go, ratio=8, coff=coff)
+
+    class Eager(builtin_impls.EagerBf16Ape):
+        def _fn(self, kv, score, ape, *index):
+            return builtin_impls.pool(kv, score, ape, *index)
+
+    impl = Eager()
+    out = impl.forward(*pack.inputs(), pack.n_rows, ratio=8, coff=coff)
+    dkv, dscore, dape = impl.backward(*pack.inputs(), go, ratio=8, coff=coff)
+    assert torch.equal(out, ref.out)
+    assert torch.equal(dkv, ref.dkv) and torch.equal(dscore, ref.dscore)
+    assert torch.allclose(dape, ref.dape, atol=1e-6, rtol=0)
+
+
+def test_bf16_ape_formulation_differs_from_fp32_only_by_its_rounding():
+    case = case_named("c2d16/edge")
+    pack = make_pack(case.lens, ratio=case.ratio, coff=case.coff, d=case.d)
+    impl = builtin_impls.EagerBf16Ape()
+    got = impl.forward(*pack.inputs(), pack.n_rows, ratio=8, coff=2)
+    ref = backward(*pack.inputs(), make_grad_out(pack.n_rows, 16), ratio=8, coff=2).out
+    assert not torch.equal(got, ref)
+    assert (got.float() - ref.float()).abs().max() < 0.05
+
+
+def test_resolve_builtins_and_errors():
+    assert load(resolve("eager-bf16w")).name == "eager-bf16w"
+    with pytest.raises(ImplError, match="Did you mean 'cudnn'"):
+        resolve("cudnnn")
