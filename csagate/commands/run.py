@@ -325,7 +325,7 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
         extra = {
             "selection": rep.selection,
             "device": {"index": device_index, "name": env.get("gpu"), "arch": env.get("arch")},
-            "env": {"python": sys.version.split()[0]},
+            "env": {"python": sys.version.split()[0], "device_index": device_index},
             "seeds": _seeds(),
             "build": build,
             "wall_seconds": {"build": build["seconds"], "gate": verdict.seconds,
