@@ -29,7 +29,7 @@ def _usable_or_abort(cache) -> None:
 
     problem = root_problem(cache.root)
     if problem:
-        console.abort(f"kernel cache {cache.root}: {problem}", ExitCode.USAGE)
+        console.abort(f"kernel cache: {problem}", ExitCode.USAGE)
 
 
 @click.group("cache", help="The disk cache of compiled kernels: `info` says where it is and "
