@@ -335,15 +335,16 @@ def _aged(cache, n, size=1000):
 
 def test_prune_keeps_the_most_recently_used_within_both_bounds(cache):
     paths = _aged(cache, 6)
-    size = paths[0].stat().st_size
-    removed, freed = cache.prune(max_bytes=10 * size, max_entries=4)
-    assert (removed, freed) == (2, 2 * size)
+    sizes = [p.stat().st_size for p in paths]
+    removed, freed = cache.prune(max_bytes=sum(sizes), max_entries=4)
+    assert (removed, freed) == (2, sizes[0] + sizes[1])
     assert [p.exists() for p in paths] == [False, False, True, True, True, True]
-    assert cache.prune(max_bytes=2 * size + 1, max_entries=100) == (2, 2 * size)
+    assert cache.prune(max_bytes=sizes[4] + sizes[5], max_entries=100) == \
+        (2, sizes[2] + sizes[3])
     assert [p.exists() for p in paths[4:]] == [True, True]
     fn, _, rec = fresh(cache).get(key(arch="sm_4"), Builds())   # a hit refreshes its mtime
     assert rec.hit and paths[4].stat().st_mtime > paths[5].stat().st_mtime
-    assert cache.prune(max_bytes=size, max_entries=100) == (1, size)
+    assert cache.prune(max_bytes=sizes[4], max_entries=100) == (1, sizes[5])
     assert paths[4].exists() and not paths[5].exists()
 
 
