@@ -1,3 +1,4 @@
 """csagate: the numerics contract gate for the CSA compressor kernels."""
 
-__version__ = "0.1.0"
+# The one place the package version is written (pyproject.toml reads it from here).
+__version__ = "0.2.0"

@@ -1,11 +1,19 @@
 """The click command group. Subcommands live one per module in ``csagate.commands`` and are
-imported only when invoked, so ``--help`` and ``cases`` never import torch or cutlass."""
+imported only when invoked, so ``--help``, ``cases`` and a rejected ``run --case`` never import
+torch or cutlass (the contracts and cases are plain data).
+
+Every subcommand also takes ``--color/--no-color`` (after its name, as well as before it). The
+commands that compile kernels first check ``CSAGATE_CACHE_DIR`` (exit 2, one line, when it
+cannot be a folder), and a disabled disk cache is one ``csagate: warning:`` line.
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+import warnings
+from pathlib import Path
 
 import click
 
@@ -14,16 +22,64 @@ from csagate.exitcodes import ExitCode
 
 COMMANDS = {
     "run": "Run the numerics gate (--ratio 128, 4 or all) on this GPU; report the verdict.",
-    "cases": "List the drift check and the named gate cases (--ratio 128, 4 or all).",
+    "cases": "List the drift check and the named gate cases (-v: why each case exists).",
     "build": "Compile (or cross-compile) every kernel a ratio can select.",
     "probe": "Register probe: ptxas -v on every kernel's PTX (spills, stack, ex2.approx).",
     "schedules": "Print the ratio=128 dispatch tables and the kernels they can select.",
     "bench": "Benchmark the fused kernels against the eager reference and the roofline.",
-    "cache": "The disk cache of compiled kernels: info (where, how many), clear.",
+    "cache": "The disk cache of compiled kernels: info (where, how many), clear, prune.",
     "reference": "Show the in-place eager reference; --check runs the drift check alone.",
     "impls": "List the implementations --impl can judge here, and why the others cannot.",
     "compare": "Run the same inputs through two implementations (--impl A --impl B).",
 }
+
+
+# The commands that compile kernels: the DSL keeps its PTX under CSAGATE_CACHE_DIR.
+COMPILING = ("run", "build", "probe", "bench")
+
+
+def check_cache_dir() -> None:
+    """Exit 2 with one line when ``CSAGATE_CACHE_DIR`` cannot be a folder (a file, a parent
+    that is a file, an uncreatable path); the disk cache's own rules (a symlink, another
+    owner, group/other-writable) only turn it off, with one warning."""
+    root = os.environ.get("CSAGATE_CACHE_DIR")
+    if root is None:
+        return
+    if not root.strip():
+        console.abort("CSAGATE_CACHE_DIR is set but empty: point it at a folder, or unset it",
+                      ExitCode.USAGE)
+    from csagate.kernels.diskcache import root_problem
+
+    path = Path(root)
+    if os.path.lexists(path) and not path.is_dir():
+        console.abort(f"CSAGATE_CACHE_DIR={root} is not a directory: point it at a folder, or "
+                      "unset it", ExitCode.USAGE)
+    problem = None if path.is_dir() else root_problem(path)
+    if problem:
+        console.abort(f"CSAGATE_CACHE_DIR={root}: {problem}", ExitCode.USAGE)
+
+
+def _set_color(ctx, param, value):
+    if value is not None:
+        console.reset(color=value)
+
+
+def _color_option() -> click.Option:
+    return click.Option(["--color/--no-color"], default=None, expose_value=False,
+                        callback=_set_color, help="Force or forbid colour (as before the "
+                        "command name).")
+
+
+def _checked(command: click.Command) -> click.Command:
+    """``command`` that checks CSAGATE_CACHE_DIR after parsing, before any work."""
+    invoke = command.invoke
+
+    def checked_invoke(ctx):
+        check_cache_dir()
+        return invoke(ctx)
+
+    command.invoke = checked_invoke
+    return command
 
 
 class LazyGroup(click.Group):
@@ -34,12 +90,33 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module = importlib.import_module(f"csagate.commands.{name}")
-        return module.command
+        command = module.command
+        if not getattr(command, "_csagate_ready", False):
+            if not any(p.name == "color" for p in command.params):
+                command.params.append(_color_option())
+            if name in COMPILING:
+                _checked(command)
+            command._csagate_ready = True
+        return command
 
     def format_commands(self, ctx, formatter):
         rows = [(name, help_) for name, help_ in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """A csagate warning (the disk cache turned off) as one line; any other warning as Python
+    shows it."""
+    from csagate.kernels.diskcache import CacheWarning
+
+    if issubclass(category, CacheWarning):
+        console.warning(str(message))
+    else:
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
@@ -50,14 +127,16 @@ class LazyGroup(click.Group):
 def cli(color: bool | None):
     """csagate: the numerics contract gate for the CSA compressor kernels.
 
-    Builds the ratio=128 CuTe DSL kernels, checks the in-place reference against the
-    production ratio=4 backward, runs the 21 named cases through the gates (G1 determinism,
-    G2 tolerance vs fp32, G3 fp64-oracle parity, zeros, the overflow NaN pattern) and schedule
-    coverage, and reports the verdict as a table and through the exit code.
+    Builds the CuTe DSL kernels, checks the in-place reference against the production ratio=4
+    backward, runs the named cases (`csagate cases` lists them) through the gates (G1
+    determinism, G2 tolerance vs fp32, G3 fp64-oracle parity, zeros, the overflow NaN
+    pattern, the op check), checks schedule coverage and the bucket edges, and reports the
+    verdict as a table and through the exit code.
 
     An unexpected error prints one line and exits 3; CSAGATE_DEBUG=1 shows the traceback.
     """
     console.reset(color=color)
+    warnings.showwarning = _show_warning
 
 
 def main() -> None:

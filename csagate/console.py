@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+import textwrap
 from typing import NoReturn
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from csagate.exitcodes import ExitCode
 
@@ -47,16 +51,28 @@ def err() -> Console:
     return _err
 
 
-def new_table(title: str, columns, *, marks=(), right=()) -> Table:
+def new_table(title: str, columns, *, marks=(), right=(), names=(), compact=False) -> Table:
     """A table whose cells are never cut: ``marks`` (status words, indices, numbers) never wrap
-    and keep their width; every other column folds (wraps at spaces, then folds long words)
-    instead of eliding with "…". ``right`` columns are right-justified. A header may hold a
-    newline to keep a mark column narrow."""
-    table = Table(title=title, title_justify="left")
+    and keep their width; ``names`` (case names, the strings ``--case`` takes) are never split
+    either: the column is as wide as its longest name, and only :func:`prose` cells in it wrap;
+    every other column folds (wraps at spaces, then folds long words) instead of eliding with
+    "…". ``right`` columns are right-justified. A header may hold a newline to keep a mark
+    column narrow. ``compact``: no vertical rules (a header rule only), two spaces between
+    columns, so a long name and every mark fit 80 columns."""
+    style = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False,
+             "collapse_padding": True} if compact else {}
+    table = Table(title=title, title_justify="left", **style)
     for col in columns:
         table.add_column(col, justify="right" if col in right else "left",
-                         no_wrap=col in marks, overflow="fold")
+                         no_wrap=col in marks or col in names, overflow="fold")
+        if col in names:
+            table.columns[-1].meta = {"names": True}
     return table
+
+
+def prose(text: str, style: str = "") -> Text:
+    """A cell of running text (a case's ``why``) that wraps inside a ``names`` column."""
+    return Text(text, style=style, no_wrap=False, overflow="fold")
 
 
 def schedule_text(schedule) -> str:
@@ -71,17 +87,24 @@ def schedule_text(schedule) -> str:
                     for name, v in values)
 
 
+def _is_prose(cell) -> bool:
+    return isinstance(cell, Text) and cell.no_wrap is False
+
+
 def print_table(table, console: Console | None = None) -> None:
     """Print a table at the console's width (the terminal's, else COLUMNS, else 80), never
     cutting a cell: a column that may not wrap (a status word, an index) keeps its full width,
-    and every other column folds onto more lines instead of eliding with "…"."""
+    a names column is exactly as wide as its longest name (its prose cells wrap), and every
+    other column folds onto more lines instead of eliding with "…"."""
     console = console or out()
     for column in table.columns:
         if column.overflow == "ellipsis":
             column.overflow = "fold"
         if column.no_wrap:
-            cells = [column.header, *column.cells]
+            cells = [c for c in (column.header, *column.cells) if not _is_prose(c)]
             column.min_width = max(console.measure(c).maximum for c in cells)
+            if getattr(column, "meta", None):
+                column.max_width = column.min_width
     console.print(table)
 
 
@@ -93,10 +116,26 @@ def reset(color: bool | None = None) -> None:
     _force = color
 
 
+_OOM = re.compile(r"CUDA out of memory\.")
+_OOM_SIZES = (re.compile(r"Tried to allocate [\d.]+ \w+"),
+              re.compile(r"GPU \d+ has a total capacity of [\d.]+ \w+ of which [\d.]+ \w+ is "
+                         r"free"))
+
+
+def short_error(text: str) -> str:
+    """An error message as a row or a line shows it: torch's many-sentence CUDA out-of-memory
+    message keeps its first sentence and the sizes; anything else is unchanged."""
+    found = _OOM.search(text)
+    if not found:
+        return text
+    sizes = [m.group(0) for pattern in _OOM_SIZES if (m := pattern.search(text))]
+    return text[:found.end()] + "".join(f" {size}." for size in sizes)
+
+
 def one_line(exc: BaseException) -> str:
     """``Type: first line of the message``: how an exception is shown in one line."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return short_error(f"{type(exc).__name__}: {text[0]}") if text else type(exc).__name__
 
 
 class Aborted(click.exceptions.Exit):
@@ -109,6 +148,22 @@ class Aborted(click.exceptions.Exit):
 
 
 def abort(message: str, code: ExitCode) -> NoReturn:
-    """One clear line on stderr, then exit with ``code``: never a traceback."""
-    err().print(f"csagate: {message}", style="bold red" if code else None)
+    """One clear message on stderr (wrapped at the console's width), then exit with ``code``:
+    never a traceback."""
+    print_wrapped(err(), f"csagate: {message}", style="bold red" if code else None)
     raise Aborted(message, code)
+
+
+def print_wrapped(console: Console, text: str, style: str | None = None, *, indent: str = "",
+                  hang: str = "  ") -> None:
+    """``text`` wrapped at the console's width (never cut), continuation lines under ``hang``."""
+    width = max(console.width, 20)
+    lines = textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=hang,
+                          break_on_hyphens=False, break_long_words=False) or [""]
+    for line in lines:
+        console.print(Text(line, style=style or ""), soft_wrap=True)
+
+
+def warning(message: str) -> None:
+    """One ``csagate: warning:`` message on stderr (what a library warning becomes)."""
+    print_wrapped(err(), f"csagate: warning: {message}", style="yellow")

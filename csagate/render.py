@@ -3,8 +3,9 @@
 All three read the same :class:`csagate.gates.verdict.Verdict`; none of them judges anything. The
 table has one row per named case in the contract's order: the drift check first, the cases,
 schedule coverage last, with one mark per gate (G1, G2, G3, zeros) and the result; ``-v`` adds
-the numbers (``detail_table``). Then the headline (``GATE PASS 21/21`` / ``GATE FAIL k/21``)
-and every reason, wrapped at the console's width.
+the numbers (``detail_table``). Then the headline (``GATE PASS 21/21 + 3/3 hardening + ...``)
+and every reason, wrapped at the console's width. A case name is never split: it is the string
+``--case`` takes. The JSON and JUnit reports name the package's and the contract's versions.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import textwrap
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,8 +22,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from csagate import __version__
 from csagate import console as _console
 from csagate.exitcodes import ExitCode
+from csagate.gates.contracts import CONTRACT_VERSION
 from csagate.gates.verdict import ERROR, FAIL, NA, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
 
 if TYPE_CHECKING:  # annotations only: the renderers read the verdict's records
@@ -36,10 +39,14 @@ _STYLE = {PASS: "green", FAIL: "bold red", ERROR: "bold red", SKIP: "yellow",
 _WORD = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", SKIP: "skip", RECORDED: "rec",
          UNTRUSTED: "UNTRUSTED", NOT_ASSERTED: "NOT ASSERTED", NA: "n/a"}
 
-# The compact verdict: one mark per gate. The marks and the result never wrap or shrink; the
-# case name and config fold. It fits 80 columns; the numbers are in ``detail_table`` (-v).
-COLUMNS = ("#", "case", "config", "G1", "G2", "G3", "zeros", "result")
+# The compact verdict: one mark per gate. The marks, the result and the case name never wrap
+# or shrink (the name's prefix is its config). The longest name of either family fits 80
+# columns; the numbers are in ``detail_table`` (-v).
+COLUMNS = ("#", "case", "G1", "G2", "G3", "zeros", "result")
 MARKS = ("#", "G1", "G2", "G3", "zeros", "result")
+NAMES = ("case",)
+# The coverage cell of a subset run, kept short (its row says "not asserted" in words).
+_COVERAGE_WORD = {NOT_ASSERTED: "n/a"}
 DETAIL_COLUMNS = ("#", "case", "fwd diff / max", "dKV diff / max", "dScore diff / max",
                   "dAPE max", "s")
 SCHEDULE_COLUMNS = ("#", "case", "fwd schedules", "bwd schedules")
@@ -86,7 +93,7 @@ def _result(result: CaseResult) -> Text:
 
 
 def _case_row(index: int, result: CaseResult) -> list:
-    return [str(index), result.name, _config(result),
+    return [str(index), result.name,
             *(_status(result.gate_status(g)) for g in ("G1", "G2", "G3", "zeros")),
             _result(result)]
 
@@ -109,13 +116,16 @@ def verdict_table(verdict: Verdict) -> Table:
     env = verdict.env
     where = ", ".join(str(env[k]) for k in ("gpu", "arch") if env.get(k))
     title = f"csagate ratio={verdict.ratio} gate" + (f" on {where}" if where else "")
-    table = new_table(title, COLUMNS, marks=MARKS, right=("#",))
+    table = new_table(title, COLUMNS, marks=MARKS, right=("#",), names=NAMES, compact=True)
     table.add_row(*_case_row(0, verdict.drift))
     for i, result in enumerate(verdict.cases, start=1):
         table.add_row(*_case_row(i, result))
     cov = verdict.coverage
-    table.add_row("", f"coverage ({cov.summary})", "all", *([_status("")] * 4),
-                  _status(cov.status))
+    label = (f"coverage not asserted (subset run): {cov.summary}" if cov.status == NOT_ASSERTED
+             else f"coverage ({cov.summary})")
+    word = _COVERAGE_WORD.get(cov.status)
+    table.add_row("", _console.prose(label), *([_status("")] * 4),
+                  Text(word, style=_STYLE[cov.status]) if word else _status(cov.status))
     return table
 
 
@@ -162,11 +172,7 @@ def print_table(table: Table, console: Console) -> None:
 def print_lines(console: Console, text: str, style: str | None = None, *,
                 indent: str = "", hang: str = "") -> None:
     """``text`` wrapped at the console's width (never cut), continuation lines under ``hang``."""
-    width = max(console.width, 20)
-    lines = textwrap.wrap(text, width=width, initial_indent=indent,
-                          subsequent_indent=hang or indent, break_on_hyphens=False) or [""]
-    for line in lines:
-        console.print(Text(line, style=style or ""), soft_wrap=True)
+    _console.print_wrapped(console, text, style, indent=indent, hang=hang or indent)
 
 
 def print_verdict(verdict: Verdict, console: Console, *, verbose: bool = False) -> None:
@@ -177,7 +183,7 @@ def print_verdict(verdict: Verdict, console: Console, *, verbose: bool = False) 
         print_table(schedules_table(verdict), console)
     print_lines(console, verdict.headline, "bold green" if verdict.ok else "bold red")
     for reason in verdict.reasons:
-        print_lines(console, reason, indent="  - ", hang="    ")
+        print_lines(console, _console.short_error(reason), indent="  - ", hang="    ")
 
 
 def print_drift(result: CaseResult, console: Console) -> None:
@@ -256,10 +262,16 @@ def coverage_json(cov: CoverageResult) -> dict:
     return out
 
 
+def versions() -> dict[str, str]:
+    """Which csagate and which contract judged: in every JSON report and JUnit suite."""
+    return {"csagate_version": __version__, "contract_version": CONTRACT_VERSION}
+
+
 def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
     """Every recorded number, per case, plus the environment (``extra`` adds CLI facts)."""
     doc = {
         "schema": SCHEMA,
+        **versions(),
         "verdict": "PASS" if verdict.ok else "FAIL",
         "exit_code": int(ExitCode.PASS if verdict.ok else ExitCode.CONTRACT_FAILURE),
         "reason": None,
@@ -292,6 +304,7 @@ def error_json(reason: str, *, env: dict[str, Any], total: int, full: bool,
     of the environment, and the keys of a verdict left empty (no case was judged)."""
     doc = {
         "schema": SCHEMA,
+        **versions(),
         "verdict": COULD_NOT_EVALUATE,
         "exit_code": int(ExitCode.COULD_NOT_EVALUATE),
         "reason": reason,
@@ -313,8 +326,19 @@ def write_json(path: Path, verdict: Verdict, extra: dict[str, Any] | None = None
     _write_json(path, verdict_json(verdict, extra))
 
 
-def _write_json(path: Path, doc: dict) -> None:
-    Path(path).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+STDOUT = "-"   # a report path that means standard output
+
+
+def _write_text(path: Path | str, text: str) -> None:
+    if str(path) == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(path).write_text(text)
+
+
+def _write_json(path: Path | str, doc: dict) -> None:
+    _write_text(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
 
 
 def write_error_json(path: Path, reason: str, **kwargs) -> None:
@@ -350,9 +374,7 @@ def junit_xml(verdict: Verdict) -> ET.ElementTree:
     """One testcase per named case: the drift check, every case, and coverage."""
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     suite = ET.Element("testsuite", name=f"csagate.ratio{verdict.ratio}")
-    props = ET.SubElement(suite, "properties")
-    for key, value in sorted(verdict.env.items()):
-        ET.SubElement(props, "property", name=str(key), value=str(value))
+    _properties(suite, verdict.env)
     statuses = [_case_testcase(suite, verdict.drift)]
     statuses += [_case_testcase(suite, c) for c in verdict.cases]
 
@@ -383,13 +405,20 @@ def junit_xml(verdict: Verdict) -> ET.ElementTree:
     return ET.ElementTree(root)
 
 
-def error_junit(reason: str, env: dict[str, Any], seconds: float = 0.0) -> ET.ElementTree:
-    """An exit-3 run: one testcase "could not evaluate" holding an ``<error>`` with the reason."""
-    counts = {"tests": "1", "failures": "0", "errors": "1", "skipped": "0"}
-    suite = ET.Element("testsuite", name="csagate.ratio128", time=f"{seconds:.3f}", **counts)
+def _properties(suite: ET.Element, env: dict[str, Any]) -> None:
     props = ET.SubElement(suite, "properties")
-    for key, value in sorted(env.items()):
+    for key, value in sorted({**env, **versions()}.items()):
         ET.SubElement(props, "property", name=str(key), value=str(value))
+
+
+def error_junit(reason: str, env: dict[str, Any], seconds: float = 0.0, *,
+                ratio: int | None = 128) -> ET.ElementTree:
+    """An exit-3 run: one testcase "could not evaluate" holding an ``<error>`` with the reason,
+    in the suite of the family that could not be judged."""
+    counts = {"tests": "1", "failures": "0", "errors": "1", "skipped": "0"}
+    suite = ET.Element("testsuite", name=f"csagate.ratio{ratio}", time=f"{seconds:.3f}",
+                       **counts)
+    _properties(suite, env)
     tc = _testcase(suite, "csagate.run", "could not evaluate", seconds)
     ET.SubElement(tc, "error", message=reason, type="could not evaluate").text = reason
     root = ET.Element("testsuites", name="csagate", time=f"{seconds:.3f}", **counts)
@@ -397,15 +426,19 @@ def error_junit(reason: str, env: dict[str, Any], seconds: float = 0.0) -> ET.El
     return ET.ElementTree(root)
 
 
-def _write_xml(path: Path, tree: ET.ElementTree) -> None:
+def _write_xml(path: Path | str, tree: ET.ElementTree) -> None:
     ET.indent(tree)
-    tree.write(path, encoding="utf-8", xml_declaration=True)
+    if str(path) == STDOUT:
+        _write_text(path, ET.tostring(tree.getroot(), encoding="unicode", xml_declaration=True)
+                    + "\n")
+    else:
+        tree.write(path, encoding="utf-8", xml_declaration=True)
 
 
 def write_junit(path: Path, verdict: Verdict) -> None:
     _write_xml(path, junit_xml(verdict))
 
 
-def write_error_junit(path: Path, reason: str, env: dict[str, Any], seconds: float = 0.0
-                      ) -> None:
-    _write_xml(path, error_junit(reason, env, seconds))
+def write_error_junit(path: Path | str, reason: str, env: dict[str, Any], seconds: float = 0.0,
+                      *, ratio: int | None = 128) -> None:
+    _write_xml(path, error_junit(reason, env, seconds, ratio=ratio))

@@ -30,13 +30,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-COUNT_FRACTION = 0.001   # G2: at most 0.1% of the elements may differ (at least 1)
-MAX_ABS = 1.6e-2         # G2: out, dKV, dScore
-DAPE_MAX_ABS = 1e-3      # G2: dAPE (fp32 atomics)
-PARITY_RTOL = 1e-6       # G3
-PARITY_ATOL = 1e-4       # G3
-R4_FWD_FRACTION = 1e-4   # ratio=4 forward: at most 0.01% of the elements one bf16 step off
+from csagate.gates.limits import (  # noqa: F401  (the contract's numbers, re-exported)
+    COUNT_FRACTION,
+    DAPE_MAX_ABS,
+    MAX_ABS,
+    PARITY_ATOL,
+    PARITY_RTOL,
+    R4_FWD_FRACTION,
+    BucketEdge,
+    count_allowance,
+)
 
 _INT_VIEW = {
     torch.bfloat16: torch.int16,
@@ -46,11 +49,6 @@ _INT_VIEW = {
 }
 
 Index = tuple[int, ...]
-
-
-def count_allowance(numel: int, fraction: float = COUNT_FRACTION) -> int:
-    """How many elements G2 lets differ: ``max(1, int(fraction * numel))``."""
-    return max(1, int(fraction * numel))
 
 
 def _flat_index(mask: torch.Tensor) -> int | None:
@@ -474,23 +472,6 @@ def table_coverage(direction: str, entries: Mapping[Any, Any],
 
 
 # --- pinned bucket edges (docs/CONTRACT.md section 7.3) -------------------------------------------
-
-
-@dataclass(frozen=True)
-class BucketEdge:
-    """A declared bucket boundary: ``bucket`` holds N <= edge (``upper``) or N >= edge."""
-
-    direction: str
-    bucket: str
-    edge: int
-    upper: bool
-
-    def holds(self, n_rows: int) -> bool:
-        return n_rows <= self.edge if self.upper else n_rows >= self.edge
-
-    @property
-    def label(self) -> str:
-        return f"{self.direction} {self.bucket} {'<=' if self.upper else '>='} {self.edge}"
 
 
 def declared_bucket(edges: Sequence[BucketEdge], entries: Mapping[tuple[str, str, Any], Any],

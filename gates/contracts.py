@@ -6,17 +6,20 @@ The gate runner (``csagate.gates.runner.run_gate``) takes one :class:`Contract` 
 * ``R128`` (docs/CONTRACT.md sections 4-5, 7.1-7.3): the 21 upstream cases and the three hardening
   cases; G2 by count and max_abs; G3 against the fp32 eager path; coverage over every entry of
   the device's dispatch tables, and the bucket edges pinned to the values declared below.
-* ``R4`` (section 7.4, TESTS.md 1.3): the production ratio=4 kernels; dKV and dScore bitwise
+* ``R4`` (section 7.4): the production ratio=4 kernels; dKV and dScore bitwise
   equal to the fp32 eager reference; the forward one bf16 step off on at most 1e-4 of the
   elements; G3 against the upstream (bf16-weight) eager path, as upstream's own tests do;
   coverage over the ratio=4 schedules of the four configs. ratio=4 has no buckets.
+
+This module and ``csagate.gates.cases`` import no torch (the checks load when a rule is
+applied), so ``csagate cases`` and a rejected ``--case`` stay fast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from csagate.gates import checks
+from csagate.gates import limits
 from csagate.gates.cases import (
     CASES,
     DETERMINISTIC,
@@ -26,7 +29,12 @@ from csagate.gates.cases import (
     R4_DETERMINISTIC,
     Case,
 )
-from csagate.gates.checks import BucketEdge
+from csagate.gates.limits import BucketEdge
+
+# The version of the contract a verdict was judged by (docs/CONTRACT.md's header): 1 = the 21
+# upstream ratio=128 cases of csagate 0.1.0; 2 = adds the hardening cases, the deterministic
+# cases, the pinned bucket edges and the op check.
+CONTRACT_VERSION = "2"
 
 # The declared bucket edges of the ratio=128 dispatcher (docs/CONTRACT.md section 7.3), stated
 # here and not read from csagate.kernels.schedule: the gate pins the dispatcher to them.
@@ -66,6 +74,8 @@ class Rule:
     noise_atol: float = 0.0
 
     def apply(self, fused, ref, *, scale: float = 1.0, mask=None):
+        from csagate.gates import checks  # torch: only when a gate judges tensors
+
         if self.check == "bitwise":
             return checks.tolerance(fused, ref, bound=0.0, allowed=0, mask=mask)
         if self.check == "bf16_steps":
@@ -74,7 +84,7 @@ class Rule:
         if self.check == "tolerance":
             numel = fused.numel() if mask is None else int(mask.sum())
             allowed = None if self.fraction is None else \
-                checks.count_allowance(numel, self.fraction)
+                limits.count_allowance(numel, self.fraction)
             return checks.tolerance(fused, ref, bound=self.bound * scale ** self.scale_power,
                                     allowed=allowed, mask=mask)
         raise ValueError(f"unknown G2 rule {self.check!r}")
@@ -110,20 +120,20 @@ class Contract:
 
 R128 = Contract(
     ratio=128, drift=DRIFT, cases=CASES, hardening=HARDENING,
-    g2=(("out", Rule("tolerance", checks.MAX_ABS, checks.COUNT_FRACTION, 1)),
-        ("dkv", Rule("tolerance", checks.MAX_ABS, checks.COUNT_FRACTION, 1)),
-        ("dscore", Rule("tolerance", checks.MAX_ABS, checks.COUNT_FRACTION, 2)),
-        ("dape", Rule("tolerance", checks.DAPE_MAX_ABS, None, 2))),
+    g2=(("out", Rule("tolerance", limits.MAX_ABS, limits.COUNT_FRACTION, 1)),
+        ("dkv", Rule("tolerance", limits.MAX_ABS, limits.COUNT_FRACTION, 1)),
+        ("dscore", Rule("tolerance", limits.MAX_ABS, limits.COUNT_FRACTION, 2)),
+        ("dape", Rule("tolerance", limits.DAPE_MAX_ABS, None, 2))),
     parity_ref="fp32", coverage_configs=None, edges=R128_EDGES, via_op=True,
     deterministic=DETERMINISTIC)
 
 R4 = Contract(
     ratio=4, drift=DRIFT, cases=R4_CASES, hardening=(),
-    g2=(("out", Rule("bf16_steps", fraction=checks.R4_FWD_FRACTION,
+    g2=(("out", Rule("bf16_steps", fraction=limits.R4_FWD_FRACTION,
                      noise_atol=R4_FWD_NOISE_ATOL)),
         ("dkv", Rule("bitwise")),
         ("dscore", Rule("bitwise")),
-        ("dape", Rule("tolerance", checks.DAPE_MAX_ABS, None, 2))),
+        ("dape", Rule("tolerance", limits.DAPE_MAX_ABS, None, 2))),
     parity_ref="upstream", coverage_configs=R4_CONFIGS, edges=(),
     deterministic=R4_DETERMINISTIC)
 

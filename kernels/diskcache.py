@@ -1,11 +1,11 @@
-"""A compile cache on disk for the TVM-FFI kernels (prototype for issue 11 part 3).
+"""A compile cache on disk for the TVM-FFI kernels.
 
 Why not the DSL's own file cache (nvidia-cutlass-dsl 4.8.1, ``cutlass/base_dsl/
 cache_helpers.py`` + ``compile_backend.py``): ``cute.compile`` passes ``compile_only``, which
 forces ``no_cache`` (so is ``CUTE_DSL_KEEP=ptx``), so that cache is never used by our builds;
 it is keyed by a hash of the *traced* IR (the Python tracing, most of a compile, still runs),
 lives in ``/tmp/$USER/cutlass_python_cache`` created with the umask's mode, has no owner or
-permission check, and stores MLIR bytecode (+CRC32), not a loadable binary. See DESIGN.md.
+permission check, and stores MLIR bytecode (+CRC32), not a loadable binary.
 
 What this cache stores: the TVM-FFI object file that ``export_to_c`` writes (host launcher +
 embedded cubin), loaded back with the DSL's JITLink engine (``cute.runtime.load_module``'s
@@ -23,7 +23,8 @@ Rules:
 * root = ``$CSAGATE_CACHE_DIR`` or ``$XDG_CACHE_HOME/csagate`` or ``~/.cache/csagate``; it and
   ``kernels/`` are created 0700; an existing one is used only if it is a real directory (not a
   symlink) owned by the current user and not group/other-writable, else the disk cache is off
-  for the process (one warning; kernels are compiled in memory).
+  for the process (one :class:`CacheWarning`, which the CLI prints as one line; kernels are
+  compiled in memory). :func:`root_problem` says why without creating anything.
 * an entry is used only if it is a regular file (opened with O_NOFOLLOW, checked with fstat
   on the open descriptor: no check/use race) owned by the current user, not group/other-
   writable, its magic/format/lengths/sha256 check out and its header key equals the
@@ -31,6 +32,9 @@ Rules:
 * writes: ``mkstemp`` in ``kernels/`` (0600), write, fsync, ``os.replace`` onto the final name.
   Concurrent builders of one key each write a complete file; the last rename wins; a reader
   sees the old or the new file, never a partial one.
+* the size is bounded: after a write, the least recently used entries (a hit refreshes an
+  entry's mtime) go until at most ``MAX_ENTRIES`` entries and ``MAX_BYTES`` bytes remain;
+  :meth:`DiskCache.prune` applies any bound on demand (``csagate cache prune``).
 * the key holds everything that changes the binary: the kernel sources' hash, the typed
   compile key (family, direction, d, coff, schedule fields, arch), the DSL, its libs, the
   CUDA bindings and TVM-FFI versions, the DSL's compile-affecting environment, the compile
@@ -56,10 +60,16 @@ FORMAT = 1
 EXPORT_NAME = "func"
 _SUFFIX = ".cso"
 _HDR_MAX = 1 << 20
+MAX_BYTES = 256 << 20   # the automatic bound: 256 MiB of entries ...
+MAX_ENTRIES = 1000      # ... and at most this many (a full build of every arch is ~100)
 
 
 class CacheUnsafe(RuntimeError):
     """The cache folder fails the ownership/permission rules."""
+
+
+class CacheWarning(UserWarning):
+    """The disk cache is off for this process (the reason in the message)."""
 
 
 class BadEntry(Exception):
@@ -167,6 +177,29 @@ def _ensure_private_dir(path: Path) -> None:
     _check_dir(path)
 
 
+def root_problem(root: Path) -> str | None:
+    """Why ``root`` cannot hold the cache (or None), without creating anything: a file or a
+    symlink where the folder should be, a parent that is not a directory, a folder of another
+    user or writable by group/others, or a folder that cannot be created."""
+    root = Path(root)
+    for path in (root, root / "kernels"):
+        if os.path.lexists(path):
+            try:
+                _check_dir(path)
+            except CacheUnsafe as exc:
+                return str(exc)
+    if os.path.lexists(root):
+        return None
+    parent = root.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory, so {root} cannot be created"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{root} cannot be created ({parent} is not writable)"
+    return None
+
+
 # --- the cache -----------------------------------------------------------------------
 
 
@@ -199,8 +232,9 @@ class DiskCache:
                 _ensure_private_dir(self.dir)
                 self._usable = True
             except (CacheUnsafe, OSError) as exc:
-                warnings.warn(f"csagate kernel cache disabled: {exc}", RuntimeWarning,
-                              stacklevel=3)
+                why = exc if isinstance(exc, CacheUnsafe) else (exc.strerror or exc)
+                warnings.warn(f"kernel cache disabled: {why} (kernels compile in memory; see "
+                              "`csagate cache info`)", CacheWarning, stacklevel=3)
                 self._usable = False
         return self._usable
 
@@ -289,6 +323,7 @@ class DiskCache:
         try:
             obj, ptx, _ = self._read(path, key)
             fn = self._loader(obj)
+            _touch(path)
             rec = Record(digest, True, time.perf_counter() - t0)
             self.records.append(rec)
             return fn, ptx, rec
@@ -301,6 +336,7 @@ class DiskCache:
             ptx = _ptx_of(compiled)
             seconds = time.perf_counter() - t0
             self._write(path, key, obj, ptx, seconds)
+            self.prune(MAX_BYTES, MAX_ENTRIES, keep=path)
             fn = self._loader(obj)
         rec = Record(digest, False, seconds, reason)
         self.records.append(rec)
@@ -313,9 +349,37 @@ class DiskCache:
         return sorted(p for p in self.dir.glob("*" + _SUFFIX) if not p.name.startswith("."))
 
     def info(self) -> dict:
-        entries = self._entries()
-        return {"root": str(self.root), "usable": self.usable(), "entries": len(entries),
-                "bytes": sum(p.stat().st_size for p in entries)}
+        """Where the cache is, whether it can be used, what it holds: read-only (creates
+        nothing; ``usable`` is the verdict of :func:`root_problem`)."""
+        problem = root_problem(self.root)
+        entries = self._entries() if problem is None else []
+        return {"root": str(self.root), "exists": self.dir.is_dir(), "usable": problem is None,
+                "problem": problem, "entries": len(entries),
+                "bytes": sum(p.stat().st_size for p in entries),
+                "max_bytes": MAX_BYTES, "max_entries": MAX_ENTRIES}
+
+    def prune(self, max_bytes: int = MAX_BYTES, max_entries: int = MAX_ENTRIES, *,
+              keep: Path | None = None) -> tuple[int, int]:
+        """Remove the least recently used entries until at most ``max_entries`` entries and
+        ``max_bytes`` bytes remain (``keep`` stays); returns (entries removed, bytes freed)."""
+        if root_problem(self.root) is not None or not self.dir.is_dir():
+            return 0, 0
+        stats = []
+        for p in self._entries():
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # another process pruned it
+                continue
+            stats.append((st.st_mtime, st.st_size, p))
+        stats.sort(key=lambda e: (e[2] == keep, e[0]), reverse=True)  # newest (and keep) first
+        total, kept, removed, freed = 0, 0, 0, 0
+        for _, size, p in stats:
+            if p == keep or (kept < max_entries and total + size <= max_bytes):
+                total, kept = total + size, kept + 1
+                continue
+            p.unlink(missing_ok=True)
+            removed, freed = removed + 1, freed + size
+        return removed, freed
 
     def clear(self) -> int:
         """Remove our entries and stale temp files; returns how many files were removed."""
@@ -327,6 +391,14 @@ class DiskCache:
             p.unlink(missing_ok=True)
             n += 1
         return n
+
+
+def _touch(path: Path) -> None:
+    """Mark an entry used now (its mtime orders pruning); a read-only cache just skips it."""
+    try:
+        os.utime(path, follow_symlinks=False)
+    except OSError:
+        pass
 
 
 # --- DSL glue (nvidia-cutlass-dsl 4.8.1) ----------------------------------------------

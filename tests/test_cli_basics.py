@@ -5,6 +5,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from csagate.gates.contracts import R4, R128
 
 from csagate import __version__
 from csagate.cli import cli
@@ -28,32 +29,40 @@ def test_version():
 
 
 def _rows(output: str) -> list[str]:
-    """Table rows that start a case (a folded name continues on lines with no index)."""
-    return [line for line in output.splitlines()
-            if "│" in line and line.split("│")[1].strip().isdigit()]
+    """Table rows of a case: they start with its index (-v's reason lines do not)."""
+    return [line for line in output.splitlines() if line.split() and line.split()[0].isdigit()]
+
+
+def _names(line: str) -> str:
+    return line.split()[1]
 
 
 def test_cases_table():
     r = run("cases", "--ratio", "128")
     assert r.exit_code == 0, r.output
     lines = _rows(r.output)
-    assert len(lines) == 29
-    assert "drift/r4-c2d128/1x2048" in lines[0] and "c1d128/overflow" in lines[21]
-    assert all("hardening" in line for line in lines[22:25])
-    assert "edgepack+pad5r21t" in lines[24]  # .../pad-nonfinite, folded
-    assert all("determin" in line for line in lines[25:])
-    assert "drift check + 21 named cases + 3 hardening + 4" in " ".join(r.output.split())
-    assert "4 deterministic" in " ".join(r.output.split())
+    assert [_names(line) for line in lines] == [c.name for c in (R128.drift, *R128.all_cases)]
+    assert all(line.split()[-1] == "hardening" for line in lines[22:25])
+    assert all(line.split()[-1] == "deterministic" for line in lines[25:])
+    assert "drift check + 21 + 3 hardening + 4 deterministic cases" in " ".join(r.output.split())
     assert "131072" in r.output and "padding" in r.output
+
+
+def test_cases_verbose_shows_every_why():
+    r = CliRunner().invoke(cli, ["cases", "-v", "--ratio", "all"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    for contract in (R128, R4):
+        for case in (contract.drift, *contract.all_cases):
+            assert " ".join(case.why.split()) in flat, case.name
 
 
 def test_cases_table_ratio4_and_all():
     r = run("cases", "--ratio", "4")
     assert r.exit_code == 0, r.output
     lines = _rows(r.output)
-    assert len(lines) == 21
-    assert "drift check + 18 named cases + 2 deterministic" in " ".join(r.output.split())
-    assert "r4/c1d128/1x8192" in lines[1] and "r4/c2d128/ragged3/parti" in lines[18]
+    assert [_names(line) for line in lines] == [c.name for c in (R4.drift, *R4.all_cases)]
+    assert "drift check + 18 + 2 deterministic cases" in " ".join(r.output.split())
     wide = CliRunner().invoke(cli, ["cases", "--ratio", "4"], env={"COLUMNS": "200"}).output
     assert "r4/c2d512/1x65536" in wide and "r4/c1d512/short4+pad8r37t" in wide
     both = run("cases", "--ratio", "all")

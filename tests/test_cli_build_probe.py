@@ -6,6 +6,7 @@ Kernels compile through the process-wide cache, so tests reuse what earlier test
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -180,6 +181,9 @@ def test_cache_info_and_clear(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     facts = json.loads(r.stdout)
     assert facts["root"] == str(tmp_path / "kc") and facts["usable"] and facts["entries"] == 0
+    assert not (tmp_path / "kc").exists()          # info only reads
+    (tmp_path / "kc" / "kernels").mkdir(parents=True, mode=0o700)
+    os.chmod(tmp_path / "kc", 0o700)
     entry = tmp_path / "kc" / "kernels" / ("0" * 40 + ".cso")
     entry.write_bytes(diskcache.MAGIC + b"junk")
     assert json.loads(run("cache", "info", "--json").stdout)["entries"] == 1

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
-from csagate.gates.cases import CASES, DRIFT
+from csagate.gates.cases import DRIFT
+from csagate.gates.contracts import R4, R128
 from csagate.gates.verdict import (
     ERROR,
     FAIL,
@@ -94,13 +95,14 @@ ALL_PASS = {"G1": PASS, "G2": PASS, "G3": PASS, "zeros": PASS}
 EXPECTED: dict[int, tuple[str, ...]] = {}
 
 
-def mixed_verdict(full: bool = True) -> Verdict:
+def mixed_verdict(full: bool = True, contract=R128) -> Verdict:
+    """A verdict over every real case of ``contract`` (real names) with mixed marks."""
     EXPECTED.clear()
-    drift = CaseResult(DRIFT, PASS, (GateResult("drift", "dkv", PASS,
+    drift = CaseResult(contract.drift, PASS, (GateResult("drift", "dkv", PASS,
                                                 {"n_diff": 0, "max_abs": 0.0}),), seconds=1.0)
     EXPECTED[0] = ("-", "-", "-", "-", "PASS")
     results = []
-    for i, case in enumerate(CASES, start=1):
+    for i, case in enumerate(contract.all_cases, start=1):
         if i % 5 == 2:
             marks = {**ALL_PASS, "G2": FAIL}
             res, words = _case(case, marks, FAIL), ("PASS", "FAIL", "PASS", "PASS", "FAIL")
@@ -127,34 +129,38 @@ def mixed_verdict(full: bool = True) -> Verdict:
 
 
 def verdict_rows(text: str) -> dict[int, list[str]]:
-    """The first line of each numbered row of the compact verdict, split into its cells."""
+    """Each numbered row of the compact verdict, split into its cells: [#, name, marks...].
+    A row is one line: the name is never split."""
     rows = {}
     for line in text.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
+        cells = line.split()
         if len(cells) == len(render.COLUMNS) and cells[0].isdigit():
-            rows.setdefault(int(cells[0]), cells)
+            assert int(cells[0]) not in rows, line
+            rows[int(cells[0])] = cells
     return rows
 
 
+@pytest.mark.parametrize("contract", [R128, R4], ids=["r128", "r4"])
 @pytest.mark.parametrize("width", WIDTHS)
-def test_compact_verdict_fits_and_keeps_every_mark(width):
-    verdict = mixed_verdict()
+def test_compact_verdict_fits_and_keeps_every_mark_and_name(width, contract):
+    verdict = mixed_verdict(contract=contract)
     con = fixed(width)
     render.print_verdict(verdict, con)
     text = text_of(con)
     assert_fits(text, width)
     rows = verdict_rows(text)
-    assert sorted(rows) == list(range(len(CASES) + 1))
+    names = [c.name for c in (contract.drift, *contract.all_cases)]
+    assert sorted(rows) == list(range(len(names)))
+    assert [rows[i][1] for i in range(len(names))] == names     # every name whole, in order
     for index, words in EXPECTED.items():
-        assert tuple(rows[index][3:]) == words, (index, rows[index])
+        assert tuple(rows[index][2:]) == words, (index, rows[index])
     coverage = next(ln for ln in text.splitlines() if "coverage" in ln)
-    assert coverage.rstrip().endswith("│ FAIL   │"), coverage
-    headline = f"GATE FAIL {verdict.passed}/{len(CASES)}"
-    assert headline in text
+    assert coverage.split()[-1] == "FAIL", coverage
+    assert f"GATE FAIL {verdict.passed}/{len(contract.cases)}" in text
     # every failure's detail below the table, each reason whole once unwrapped
     flat = " ".join(text.split())
     for reason in verdict.reasons:
-        assert " ".join(reason.split()) in flat, reason
+        assert " ".join(_console.short_error(reason).split()) in flat, reason
     assert "CUDA out of memory" in flat and "coverage (table entries): no case selects" in flat
 
 
@@ -165,7 +171,7 @@ def test_verbose_detail_fits_and_folds_numbers(width):
     render.print_verdict(verdict, con, verbose=True)
     text = text_of(con)
     assert_fits(text, width)
-    assert "NOT ASSERTED" in text and "(subset run" in text
+    assert "coverage not asserted" in " ".join(text.split()) and "(subset run" in text
     flat = columnwise(text)
     # folded, not cut: every number and schedule tag is there once the folds are joined
     assert "1234567/3.10e-02" in flat and "123.4" in flat
@@ -214,11 +220,24 @@ def test_run_at_columns_80_shows_every_result(monkeypatch):
     assert sorted(rows) == list(range(len(SMALL_CASES) + len(SMALL_HARDENING) + 1))
     results = {i: cells[-1] for i, cells in rows.items()}
     edge = 1 + [c.name for c in SMALL_CASES].index("c1d16/edge")
-    assert results.pop(edge) == "FAIL" and rows[edge][4] == "FAIL"   # G2 column
+    assert results.pop(edge) == "FAIL" and rows[edge][3] == "FAIL"   # G2 column
     assert set(results.values()) == {"PASS"}
 
 
 # --- the other commands ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("verbose", [[], ["-v"]])
+def test_cases_never_split_a_name(width, verbose):
+    result = CliRunner().invoke(cli, ["cases", "--ratio", "all", *verbose],
+                                env={"COLUMNS": str(width), "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    assert_fits(result.stdout, width)
+    rows = [line.split() for line in result.stdout.splitlines()
+            if line.split() and line.split()[0].isdigit()]
+    names = [c.name for k in (R128, R4) for c in (k.drift, *k.all_cases)]
+    assert [r[1] for r in rows] == names
 
 
 @pytest.mark.parametrize("width", WIDTHS)

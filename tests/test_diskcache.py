@@ -235,7 +235,7 @@ def test_unsafe_folder_disables_disk_cache(tmp_path, monkeypatch, what):
         monkeypatch.setattr(os, "getuid", lambda: uid + 1)
     c = D.DiskCache(root, loader=fake_loader)
     b = Builds()
-    with pytest.warns(RuntimeWarning, match="kernel cache disabled"):
+    with pytest.warns(D.CacheWarning, match="kernel cache disabled"):
         fn, _, rec = c.get(key(), b)
     assert not rec.hit and rec.reason == "cache disabled" and b.n == 1
     assert isinstance(fn, FakeCompiled)  # used in memory, nothing written or loaded
@@ -297,6 +297,107 @@ def test_info_and_clear(cache):
     assert info["entries"] == 2 and info["bytes"] > 0 and info["usable"]
     assert cache.clear() == 3
     assert cache.info()["entries"] == 0
+
+
+@pytest.mark.parametrize("what", ["absent", "file", "under a file", "group-writable",
+                                  "symlink"])
+def test_info_reads_only_and_says_why(tmp_path, what):
+    root = tmp_path / "a" / "b" / "cc"
+    if what == "file":
+        root.parent.mkdir(parents=True)
+        root.write_text("x")
+    elif what == "under a file":
+        (tmp_path / "a").write_text("x")
+    elif what == "group-writable":
+        root.mkdir(parents=True, mode=0o700)
+        os.chmod(root, 0o770)
+    elif what == "symlink":
+        (tmp_path / "real").mkdir(mode=0o700)
+        root.parent.mkdir(parents=True)
+        os.symlink(tmp_path / "real", root)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    info = D.DiskCache(root, loader=fake_loader).info()
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before   # nothing created
+    assert info["usable"] == (what == "absent") and info["exists"] is False
+    assert (info["problem"] is None) == (what == "absent")
+
+
+def _aged(cache, n, size=1000):
+    """``n`` entries, the i-th last used i seconds after the first."""
+    paths = []
+    for i in range(n):
+        cache.get(key(arch=f"sm_{i}"), Builds(bytes(size)))
+        path = cache.path_of(key(arch=f"sm_{i}"))
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+        paths.append(path)
+    return paths
+
+
+def test_prune_keeps_the_most_recently_used_within_both_bounds(cache):
+    paths = _aged(cache, 6)
+    sizes = [p.stat().st_size for p in paths]
+    removed, freed = cache.prune(max_bytes=sum(sizes), max_entries=4)
+    assert (removed, freed) == (2, sizes[0] + sizes[1])
+    assert [p.exists() for p in paths] == [False, False, True, True, True, True]
+    assert cache.prune(max_bytes=sizes[4] + sizes[5], max_entries=100) == \
+        (2, sizes[2] + sizes[3])
+    assert [p.exists() for p in paths[4:]] == [True, True]
+    fn, _, rec = fresh(cache).get(key(arch="sm_4"), Builds())   # a hit refreshes its mtime
+    assert rec.hit and paths[4].stat().st_mtime > paths[5].stat().st_mtime
+    assert cache.prune(max_bytes=sizes[4], max_entries=100) == (1, sizes[5])
+    assert paths[4].exists() and not paths[5].exists()
+
+
+def test_a_write_prunes_to_the_automatic_bound(cache, monkeypatch):
+    monkeypatch.setattr(D, "MAX_ENTRIES", 3)
+    paths = _aged(cache, 5)
+    assert len(cache._entries()) == 3 and paths[-1].exists() and not paths[0].exists()
+
+
+def test_cache_commands_report_the_folder_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from csagate.cli import cli
+
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    env = {"CSAGATE_CACHE_DIR": str(a_file), "COLUMNS": "80"}
+    info = CliRunner().invoke(cli, ["cache", "info"], env=env)
+    assert info.exit_code == 0 and "not a directory" in info.output
+    for args in (["cache", "clear"], ["cache", "prune"], ["build", "--arch", "sm_90a"]):
+        r = CliRunner().invoke(cli, args, env=env)
+        assert r.exit_code == 2, (args, r.output)
+        flat = " ".join(r.stderr.split())
+        assert flat.startswith("csagate: ") and "not a directory" in flat, r.stderr
+        assert flat.count("csagate:") == 1
+        assert "nvidia-cutlass-dsl" not in r.stderr and "Traceback" not in r.stderr
+    missing = tmp_path / "new" / "cc"
+    r = CliRunner().invoke(cli, ["cache", "info"], env={"CSAGATE_CACHE_DIR": str(missing)})
+    assert r.exit_code == 0 and not missing.parent.exists()        # read-only
+
+
+def test_a_disabled_cache_is_one_csagate_warning_line(tmp_path):
+    import subprocess
+    import sys
+
+    root = tmp_path / "cc"
+    root.mkdir(mode=0o700)
+    os.chmod(root, 0o777)
+    code = ("import warnings\n"
+            "from csagate.cli import cli\n"
+            "from csagate.kernels.diskcache import DiskCache\n"
+            "try:\n"
+            "    cli(['cases'], prog_name='csagate', standalone_mode=False)\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "DiskCache().usable()\n")
+    env = {**os.environ, "CSAGATE_CACHE_DIR": str(root), "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert lines and lines[0].startswith("csagate: warning: kernel cache disabled"), proc.stderr
+    assert "RuntimeWarning" not in proc.stderr and "Warning:" not in proc.stderr
+    assert all(line.startswith(("csagate:", "  ")) for line in lines), proc.stderr
 
 
 # --- one real kernel ------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """``csagate run``: build, drift check, the named gates, coverage, verdict.
 
-``--ratio 128`` (default) runs the ratio=128 contract (21 cases + 3 hardening cases),
-``--ratio 4`` the production ratio=4 kernels' contract, ``--ratio all`` both, one after the
-other, and exits with the worse code. Status and progress go to stderr, the verdict table to
-stdout. Exit 0 pass, 1 contract failure, 2 usage error, 3 could not evaluate (no GPU, no
-nvidia-cutlass-dsl, a build failure): the exit-3 checks run before cutlass is imported and
-each prints one line.
+``--ratio 128`` (default) runs the ratio=128 contract, ``--ratio 4`` the production ratio=4
+kernels' contract, ``--ratio all`` every family, one after the other, and exits with the worse
+code (``csagate cases`` lists each family's cases). Status and progress go to stderr, the
+verdict table to stdout, or to stderr when ``--json -`` / ``--junit-xml -`` takes stdout (which
+then holds the report alone). Exit 0 pass, 1 contract failure, 2 usage error (bad options and
+report paths are found before anything runs), 3 could not evaluate (no GPU, no
+nvidia-cutlass-dsl, a build failure): the exit-3 checks run before cutlass is imported and each
+prints one message.
 
 By default the gate judges its own kernels (``csagate.gates.backend.KernelBackend``);
 ``--impl`` judges another implementation (``csagate impls``) against the same contract, the
@@ -25,33 +27,65 @@ from time import perf_counter
 import click
 
 from csagate import __version__, console
+from csagate.commands.reports import STDOUT, Reports, check_report_paths, report_path
 from csagate.exitcodes import ExitCode
+from csagate.gates.contracts import CONTRACTS  # plain data: no torch
 from csagate.impl_choice import impl_option, report_option
 
 QUICK_CASES = 2
 DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
+SUPPORTED_GPUS = "an H200, B200 or B300 GPU"
 
-
-RATIOS = ("128", "4", "all")
+RATIOS = (*(str(r) for r in CONTRACTS), "all")   # --ratio: one family, or every family
 
 
 def contracts(ratio: str):
-    """The contract families ``--ratio`` names (``all``: ratio=128, then ratio=4)."""
-    from csagate.gates.contracts import R4, R128
+    """The contract families ``--ratio`` names (``all``: every family, in CONTRACTS' order)."""
+    if ratio == "all":
+        return tuple(CONTRACTS.values())
+    return (CONTRACTS[int(ratio)],)
 
-    return {"128": (R128,), "4": (R4,), "all": (R128, R4)}[ratio]
+
+def ratio_option(help_: str):
+    """``--ratio``, shared by ``run`` and ``cases``; eager, so ``--case`` names are checked
+    against the family it picks."""
+    return click.option("--ratio", type=click.Choice(RATIOS), default="128", show_default=True,
+                        is_eager=True, help=help_)
+
+
+def case_counts(contract) -> str:
+    """``21 + 3 hardening + 4 deterministic cases``: a family's counts, from its data."""
+    parts = [str(len(contract.cases))]
+    parts += [f"{len(extra)} {word}" for extra, word in ((contract.hardening, "hardening"),
+                                                         (contract.deterministic, "deterministic"))
+              if extra]
+    return " + ".join(parts) + " cases"
+
+
+def _ratio_help() -> str:
+    families = ", ".join(f"{k.ratio} ({case_counts(k)})" for k in CONTRACTS.values())
+    return (f"The contract family: {families}, or all (every family; the worse exit code). "
+            "`csagate cases` lists them.")
+
+
+def no_gpu_message(torch_version: str, cuda: str | None) -> str:
+    """Why nothing can be judged without a GPU; "a CUDA build of torch" only where torch is
+    not one."""
+    if cuda:
+        return (f"no CUDA GPU visible (torch {torch_version}, CUDA {cuda}): nothing was judged; "
+                f"needs {SUPPORTED_GPUS}")
+    return (f"no CUDA GPU visible (torch {torch_version}, a CPU-only build): nothing was "
+            f"judged; needs {SUPPORTED_GPUS} and a CUDA build of torch")
 
 
 def preflight(device_index: int) -> None:
-    """Exit 3 with one line unless a supported CUDA GPU and the DSL are here (GPU checked first,
-    before cutlass is imported)."""
+    """Exit 3 with one message unless a supported CUDA GPU and the DSL are here (GPU checked
+    first, before cutlass is imported)."""
     import torch
 
     if not torch.cuda.is_available():
-        built = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
-        console.abort(f"no CUDA GPU visible (torch {torch.__version__}, {built}): nothing can be "
-                      "evaluated; run on a machine with an NVIDIA H200 (sm_90a) or B200 "
-                      "(sm_100a) and a CUDA build of torch", ExitCode.COULD_NOT_EVALUATE)
+        console.abort(no_gpu_message(torch.__version__, torch.version.cuda),
+                      ExitCode.COULD_NOT_EVALUATE)
     count = torch.cuda.device_count()
     if device_index >= count:
         raise click.BadParameter(f"device {device_index} does not exist ({count} CUDA "
@@ -61,8 +95,9 @@ def preflight(device_index: int) -> None:
     arch = device_arch(device_index)
     if arch not in ARCHES:
         name = torch.cuda.get_device_name(device_index)
-        console.abort(f"{name} is {arch}; the kernels are built for {', '.join(ARCHES)} "
-                      "(H200, B200): run on one of those", ExitCode.COULD_NOT_EVALUATE)
+        console.abort(f"{name} (cuda:{device_index}) is {arch}; the kernels are built for "
+                      f"{', '.join(ARCHES)}: run on {SUPPORTED_GPUS}",
+                      ExitCode.COULD_NOT_EVALUATE)
     ok, why = dsl_available()
     if not ok:
         console.abort(f"{why}; install it with `pip install {DSL_PIN}`",
@@ -73,15 +108,6 @@ def kernel_backend(device_index: int):
     from csagate.gates.backend import KernelBackend
 
     return KernelBackend(device_index)
-
-
-def impl_backend(impl, device_index: int):
-    """The gate's backend for an ``--impl`` implementation on this device."""
-    import torch
-
-    from csagate.gates.implementation import as_backend
-
-    return as_backend(impl, torch.device("cuda", device_index))
 
 
 class StderrProgress:
@@ -125,17 +151,31 @@ class StderrProgress:
         return False
 
 
+def unknown_case_message(name: str, valid: list[str], elsewhere: list[str]) -> str:
+    """An unknown ``--case``: up to three close names (of this family, else of another one,
+    with the ``--ratio`` that has it), never the whole list."""
+    close = difflib.get_close_matches(name, valid, n=3)
+    text = f"unknown case {name!r}."
+    if name in elsewhere:
+        return text + " It is a case of another family: add --ratio all (or its ratio)."
+    if not close:
+        close = difflib.get_close_matches(name, elsewhere, n=3)
+        if close:
+            return (text + f" Did you mean {', '.join(repr(c) for c in close)} (another "
+                    "family: --ratio all)? See `csagate cases --ratio all`.")
+        return text + " See `csagate cases` for the names."
+    return text + f" Did you mean {', '.join(repr(c) for c in close)}? See `csagate cases`."
+
+
 def _check_names(ctx, param, names):
     if not names:
         return names
-    valid = [c.name for k in contracts(ctx.params.get("ratio", "128")) for c in k.all_cases]
+    chosen = contracts(ctx.params.get("ratio", "128"))
+    valid = [c.name for k in chosen for c in k.all_cases]
+    elsewhere = [c.name for k in contracts("all") if k not in chosen for c in k.all_cases]
     for name in names:
         if name not in valid:
-            close = difflib.get_close_matches(name, valid, n=3)
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise click.BadParameter(
-                f"unknown case {name!r}.{hint} Valid names (`csagate cases`): "
-                + ", ".join(valid))
+            raise click.BadParameter(unknown_case_message(name, valid, elsewhere))
     return names
 
 
@@ -147,116 +187,86 @@ def _select(cases, names, quick):
     return tuple(cases)
 
 
-class Reports:
-    """The ``--json`` / ``--junit-xml`` files of one run, written on every exit path: the verdict
-    (exit 0/1), or "could not evaluate" with the one-line reason (exit 3)."""
+def impl_backend(impl, device_index: int):
+    """The gate's backend for an ``--impl`` implementation on this device."""
+    import torch
 
-    def __init__(self, json_path: Path | None, junit_path: Path | None, *, selection: dict,
-                 total: int, full: bool):
-        self.json_path, self.junit_path = json_path, junit_path
-        self.selection, self.total, self.full = selection, total, full
-        self.started = perf_counter()
-        self.env: dict = _known_env()
+    from csagate.gates.implementation import as_backend
 
-    def _wrote(self, path: Path) -> None:
-        console.err().print(f"wrote {path}")
-
-    def verdict(self, verdict, extra: dict) -> None:
-        from csagate import render
-
-        if self.json_path is not None:
-            render.write_json(self.json_path, verdict, extra)
-            self._wrote(self.json_path)
-        if self.junit_path is not None:
-            render.write_junit(self.junit_path, verdict)
-            self._wrote(self.junit_path)
-
-    def could_not_evaluate(self, reason: str) -> None:
-        from csagate import render
-
-        seconds = perf_counter() - self.started
-        if self.json_path is not None:
-            render.write_error_json(
-                self.json_path, reason, env=self.env, total=self.total, full=self.full,
-                extra={"csagate_version": __version__, "selection": self.selection,
-                       "wall_seconds": {"total": seconds}})
-            self._wrote(self.json_path)
-        if self.junit_path is not None:
-            render.write_error_junit(self.junit_path, reason, self.env, seconds)
-            self._wrote(self.junit_path)
+    return as_backend(impl, torch.device("cuda", device_index))
 
 
-def _known_env() -> dict:
-    """What is known before a backend exists (no torch/cutlass import: both may be missing)."""
-    import platform
-    from importlib import metadata
-
-    env = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for dist, key in (("torch", "torch"), ("nvidia-cutlass-dsl", "nvidia_cutlass_dsl")):
-        try:
-            env[key] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            env[key] = "not installed"
-    return env
+def _header(env: dict, device_index: int) -> str:
+    """The run's first status line: what judges, where."""
+    where = ", ".join(str(x) for x in (env.get("arch"), f"cuda:{device_index}") if x)
+    return (f"csagate {__version__}: {env.get('gpu', env.get('device', '?'))} ({where}), "
+            f"torch {env.get('torch', '?')}, nvidia-cutlass-dsl "
+            f"{env.get('nvidia_cutlass_dsl', '?')}")
 
 
-def _report_path(path: Path | None, ratio: int, several: bool) -> Path | None:
-    """With ``--ratio all`` each family writes its own report: ``v.json`` -> ``v.r4.json``."""
-    if path is None or not several:
-        return path
-    return path.with_name(f"{path.stem}.r{ratio}{path.suffix}")
+# The options of `csagate run`, in --help order; the command's keyword arguments are their names.
+RUN_OPTIONS = (
+    ratio_option(_ratio_help()),
+    click.option("--case", "names", multiple=True, metavar="NAME", callback=_check_names,
+                 help="Run only this named case (repeatable; `csagate cases` lists them). "
+                      "Coverage is then not asserted."),
+    click.option("--quick", is_flag=True,
+                 help=f"Drift check and the first {QUICK_CASES} cases only (coverage not "
+                      "asserted)."),
+    click.option("--device", "device_index", type=click.IntRange(min=0), default=0,
+                 show_default=True, help="CUDA device index (named in the header and reports)."),
+    click.option("-v", "--verbose", is_flag=True,
+                 help="Also print the detail tables: schedules, differing elements / max |diff| "
+                      "per tensor, dAPE max, seconds per case."),
+    click.option("--json", "json_path", metavar="PATH",
+                 help="Write every recorded number, per case, and the environment to PATH ('-': "
+                      "stdout, and the verdict table goes to stderr; --ratio all: one file per "
+                      "family, NAME.r128.json, NAME.r4.json)."),
+    click.option("--junit-xml", "junit_path", metavar="PATH",
+                 help="Write a JUnit XML report (one testcase per named case) to PATH ('-': "
+                      "stdout)."),
+)
+
+
+def _with_options(fn):
+    for option in reversed(RUN_OPTIONS):
+        fn = option(fn)
+    return fn
 
 
 @click.command("run", help="Run the numerics gate on this GPU: the drift check, the named cases "
-               "through the gates (G1 determinism, G2 tolerance, G3 fp64 parity, zeros), the "
-               "hardening cases, schedule coverage and bucket edges. The verdict has one mark "
-               "per gate and case; -v adds the numbers. --json/--junit-xml are written on every "
-               "exit path (exit 3: a \"could not evaluate\" report with the reason).",
+               "through the gates (G1 determinism, G2 tolerance, G3 fp64 parity, zeros, the op "
+               "check), the hardening and deterministic cases, schedule coverage and bucket "
+               "edges. The verdict has one mark per gate and case; -v adds the numbers. "
+               "--json/--junit-xml are checked before anything runs and written on every exit "
+               "path (exit 3: a \"could not evaluate\" report with the reason).",
                epilog=ExitCode.help_text())
-@click.option("--ratio", type=click.Choice(RATIOS), default="128", show_default=True,
-              is_eager=True,  # --case names are checked against the ratio's cases
-              help="The contract family: 128 (21 cases + 3 hardening), 4 (the production "
-                   "ratio=4 kernels), or all (both; the worse exit code).")
-@click.option("--case", "names", multiple=True, metavar="NAME", callback=_check_names,
-              help="Run only this named case (repeatable; `csagate cases` lists them). "
-                   "Coverage is then not asserted.")
-@click.option("--quick", is_flag=True,
-              help=f"Drift check and the first {QUICK_CASES} cases only (coverage not asserted).")
-@click.option("--device", "device_index", type=click.IntRange(min=0), default=0,
-              show_default=True, help="CUDA device index.")
-@click.option("-v", "--verbose", is_flag=True,
-              help="Also print the detail tables: schedules, differing elements / max |diff| "
-                   "per tensor, dAPE max, seconds per case.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every recorded number, per case, and the environment to this file "
-                   "(--ratio all: one file per family, NAME.r128.json and NAME.r4.json).")
-@click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a JUnit XML report (one testcase per named case) to this file.")
+@_with_options
 @impl_option
 @report_option
 def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, verbose: bool,
-            json_path: Path | None, junit_path: Path | None, impl, report_dir) -> None:
+            json_path: str | None, junit_path: str | None, impl, report_dir) -> None:
     if quick and names:
         raise click.UsageError("--quick and --case are exclusive: --quick already picks the "
                                f"first {QUICK_CASES} cases")
-    for path, hint in ((json_path, "--json"), (junit_path, "--junit-xml")):
-        if path is not None and not path.resolve().parent.is_dir():
-            raise click.BadParameter(f"directory {str(path.resolve().parent)!r} does not exist",
-                                     param_hint=hint)
     started = perf_counter()
     families = [(k, _select(k.all_cases, names, quick)) for k in contracts(ratio)]
     families = [(k, cases) for k, cases in families if cases or not names]
     several = len(families) > 1
+    check_report_paths({"--json": json_path, "--junit-xml": junit_path},
+                       [k.ratio for k, _ in families])
     reports = {}
     for k, cases in families:
         selection = {"ratio": k.ratio, "requested": ratio, "quick": quick, "cases": list(names),
                      "device": device_index, "impl": impl.name}
-        reports[k.ratio] = Reports(_report_path(json_path, k.ratio, several),
-                                   _report_path(junit_path, k.ratio, several),
+        reports[k.ratio] = Reports(report_path(json_path, k.ratio, several),
+                                   report_path(junit_path, k.ratio, several),
                                    selection=selection, total=len(cases),
                                    full=len(cases) == len(k.all_cases))
+    to_stdout = STDOUT in (json_path, junit_path)
     try:
-        code = _evaluate(families, device_index, reports, verbose, started, impl, report_dir)
+        code = _evaluate(families, device_index, reports, verbose, started, to_stdout,
+                         impl=impl, report_dir=report_dir)
     except console.Aborted as exc:
         if exc.exit_code == ExitCode.COULD_NOT_EVALUATE:
             for rep in reports.values():
@@ -275,26 +285,13 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, 
     raise click.exceptions.Exit(int(code))
 
 
-def _evaluate(families, device_index: int, reports: dict, verbose: bool, started: float,
-              impl, report_dir: Path | None) -> ExitCode:
-    """Preflight, build, then each family's gate, verdict and reports; the worse exit code.
-    Exit 3 goes through ``console.abort``."""
-    preflight(device_index)
+def _build(backend, drift_backend, families):
+    """Build every kernel the selected cases can reach (the drift check's with the gate's own
+    kernels); exit 3 on a build failure."""
+    from csagate.gates.backend import BuildError
+    from csagate.gates.runner import build_targets
 
-    from csagate import render
-    from csagate.gates.backend import BuildError, one_line
-    from csagate.gates.runner import build_targets, run_gate
-    from csagate.impl_choice import backends
-
-    err = console.err()
-    backend, drift_backend = backends(impl, device_index, kernel_backend, impl_backend)
-    env = backend.describe()
-    for rep in reports.values():
-        rep.env.update(env)
-    err.print(f"csagate {__version__}: {env.get('gpu', env.get('device', '?'))} "
-              f"({env.get('arch', '?')}), torch {env.get('torch', '?')}, "
-              f"nvidia-cutlass-dsl {env.get('nvidia_cutlass_dsl', '?')}")
-    build_start = perf_counter()
+    start = perf_counter()
     targets: list = []
     for k, cases in families:
         targets += [t for t in build_targets(cases, k.drift) if t not in targets]
@@ -307,10 +304,33 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
                 records += backend.build(tuple(targets), progress=progress)
     except BuildError as exc:
         console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
-    build_seconds = perf_counter() - build_start
+    seconds = perf_counter() - start
     hits = sum(1 for r in records if getattr(r, "hit", False))
-    err.print(f"built {len(records)} kernel(s) ({hits} from the cache) for {len(targets)} "
-              f"config(s) in {build_seconds:.1f} s")
+    console.err().print(f"built {len(records)} kernel(s) ({hits} from the cache) for "
+                        f"{len(targets)} config(s) in {seconds:.1f} s")
+    return {"targets": [list(t) for t in targets], "kernels": len(records), "cache_hits": hits,
+            "seconds": seconds, "records": records}
+
+
+def _evaluate(families, device_index: int, reports: dict, verbose: bool, started: float,
+              to_stdout: bool = False, *, impl, report_dir: Path | None) -> ExitCode:
+    """Preflight, build, then each family's gate, verdict and reports; the worse exit code.
+    Exit 3 goes through ``console.abort``."""
+    preflight(device_index)
+
+    from csagate import render
+    from csagate.gates.backend import one_line
+    from csagate.gates.runner import run_gate
+    from csagate.impl_choice import backends
+    from csagate.where import print_where
+
+    err = console.err()
+    backend, drift_backend = backends(impl, device_index, kernel_backend, impl_backend)
+    env = {**backend.describe(), "device_index": device_index}
+    for rep in reports.values():
+        rep.env.update(env)
+    render.print_lines(err, _header(env, device_index), hang="  ")
+    build = _build(backend, drift_backend, families)
 
     code = ExitCode.PASS
     several = len(families) > 1
@@ -324,19 +344,17 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
                 err.print_exception()
             console.abort(f"the gate could not finish: {one_line(exc)}",
                           ExitCode.COULD_NOT_EVALUATE)
-        render.print_verdict(verdict, console.out(), verbose=verbose)
-        from csagate.where import print_where
-
-        print_where(verdict, console.out())
+        shown = err if to_stdout else console.out()
+        render.print_verdict(verdict, shown, verbose=verbose)
+        print_where(verdict, shown)
         rep = reports[k.ratio]
         extra = {
-            "csagate_version": __version__,
             "selection": rep.selection,
-            "env": {"python": sys.version.split()[0]},
+            "device": {"index": device_index, "name": env.get("gpu"), "arch": env.get("arch")},
+            "env": {"python": sys.version.split()[0], "device_index": device_index},
             "seeds": _seeds(),
-            "build": {"targets": [list(t) for t in targets], "kernels": len(records),
-                      "cache_hits": hits, "seconds": build_seconds, "records": records},
-            "wall_seconds": {"build": build_seconds, "gate": verdict.seconds,
+            "build": build,
+            "wall_seconds": {"build": build["seconds"], "gate": verdict.seconds,
                              "total": perf_counter() - started},
         }
         rep.verdict(verdict, extra)
@@ -351,7 +369,8 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
 
 
 def _seeds() -> dict[str, int]:
-    from csagate.reference.inputs import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_TOKEN_SEED
+    from csagate.reference.seeds import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_TOKEN_SEED
 
     return {"input": INPUT_SEED, "grad": GRAD_SEED, "pad_grad": PAD_GRAD_SEED,
             "pad_token": PAD_TOKEN_SEED}
+

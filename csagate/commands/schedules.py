@@ -3,15 +3,20 @@ from __future__ import annotations
 import click
 
 from csagate import console
-from csagate.kernels.schedule import TABLE_ARCHES
+from csagate.kernels.schedule import ARCH_TABLES, ARCHES
 
 
 @click.command("schedules", help="Print the ratio=128 dispatch tables and the kernels they select.")
-@click.option("--arch", type=click.Choice(["all", *TABLE_ARCHES]), default="all",
-              show_default=True, help="Whose tables: the H200's (sm_90a), the B200's (sm_100a, "
-                                      "also sm_103a's), or both.")
+@click.option("--arch", type=click.Choice(["all", *ARCHES]), default="all",
+              show_default=True, help="Whose tables: the H200's (sm_90a), the B200's (sm_100a; "
+                                      "sm_103a, the B300, selects from them), or both.")
 def command(arch: str) -> None:
     from csagate.kernels import schedule as S
+
+    if arch != "all" and ARCH_TABLES[arch] != arch:
+        console.err().print(f"{arch} has no tables of its own: it selects from "
+                            f"{ARCH_TABLES[arch]}'s")
+        arch = ARCH_TABLES[arch]
 
     out = console.out()
     out.print(f"bucket constants: small N <= {S.SMALL_NB_MAX}, large N >= {S.LARGE_NB_MIN}, "
