@@ -16,28 +16,23 @@ compile-time choice (``BwdSchedule.regwin``):
                fp32 dScore summed per (k, column) in registers for dAPE; last-block zeros.
 
 * regwin: the same algorithm and numerics with each thread's window chunk in registers. A
-  thread keeps its C raw score and kv values (a bf16 pair per 32-bit word for vec 2) and
-  recomputes s and e in each pass; it issues the next row's C score and C kv loads right after
-  the current row's max barrier, so they fly during its exp pass, merge and stores. Shared
+  thread holds its C raw score and kv values of the next row (a bf16 pair per 32-bit word for
+  vec 2), issued right after the current row's max barrier so they fly during its exp pass,
+  merge and stores; pass 1 turns them into the row's s in fp32 (C*vec registers), pass 2
+  overwrites s with e, so passes 2 and 3 neither reload APE nor recompute s and e. Shared
   memory holds the chunk partials, the per-column 1/den and S, and the thread-private fp32
-  dAPE sums. 3 barriers per row; ``sched.sm_threads`` resident threads per SM (512: 128
-  registers per thread, 1024: 64; capped through ``.maxntid``).
+  dAPE sums. 3 barriers per row; REGWIN_THREADS_PER_SM resident threads per SM (128
+  registers per thread, capped through ``.maxntid``).
 
-Regwin options (compile-time, none changes a bit): ``keeps`` holds the row's s in fp32
-registers from pass 1 (C*vec of them) and overwrites it with e in pass 2, so passes 2 and 3
-neither reload APE nor recompute s and e (about a quarter of the instructions per element);
-with it, ``keepdp`` holds dp = go * kv (fp32) from pass 1 instead of the raw kv word, and
-``vsm`` moves the per-row shared values (chunk max, partials, 1/den, S) as vec-wide vectors;
-``l2pf`` = n requests row r + n's window slice into L2 at the start of row r
-(``prefetch.global.L2``, one per 128-byte line; nothing waits on it). ``apesm`` copies the
-thread's C*vec APE values (the same for every row) into thread-private shared memory once per
-CTA (``apeasync``: with cp.async), so the rows read them there instead of through L1/L2.
-``gosm`` (vec 2) fetches the next row's grad_out with cp.async into a thread-private
-shared-memory slot (two, by row parity), so no register holds it and no instruction waits on
-it before pass 1 (and with goreuse the gradient pass reads it there again). ``gopack`` keeps
-the fetched grad_out as the loaded word (a packed bf16 pair at vec 2) until it is used (ptxas
-otherwise unpacks it right after the fetch, stalling the warp on the load), and with goreuse
-holds that word, not vec fp32 values, for the gradient pass.
+Register-window options (compile-time, none changes a bit): ``keepdp`` holds dp = go * kv
+(fp32) from pass 1 instead of the raw kv word; ``vsm`` moves the per-row shared values (chunk
+max, partials, 1/den, S) as vec-wide vectors; ``ape`` = shared copies the thread's C*vec APE
+values (the same for every row) into thread-private shared memory once per CTA (async: with
+cp.async), so the rows read them there instead of through L1/L2; ``go`` = packed keeps the
+fetched grad_out as the loaded word until it is used (ptxas otherwise unpacks it right after
+the fetch, stalling the warp on the load), and with goreuse holds that word for the gradient
+pass; ``go`` = shared (vec 2) fetches it with cp.async into a thread-private shared-memory
+slot (two, by row parity), so no register holds it and nothing waits on it before pass 1.
 
 After the row loop every thread adds its C * vec dAPE partials with fp32 ``red.add``.
 Window position k maps to (token, column, ape row):
@@ -74,7 +69,6 @@ from csagate.kernels.device import (
     fma_rn,
     launch_zero_f32,
     mul_rn,
-    prefetch_window_l2,
     red_add_f32,
     segment_scan,
     store_partial_f32,
@@ -83,11 +77,13 @@ from csagate.kernels.device import (
 )
 from csagate.kernels.schedule import (
     RATIO,
+    REGWIN_THREADS_PER_SM,
+    ApeCopy,
     BwdSchedule,
+    GradOut,
     R128Geometry,
     bwd_smem_bytes,
     config_problems,
-    window,
 )
 from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
 
@@ -119,41 +115,28 @@ def _opaque(x):
 class R128Bwd(R128Geometry):
     """The r128 backward for one (d, coff, schedule); every field here is compile-time."""
 
-    def __init__(self, d: int, coff: int, sched: BwdSchedule, pdl_zero: bool = True):
+    def __init__(self, d: int, coff: int, sched: BwdSchedule):
         problems = config_problems(coff, d, sched)
-        dv = d // sched.vec
-        if dv % sched.threads_x:
-            # Full column coverage makes every `col < d/vec` predicate statically true.
-            problems.append(f"d/vec={dv} is not a multiple of threads_x={sched.threads_x}")
-        if sched.vec > sched.tchunks:
-            problems.append(f"the merge needs vec <= tchunks, got {sched.vec} > {sched.tchunks}")
-        if sched.regwin and (window(coff) // sched.tchunks * sched.vec) % 4:
-            problems.append("regwin moves dAPE sums as 4-slot vectors: C*vec must be a "
-                            "multiple of 4")
         if problems:
             raise ValueError(f"r128 backward c{coff}d{d} {sched}: " + "; ".join(problems))
         super().__init__(d, coff, sched)
         self.regwin = sched.regwin
-        self.keeps = sched.keeps
-        self.vsm = sched.vsm
         self.keepdp = sched.keepdp
-        self.apesm = sched.apesm
-        self.apeasync = sched.apeasync
-        self.gopack = sched.gopack
-        self.gosm = sched.gosm
+        self.vsm = sched.vsm
+        self.apesm = sched.ape is not ApeCopy.GLOBAL  # the APE copied into shared memory
+        self.apeasync = sched.ape is ApeCopy.ASYNC
+        self.gopack = sched.go is GradOut.PACKED
+        self.gosm = sched.go is GradOut.SHARED
         self.fast = sched.fastexp
         # The default-mode kernel and the launch's dAPE zeroing are launched as programmatic
-        # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics
-        # (an A/B knob: False launches both without PDL; the same bits either way).
-        self.pdl_zero = pdl_zero and not sched.deterministic
+        # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics.
+        self.pdl_zero = not sched.deterministic
         self.cols_pc = sched.threads_x * sched.vec
         self.nthreads = sched.threads_x * sched.tchunks
         self.smem_bytes = bwd_smem_bytes(coff, sched)
-        # regwin: sched.sm_threads resident threads per SM (schedule.rows_per_cta assumes the
-        # same), so ptxas caps registers at 65536 / sm_threads (128 or 64) per thread through
-        # .maxntid.
-        self.ctas_per_sm = (sched.sm_threads // (sched.threads_x * sched.tchunks)
-                            if sched.regwin else None)
+        # regwin: ptxas caps registers at 65536 / REGWIN_THREADS_PER_SM = 128 per thread
+        # through .maxntid (schedule.rows_per_cta assumes the same residency).
+        self.ctas_per_sm = REGWIN_THREADS_PER_SM // self.nthreads if sched.regwin else None
 
     def __repr__(self) -> str:  # names the kernel symbol: r128bwd_c{coff}d{d}_<schedule tag>
         return f"r128bwd_c{self.coff}d{self.d}_{self.sched.tag}"
@@ -226,11 +209,6 @@ class R128Bwd(R128Geometry):
             self._registers(sh, tid)
         nb_valid = mCuc[n_seq]
         tok_end = mCu[n_seq]
-        L2PF = self.sched.l2pf
-        if cutlass.const_expr(L2PF > 1):  # rows 1 .. L2PF-1: the row loop requests the rest
-            for i in cutlass.range_constexpr(1, L2PF):
-                if i < rows_per_cta:
-                    self._prefetch_row(m, g, n_seq, nb_valid, bx * rows_per_cta + i)
         if cutlass.const_expr(self.regwin):  # the first row's loads fly during the prologue
             if bx * rows_per_cta < nb_valid:
                 self._fetch(m, g, n_seq, bx * rows_per_cta, rScN, rKvN, rGoN, rSegN, sh, 0)
@@ -271,9 +249,6 @@ class R128Bwd(R128Geometry):
                 # coff=2: the previous half of a segment's first block is invalid; coff=1
                 # chunks are always valid (a Python True: the branches below fold away).
                 chunk_ok = (blk + half) > 0 if COFF == 2 else True
-                if cutlass.const_expr(L2PF > 0):
-                    if rr + L2PF < rows_per_cta:
-                        self._prefetch_row(m, g, n_seq, nb_valid, bb + L2PF)
 
                 self._pass_max(m, sh, g, tok_row0, chunk_ok, rSc, rKv, rScN, rKvN, rGoN, rM,
                                rGo, rr & 1)
@@ -357,10 +332,9 @@ class R128Bwd(R128Geometry):
             # Raw chunks, one register per window position: the current row and the next row
             # as loaded (packed bf16 pairs for vec 2, bf16 for vec 1).
             raw = I32 if VEC == 2 else BF16
-            # keeps: the current row's s in fp32 from pass 1 (then e, from pass 2) instead of
-            # its raw scores, so passes 2 and 3 neither reload APE nor recompute s and e.
-            rSc = (cute.make_rmem_tensor((C, VEC), F32) if self.keeps
-                   else cute.make_rmem_tensor((C,), raw))
+            # the current row's s in fp32 from pass 1 (then e, from pass 2), so passes 2 and
+            # 3 neither reload APE nor recompute s and e
+            rSc = cute.make_rmem_tensor((C, VEC), F32)
             rKv = (cute.make_rmem_tensor((C, VEC), F32) if self.keepdp
                    else cute.make_rmem_tensor((C,), raw))
             rScN = cute.make_rmem_tensor((C,), raw)
@@ -397,21 +371,6 @@ class R128Bwd(R128Geometry):
             grp = h * (self.d // self.vec) + col
             cute.local_tile(mDKV, (1, self.vec), (token, grp)).store(zeros)
             cute.local_tile(mDScore, (1, self.vec), (token, grp)).store(zeros)
-
-    @cute.jit
-    def _prefetch_row(self, m, g, n_seq, nb_valid, row):
-        """l2pf: request row ``row``'s window of this CTA's column slice into L2 (nothing if
-        the row is past cuc[B]); the CTA's threads share its positions."""
-        if row < nb_valid:
-            seg = segment_scan(m.cuc, row, 0, n_seq, 1, 0)
-            blk = row - m.cuc[seg]
-            k_first = I32(0)
-            if cutlass.const_expr(self.coff == 2):
-                if blk == 0:  # a segment's first block: no previous half
-                    k_first = I32(RATIO)
-            prefetch_window_l2(m.score, m.kv, m.cu[seg] + (blk - (self.coff - 1)) * RATIO,
-                               k_first, g.col0, self.coff, self.d, self.cols_pc * 2, g.tid,
-                               self.nthreads)
 
     @cute.jit
     def _fetch(self, m, g, n_seq, bb, rScN, rKvN, rGoN, rSegN, sh, slot):
@@ -477,22 +436,15 @@ class R128Bwd(R128Geometry):
         if cutlass.const_expr(self.regwin):
             if chunk_ok:
                 for kk in cutlass.range_constexpr(self.chunk):
-                    if cutlass.const_expr(self.keeps):
-                        if cutlass.const_expr(not self.keepdp):
-                            rKv[kk] = rKvN[kk]
-                        ap = self._ape(m, sh, g, kk)
-                        for j in cutlass.range_constexpr(VEC):
-                            if cutlass.const_expr(self.keepdp):  # rKv holds dp = go * kv
-                                rKv[kk, j] = mul_rn(rGo[j], self._raw_f32(rKvN, kk, j))
-                            sv = self._raw_f32(rScN, kk, j) + ap[j]
-                            rSc[kk, j] = sv
-                            rM[j] = cute.arch.fmax(rM[j], sv)
-                    else:
-                        rSc[kk] = rScN[kk]
+                    if cutlass.const_expr(not self.keepdp):
                         rKv[kk] = rKvN[kk]
-                        ap = self._ape(m, sh, g, kk)
-                        for j in cutlass.range_constexpr(VEC):
-                            rM[j] = cute.arch.fmax(rM[j], self._raw_f32(rSc, kk, j) + ap[j])
+                    ap = self._ape(m, sh, g, kk)
+                    for j in cutlass.range_constexpr(VEC):
+                        if cutlass.const_expr(self.keepdp):  # rKv holds dp = go * kv
+                            rKv[kk, j] = mul_rn(rGo[j], self._raw_f32(rKvN, kk, j))
+                        sv = self._raw_f32(rScN, kk, j) + ap[j]
+                        rSc[kk, j] = sv
+                        rM[j] = cute.arch.fmax(rM[j], sv)
         else:
             if chunk_ok:
                 self._stage(m, sh, g, tok_row0, rM)
@@ -552,14 +504,9 @@ class R128Bwd(R128Geometry):
         if cutlass.const_expr(self.regwin):
             if chunk_ok:
                 for kk in cutlass.range_constexpr(self.chunk):
-                    if cutlass.const_expr(not self.keeps):
-                        ap = self._ape(m, sh, g, kk)
                     for j in cutlass.range_constexpr(VEC):
-                        if cutlass.const_expr(self.keeps):
-                            e = exp_of(rSc[kk, j] - rM[j], self.fast)
-                            rSc[kk, j] = e
-                        else:
-                            e = exp_of(self._raw_f32(rSc, kk, j) + ap[j] - rM[j], self.fast)
+                        e = exp_of(rSc[kk, j] - rM[j], self.fast)
+                        rSc[kk, j] = e
                         rDen[j] = add_rn(rDen[j], e)
                         if cutlass.const_expr(self.keepdp):
                             dp = rKv[kk, j]
@@ -610,12 +557,6 @@ class R128Bwd(R128Geometry):
             gov2 = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load().to(F32)
             for j in cutlass.range_constexpr(VEC):
                 rGo[j] = gov2[j]
-        elif cutlass.const_expr(self.gosm):
-            # read again from the row's shared-memory slot (the next row's copy lands in the
-            # other slot)
-            wgo = sh.go[slot, g.tid]
-            for j in cutlass.range_constexpr(VEC):
-                rGo[j] = _half(wgo, j)
         elif cutlass.const_expr(self.gopack):
             # converted again from the held grad_out word (one register through the row, not
             # vec fp32 ones), opaque so that the compiler does not keep the fp32 pair instead
@@ -634,16 +575,11 @@ class R128Bwd(R128Geometry):
                     rDen[j] = sh.den[g.tx * VEC + j]  # now 1/den
                     rSp[j] = sh.s[g.tx * VEC + j]  # now S
             for kk in cutlass.range_constexpr(self.chunk):
-                if cutlass.const_expr(self.regwin):
-                    if cutlass.const_expr(not self.keeps):
-                        ap = self._ape(m, sh, g, kk)
-                    if cutlass.const_expr(not self.keepdp):
-                        kv = _opaque(rKv[kk]) if VEC == 2 else rKv[kk]
+                if cutlass.const_expr(self.regwin and not self.keepdp):
+                    kv = _opaque(rKv[kk]) if VEC == 2 else rKv[kk]
                 for j in cutlass.range_constexpr(VEC):
-                    if cutlass.const_expr(self.keeps):
+                    if cutlass.const_expr(self.regwin):
                         e = rSc[kk, j]  # kept from pass 2
-                    elif cutlass.const_expr(self.regwin):
-                        e = exp_of(self._raw_f32(rSc, kk, j) + ap[j] - rM[j], self.fast)
                     else:
                         e = sh.e[g.k0 + kk, g.tx * VEC + j]
                         u = sh.kv[g.k0 + kk, g.tx * VEC + j].to(F32)
@@ -687,7 +623,7 @@ class R128Bwd(R128Geometry):
             # keeps at the 128-register cap (C*vec = 32; sums in shared memory): a loop over the
             # window positions, rolled for coff=1 and unrolled for coff=2 (ptxas spilled 8-24 B
             # in the other form of each: c1d512, c2d*; measured, both arches)
-            if cutlass.const_expr(self.keeps and self.coff == 1
+            if cutlass.const_expr(self.regwin and self.coff == 1
                                   and self.chunk * self.vec >= 32):
                 for kk in cutlass.range(self.chunk, unroll=1):
                     self._store_partials(m, g, rDApe, bx, kk)
@@ -723,10 +659,9 @@ def fake_args(d: int, coff: int):
             I32(1), I32(0), env_stream())
 
 
-def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str, pdl_zero: bool = True):
-    """Compile the r128 backward for (d, coff, sched) and arch; no GPU needed. ``pdl_zero``
-    False: the kernel follows the launch's dAPE zeroing without PDL (the A/B tools' twin)."""
-    return compile_for(arch, R128Bwd(d, coff, sched, pdl_zero), *fake_args(d, coff))
+def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
+    """Compile the r128 backward for (d, coff, sched) and arch; no GPU needed."""
+    return compile_for(arch, R128Bwd(d, coff, sched), *fake_args(d, coff))
 
 
 def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv, dscore,

@@ -28,13 +28,14 @@ atomics make the output bitwise run-to-run deterministic.
 
 Loads and tuning (compile-time schedule fields; none changes a single output bit):
 
-* ``vec`` columns per thread: bf16 score/kv loads of ``2*vec`` bytes (16 at vec=8), fp32 APE
-  of ``4*vec`` (two 16-byte loads at vec=8), one ``2*vec``-byte bf16 store.
+* ``vec`` columns per thread: bf16 score/kv loads of ``2*vec`` bytes, fp32 APE of ``4*vec``,
+  one ``2*vec``-byte bf16 store.
 * ``unroll``: slots per unrolled group of the chunk loop (4 is the upstream loop).
-* ``prefetch``: a register ring of ``unroll`` slots; the loads of slots ``k+1..k+U``
+* ``prefetch`` (online forms): a register ring of ``unroll`` slots; the loads of slots ``k+1..k+U``
   are issued before slot ``k``'s math (``chunk_prefetch``). Without it the loop body loads a
   slot and uses it at once, and ptxas interleaves the group's loads with the math.
-* ``oneexp``: the online step with one exp instead of two (``online_step``).
+* ``form``: online (two exps per rescale), oneexp (the online step with one exp,
+  ``online_step``) or twophase.
 * The segment scan reads ``cuc`` (one or two cache lines, the same addresses in every lane)
   and is the only thing the window loads wait for: their address needs the segment.
 
@@ -73,8 +74,8 @@ from csagate.kernels.device import (
     segment_scan,
 )
 from csagate.kernels.schedule import (
-    PREFETCH_RING_MAX,
     RATIO,
+    FwdForm,
     FwdSchedule,
     R128Geometry,
     config_problems,
@@ -92,18 +93,11 @@ class R128FwdKernel(R128Geometry):
         if problems:
             raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: " + "; ".join(problems))
         super().__init__(d, coff, sched)
-        self.twophase = sched.twophase
+        self.twophase = sched.form is FwdForm.TWOPHASE
+        self.oneexp = sched.form is FwdForm.ONEEXP
         self.fastexp = sched.fastexp
         self.unroll = min(sched.unroll, self.chunk)  # slots per unrolled group (divides C)
         self.prefetch = sched.prefetch
-        if self.prefetch and self.unroll * sched.vec > PREFETCH_RING_MAX:
-            raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: a prefetch ring of "
-                             f"{self.unroll}x{sched.vec} columns exceeds {PREFETCH_RING_MAX} "
-                             "(spills)")
-        self.oneexp = sched.oneexp
-        # vec=8 declares .maxntid instead of .reqntid: under .reqntid ptxas 13.x spills 4 bytes
-        # at 72 registers on the vec=8 online fast-exp loop; .maxntid gives 72 and no spill.
-        self.maxntid = sched.vec == 8
 
     @cute.jit
     def __call__(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
@@ -112,12 +106,8 @@ class R128FwdKernel(R128Geometry):
         n_rows = mOut.shape[0]
         n_seq = mCu.shape[0] - 1
         block = (self.threads_x, self.tchunks, 1)
-        if cutlass.const_expr(self.maxntid):
-            self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
-                grid=(n_rows, self.gy, 1), block=block, max_number_threads=block, stream=stream)
-        else:
-            self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
-                grid=(n_rows, self.gy, 1), block=block, stream=stream)
+        self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
+            grid=(n_rows, self.gy, 1), block=block, stream=stream)
 
     @cute.kernel
     def kernel(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
@@ -210,7 +200,7 @@ class R128FwdKernel(R128Geometry):
     @cute.jit
     def chunk_prefetch(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                        st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        """The same slots in the same order as the plain loops, software-pipelined.
+        """The online loop's slots in the same order, software-pipelined.
 
         A register ring holds the raw loads (bf16 score, bf16 kv, fp32 APE) of ``U =
         unroll`` slots. The prologue fills it; at slot ``k`` the ring entry of ``k`` is taken
@@ -218,63 +208,42 @@ class R128FwdKernel(R128Geometry):
         ``k``'s math issued, so the loads of slots ``k+1 .. k+U`` are in flight during it.
         The last group (peeled) loads nothing, so no load leaves the chunk.
         """
-        if cutlass.const_expr(self.twophase):
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 0)
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 2)
-        else:
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 1)
-
-    @cute.jit
-    def ring_pass(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
-                  st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32,
-                  step: cutlass.Constexpr):
-        """One pipelined pass over the chunk; ``step`` 0: max (no kv), 1: online, 2: sums."""
         VEC, U = self.vec, self.unroll
         groups = self.chunk // U
         rS = cute.make_rmem_tensor((U, VEC), cutlass.BFloat16)
         rU = cute.make_rmem_tensor((U, VEC), cutlass.BFloat16)
         rA = cute.make_rmem_tensor((U, VEC), F32)
         for i in cutlass.range_constexpr(U):  # prologue: slots 0 .. U-1
-            self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + i, ape_row0 + i,
-                           cblk, step != 0)
+            self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + i, ape_row0 + i, cblk)
         if cutlass.const_expr(groups > 1):
             for g in cutlass.range(groups - 1, unroll=1):
                 k = (g + 1) * U  # first slot of the next group
                 for i in cutlass.range_constexpr(U):
-                    sv, uv, av = self.take_slot(rS, rU, rA, i, step != 0)
+                    sv, uv, av = self.take_slot(rS, rU, rA, i)
                     self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + k + i,
-                                   ape_row0 + k + i, cblk, step != 0)
-                    self.slot_math(st, sv, uv, av, step)
+                                   ape_row0 + k + i, cblk)
+                    self.online_step(st, sv, uv, av)
         for i in cutlass.range_constexpr(U):  # epilogue: the last group, nothing to load
-            sv, uv, av = self.take_slot(rS, rU, rA, i, step != 0)
-            self.slot_math(st, sv, uv, av, step)
+            sv, uv, av = self.take_slot(rS, rU, rA, i)
+            self.online_step(st, sv, uv, av)
 
-    def load_slot(self, mKV, mScore, mApe, rS, rU, rA, i, tok, ape_row, cblk, with_kv):
+    def load_slot(self, mKV, mScore, mApe, rS, rU, rA, i, tok, ape_row, cblk):
         """Issue one slot's global loads into ring entry ``i`` (score, kv, APE order)."""
         VEC = self.vec
         cute.local_tile(rS, (1, VEC), (i, 0)).store(
             cute.local_tile(mScore, (1, VEC), (tok, cblk)).load())
-        if with_kv:
-            cute.local_tile(rU, (1, VEC), (i, 0)).store(
-                cute.local_tile(mKV, (1, VEC), (tok, cblk)).load())
+        cute.local_tile(rU, (1, VEC), (i, 0)).store(
+            cute.local_tile(mKV, (1, VEC), (tok, cblk)).load())
         cute.local_tile(rA, (1, VEC), (i, 0)).store(
             cute.local_tile(mApe, (1, VEC), (ape_row, cblk)).load())
 
-    def take_slot(self, rS, rU, rA, i, with_kv):
-        """Ring entry ``i`` as fp32 register values (kv is None without kv)."""
+    def take_slot(self, rS, rU, rA, i):
+        """Ring entry ``i`` as fp32 register values."""
         VEC = self.vec
         sv = cute.local_tile(rS, (1, VEC), (i, 0)).load().to(F32)
-        uv = cute.local_tile(rU, (1, VEC), (i, 0)).load().to(F32) if with_kv else None
+        uv = cute.local_tile(rU, (1, VEC), (i, 0)).load().to(F32)
         av = cute.local_tile(rA, (1, VEC), (i, 0)).load()
         return sv, uv, av
-
-    def slot_math(self, st, sv, uv, av, step):
-        if step == 0:
-            self.max_step(st, sv, av)
-        elif step == 1:
-            self.online_step(st, sv, uv, av)
-        else:
-            self.sum_step(st, sv, uv, av)
 
     @cute.jit
     def online_step(self, st: cute.Tensor, sv, uv, av):

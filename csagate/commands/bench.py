@@ -9,6 +9,7 @@ from rich.table import Table
 from csagate import console
 from csagate.commands.build import existing_parent
 from csagate.exitcodes import ExitCode
+from csagate.kernels import schedule as S
 
 
 def _need_gpu() -> None:
@@ -218,7 +219,8 @@ def host_tables(host: dict) -> list[Table]:
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
 @click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True)
 @click.option("--ab", "ab_fields", multiple=True,
-              type=click.Choice(["goreuse", "fastexp", "twophase", "regwin"]),
+              type=click.Choice(sorted({*S.option_names("fwd"), *S.option_names("bwd"),
+                                        "regwin"})),
               help="A/B a schedule field per bucket (repeatable) instead of the shape table.")
 @click.option("--sweep", "sweep_dirs", type=click.Choice(["fwd", "bwd", "all"]), default=None,
               help="Search each bucket's schedule space and A/B the winner against the table.")
