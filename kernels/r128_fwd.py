@@ -1,63 +1,26 @@
 """Dedicated ratio=128 forward of the CSA compressor (CuTe DSL), streaming the window.
 
 One CTA per output row ``b``, grid ``(N, gy)``, block ``(threads_x, tchunks)``. Thread
-``(tx, ty)`` owns the column group ``col = by*threads_x + tx`` (head-dim columns
-``[col*vec, col*vec + vec)``, idle when ``col >= d/vec``) and the window chunk
-``[ty*C, (ty+1)*C)``, ``C = coff*128/tchunks``. It streams its chunk once (or twice, in the
-two-phase form) keeping ``(m, den, acc)`` per column in fp32 registers, so the register count
-does not grow with the window. The ``tchunks`` partials of a column are merged through shared
-memory by the ``ty == 0`` thread, serially in chunk order, then ``out = bf16_rn(acc / den)``.
+``(tx, ty)`` owns the column group ``col = by*threads_x + tx`` (columns ``[col*vec, col*vec +
+vec)``) and the window chunk ``[ty*C, (ty+1)*C)``, ``C = coff*128/tchunks``, and keeps
+``(m, den, acc)`` per column in fp32 registers while it streams the chunk. The chunk partials
+of a column are merged through shared memory by the ``ty == 0`` thread, in chunk order, then
+``out = bf16_rn(acc / den)``.
 
-Window of row ``b`` (segment ``s``, block ``i = b - cuc[s]``, ``tok0 = cu[s] + 128*i``),
-found by a per-thread scan of ``cuc`` on the device (no host sync):
+Window of row ``b`` (segment ``s``, block ``i = b - cuc[s]``, ``tok0 = cu[s] + 128*i``):
+coff=1: slot ``k`` reads token ``tok0 + k``, columns ``[0, d)``, APE row ``k``; coff=2: token
+``tok0 - 128 + k``, APE row ``k mod 128``, columns ``[0, d)`` for ``k < 128`` (the previous
+block; skipped, partial ``(-inf, 0, 0)``, when ``i == 0``) and ``[d, 2d)`` for ``k >= 128``.
+Capacity padding rows (``b >= cuc[B]``) are computed as a first block at token 0.
 
-* coff=1: slot ``k`` reads token ``tok0 + k``, columns ``[0, d)``, APE row ``k``;
-* coff=2: slot ``k`` reads token ``tok0 - 128 + k``, APE row ``k mod 128``; columns ``[0, d)``
-  for ``k < 128`` (the previous block, invalid when ``i == 0``: that chunk is skipped and its
-  partial stays ``(-inf, 0, 0)``), columns ``[d, 2d)`` for ``k >= 128`` (the own block).
-  The schedule guarantees ``128 % C == 0``, so no chunk straddles the half boundary.
-* capacity padding rows (``b >= cuc[B]``) are computed as a first block at token 0.
-
-Numerics (docs/KERNELS.md section 1): ``s = f32(score) + ape``; online-rescale form (strict
-``s > m`` rescales den/acc by ``exp(m - s)`` with ``mul.rn``) or two-phase form (exact chunk
-max, then one ascending pass); ``den`` accumulates with ``add.rn`` and ``acc`` with
-``fma.rn(u, e, acc)``, all pinned so FMA contraction cannot change them. The merge always uses
-the exact ``exp``; ``fastexp`` replaces it in the main loop by ``ex2.approx.ftz`` of
-``fma.rn(x, L2E_LO, mul.rn(x, L2E_HI))``. Fixed chunk boundaries, a fixed merge order and no
-atomics make the output bitwise run-to-run deterministic.
-
-Loads and tuning (compile-time schedule fields; none changes a single output bit):
-
-* ``vec`` columns per thread: bf16 score/kv loads of ``2*vec`` bytes, fp32 APE of ``4*vec``,
-  one ``2*vec``-byte bf16 store.
-* ``unroll``: slots per unrolled group of the chunk loop (4 is the upstream loop).
-* ``prefetch`` (online forms): a register ring of ``unroll`` slots; the loads of slots ``k+1..k+U``
-  are issued before slot ``k``'s math (``chunk_prefetch``). Without it the loop body loads a
-  slot and uses it at once, and ptxas interleaves the group's loads with the math.
-* ``form``: online (two exps per rescale), oneexp (the online step with one exp,
-  ``online_step``) or twophase.
-* The segment scan reads ``cuc`` (one or two cache lines, the same addresses in every lane)
-  and is the only thing the window loads wait for: their address needs the segment.
-
-Known caveats (docs/CONTRACT.md section 6):
-
-* Saturation: the chunk partials are un-normalized (``acc`` sums ``u * e`` with ``e <= 1``),
-  so near fp32 max this kernel overflows earlier than eager, which normalizes the weights
-  before the weighted sum. With uniform scores ``acc`` reaches ``C*|kv|`` in a chunk and
-  ``coff*128*|kv|`` after the merge: ``|kv|`` within a factor ~``coff*128`` of fp32 max gives
-  Inf (or NaN) where eager is finite.
-* Overflow of ``s = score + ape`` to ``+inf`` gives NaN, like eager (``inf - inf``): the first
-  such slot of a chunk makes ``e = exp(inf - inf) = NaN``, so that chunk's ``den``/``acc`` are
-  NaN. The merge skips a chunk only when its ``den == 0`` (a skipped previous-half chunk):
-  a NaN ``den`` is merged and poisons the column, and chunk 0 is always the starting triple,
-  so any overflowing slot yields NaN. (The design note says "skip unless den > 0"; for finite
-  data the two rules are identical because a valid chunk has ``den >= 1``; they differ only
-  when ``den`` is NaN, where dropping the chunk would hide eager's NaN.) Starting from a
-  skipped chunk 0 = ``(-inf, 0, 0)`` is safe: every merged chunk has a finite ``m_t`` or a
-  NaN ``den``, so ``exp(-inf - mn)`` is ``exp(-inf) = 0`` or the column is NaN anyway.
-* A chunk whose leading scores are ``-inf`` (bf16 ``-inf`` in ``score``) computes
-  ``exp(-inf - (-inf)) = NaN`` and turns the column NaN where eager gives those slots weight 0.
-  The contract's inputs are finite; the hot loop does not guard this case.
+Numerics (docs/KERNELS.md section 1): ``s = f32(score) + ape``; ``form`` online (strict
+``s > m`` rescales den/acc by ``exp(m - s)``; oneexp: the same values with one exp per slot)
+or twophase (exact chunk max, then one ascending pass); ``den`` by ``add.rn``, ``acc`` by
+``fma.rn``; the merge uses the exact exp, ``fastexp`` the fast one in the chunk loop. Fixed
+chunks, a fixed merge order and no atomics: bitwise run-to-run deterministic. ``vec``,
+``unroll`` and ``prefetch`` (the next unroll group's loads in flight, online forms) change no
+bit. Saturation of the un-normalized partials: docs/CONTRACT.md section 6; a bf16 ``-inf``
+score at a chunk's first slot gives NaN where eager gives weight 0 (inputs are finite).
 """
 
 from __future__ import annotations
@@ -298,7 +261,8 @@ class R128FwdKernel(R128Geometry):
         for t in cutlass.range(1, self.tchunks, unroll=1):
             for j in cutlass.range_constexpr(VEC):
                 den_t = sD[t, tx * VEC + j]
-                # Skip only invalid chunks (den == 0); a NaN den is merged so NaN propagates.
+                # Skip only invalid chunks (den == 0): a NaN den (an overflowing s) is merged
+                # so NaN propagates as in eager (a valid chunk has den >= 1).
                 if den_t != F32(0.0):
                     m_t = sM[t, tx * VEC + j]
                     acc_t = sA[t, tx * VEC + j]

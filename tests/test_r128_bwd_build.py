@@ -249,15 +249,15 @@ def test_default_backward_overlaps_the_dape_zeroing_through_pdl(arch):
 
 
 def test_rejects_invalid_schedules():
-    from csagate.kernels.r128_bwd import R128Bwd
+    from csagate.kernels.r128_bwd import bwd_kernel
 
     with pytest.raises(ValueError, match="vec=4"):
-        R128Bwd(128, 1, BwdSchedule(4, 4, 32, True, False))
+        bwd_kernel(128, 1, BwdSchedule(4, 4, 32, True, False))
     with pytest.raises(ValueError, match="straddles"):
-        R128Bwd(128, 2, BwdSchedule(2, 1, 32, True, False))
+        bwd_kernel(128, 2, BwdSchedule(2, 1, 32, True, False))
     with pytest.raises(ValueError, match="multiple of threads_x"):
-        R128Bwd(96, 1, BwdSchedule(2, 8, 32, True, False))
-    op = R128Bwd(512, 2, BwdSchedule(2, 8, 32, True, True))
+        bwd_kernel(96, 1, BwdSchedule(2, 8, 32, True, False))
+    op = bwd_kernel(512, 2, BwdSchedule(2, 8, 32, True, True))
     assert (op.chunk, op.cols_pc, op.gy, op.smem_bytes) == (32, 64, 8, 105024)
 
 
@@ -487,10 +487,10 @@ def test_regwin_schedule_rules():
 
 def test_regwin_occupancy_matches_rows_per_cta():
     """The kernel's register cap and schedule.rows_per_cta assume the same CTAs per SM."""
-    from csagate.kernels.r128_bwd import R128Bwd
+    from csagate.kernels.r128_bwd import bwd_kernel
 
     for (coff, d), sched in REGWIN:
-        op = R128Bwd(d, coff, sched)
+        op = bwd_kernel(d, coff, sched)
         gy = op.gy
         # With sm_count = gy and N = 4 * K rows, one wave of K CTAs per SM takes R = 4.
         assert rows_per_cta(4 * op.ctas_per_sm, d, coff, sched, gy) == 4, (coff, d, sched)
