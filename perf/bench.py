@@ -1,6 +1,6 @@
 """Timing the fused kernels against the eager reference and the copy roofline (GPU only).
 
-Method (docs/PERF_NOTES.md, issue 12.1): the headline kernel time is COLD: before each timed
+Method (docs/PERF_NOTES.md): the headline kernel time is COLD: before each timed
 launch a buffer of at least twice the L2 size (and at least 256 MB) is written, outside the
 timed region, so no operand is L2-resident; CUDA events bracket ONE launch; the median of at
 least 60 such launches after warm-ups. A second, warm figure replays a CUDA graph of many
@@ -51,7 +51,7 @@ AB_FLOOR = 0.005
 SWEEP_FLOOR = 0.01
 
 
-# The cold method's constants (issue 12.1).
+# The cold method's constants.
 COLD_MIN_ITERS = 60
 FLUSH_MIN_BYTES = 256 << 20
 COPY_BYTES = 1 << 30
@@ -376,7 +376,7 @@ def _other_values(sched, name: str) -> list:
 
 
 def interleaved(launchers, *, iters: int, warmup: int, flush: Callable[[], None]):
-    """COLD medians of two launchers, interleaved, in both orders (issue 12.1).
+    """COLD medians of two launchers, interleaved, in both orders.
 
     Each sample: L2 flushed, CUDA events around one launch. Returns
     ((a_order1, a_order2), (b_order1, b_order2)) in us per launch; order 1 times A then B each
