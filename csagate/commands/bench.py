@@ -29,7 +29,7 @@ def _need_gpu() -> None:
 
 def schedule_name(tag: str, config: str) -> str:
     """A kernel tag without the direction and config prefix the table already shows
-    ('bwd_c1d128_v2t8x32_fexp_rw_ks' -> 'v2t8x32_fexp_rw_ks'), so the cell stays narrow."""
+    ('bwd_c1d128_v2t8x32_fastexp_regwin' -> 'v2t8x32_fastexp_regwin'), so the cell stays narrow."""
     for prefix in (f"fwd_{config}_", f"bwd_{config}_"):
         if tag.startswith(prefix):
             return tag[len(prefix):]
