@@ -8,7 +8,6 @@ Semantics: docs/CONTRACT.md sections 1-2; the exp forms: docs/KERNELS.md section
 from __future__ import annotations
 
 from csagate.kernels._dsl import cute_modules
-from csagate.kernels.schedule import RATIO
 
 cutlass, cute = cute_modules()
 
@@ -127,20 +126,6 @@ def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
     cute.make_tensor(ptr, cute.make_layout(1))[0] = src[src_coord]
 
 
-def prefetch_l2(mSrc: cute.Tensor, coord, nbytes: int):
-    """Request the 128-byte lines of ``nbytes`` bytes from ``mSrc[coord]`` into L2 (one
-    ``prefetch.global.L2`` per line). Best-effort: it holds no register and nothing waits for
-    it, so it changes no value. (``cp.async.bulk.prefetch.L2`` of the same ranges measured
-    10-55% slower on the H200: docs/PERF_NOTES.md.)"""
-    from cutlass._mlir.dialects import llvm
-
-    addr = (mSrc.iterator + cute.crd2idx(coord, mSrc.layout)).toint()
-    lines = " ".join(f"prefetch.global.L2 [g+{off}];" for off in range(0, int(nbytes), 128))
-    llvm.inline_asm(None, [addr.ir_value()],
-                    "{ .reg .u64 g; cvta.to.global.u64 g, $0; " + lines + " }",
-                    "l", has_side_effects=True)
-
-
 def cp_async_to_shared(sDst: cute.Tensor, dst_coord, mSrc: cute.Tensor, src_coord,
                        nbytes: int):
     """Copy ``nbytes`` (4, 8 or 16, aligned) from global ``mSrc[src_coord]`` to shared
@@ -157,22 +142,6 @@ def cp_async_to_shared(sDst: cute.Tensor, dst_coord, mSrc: cute.Tensor, src_coor
                     "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
                     f"cp.async.ca.shared.global [$0], [g], {nbytes}; }}",
                     "r,l", has_side_effects=True)
-
-
-@cute.jit
-def prefetch_window_l2(mScore: cute.Tensor, mKV: cute.Tensor, tok_first, k_first, col0,
-                       coff: cutlass.Constexpr, d: cutlass.Constexpr,
-                       nbytes: cutlass.Constexpr, lane, lanes):
-    """Request one ratio-128 window of a CTA into L2: score and kv of window positions k in
-    [k_first, coff*RATIO), token ``tok_first + k``, ``nbytes`` from column ``col0`` (plus d
-    for the own half of a coff=2 window, k >= RATIO). Positions are spread over ``lanes``
-    threads."""
-    for k in cutlass.range(k_first + lane, coff * RATIO, lanes, unroll=1):
-        c = col0
-        if cutlass.const_expr(coff == 2):
-            c = col0 + (k // RATIO) * d
-        prefetch_l2(mScore, (tok_first + k, c), nbytes)
-        prefetch_l2(mKV, (tok_first + k, c), nbytes)
 
 
 ZERO_THREADS = 256  # threads per CTA of the zeroing kernel

@@ -2,51 +2,27 @@
 
 One CTA handles R consecutive output rows (R = ``rows_per_cta``, a runtime argument) for one
 slice of ``cols_pc = threads_x * vec`` head-dim columns. Thread (tx, ty) owns the column group
-``col = by * threads_x + tx`` (columns ``[col * vec, col * vec + vec)``) and the window chunk
-``[ty * C, ty * C + C)``, C = win / tchunks. One kernel body serves two window storages, a
-compile-time choice (``BwdSchedule.regwin``):
+``col = by * threads_x + tx`` and the window chunk ``[ty * C, ty * C + C)``, C = win / tchunks.
+Per row: 1. s = f32(score) + ape and the chunk max; 2. e = exp(s - max), chunk partials den'
+and S' = sum dp*e; 3. one thread per column merges them: 1/den and S = S'/den (IEEE
+divisions); 4. p = e/den, dKV = bf16(go * p), dScore = bf16(fma(p, -S, dp * p)), fp32 dScore
+summed per (k, column) for dAPE; the last block's zeros. After the row loop every thread adds
+its C * vec dAPE sums with fp32 ``red.add`` (deterministic: stores them into its CTA's slice).
 
-* staged (regwin off): the window of a row is staged in shared memory, so registers stay flat
-  in the window length. Per row, with 4 CTA barriers:
+Two classes share that body (``_R128BwdBase``): ``R128BwdStaged`` stages the row's window in
+shared memory (4 barriers per row); ``R128BwdRegwin`` holds it in registers, the next row's
+chunk fetched after the current row's max barrier so it flies during the row (3 barriers,
+REGWIN_THREADS_PER_SM resident threads per SM, 128 registers each through ``.maxntid``). Its
+options (none changes a bit): ``keepdp`` holds dp = go * kv in fp32 from pass 1; ``vsm``
+moves the per-row shared values as vec-wide vectors; ``ape`` shared/async copies the APE
+values into thread-private shared memory once per CTA; ``go`` packed holds the fetched
+grad_out word until used, shared fetches it by cp.async into a shared slot per row parity.
 
-  1. stage     s_k = f32(score) + ape -> sE, kv -> sKV, chunk max -> sMax[ty];
-  2. e-pass    e_k = exp(s_k - max) back into sE, chunk partials den' and S' = sum dp*e;
-  3. merge     one thread per column: 1/den and S = S'/den (IEEE divisions) -> sDen, sS;
-  4. store     p = e * (1/den), dKV = bf16(go * p), dScore = bf16(fma(p, -S, dp * p)),
-               fp32 dScore summed per (k, column) in registers for dAPE; last-block zeros.
-
-* regwin: the same algorithm and numerics with each thread's window chunk in registers. A
-  thread keeps its C raw score and kv values (a bf16 pair per 32-bit word for vec 2) and
-  recomputes s and e in each pass; it issues the next row's C score and C kv loads right after
-  the current row's max barrier, so they fly during its exp pass, merge and stores. Shared
-  memory holds the chunk partials, the per-column 1/den and S, and the thread-private fp32
-  dAPE sums. 3 barriers per row; ``sched.sm_threads`` resident threads per SM (512: 128
-  registers per thread, 1024: 64; capped through ``.maxntid``).
-
-Regwin options (compile-time, none changes a bit): ``keeps`` holds the row's s in fp32
-registers from pass 1 (C*vec of them) and overwrites it with e in pass 2, so passes 2 and 3
-neither reload APE nor recompute s and e (about a quarter of the instructions per element);
-with it, ``keepdp`` holds dp = go * kv (fp32) from pass 1 instead of the raw kv word, and
-``vsm`` moves the per-row shared values (chunk max, partials, 1/den, S) as vec-wide vectors;
-``l2pf`` = n requests row r + n's window slice into L2 at the start of row r
-(``prefetch.global.L2``, one per 128-byte line; nothing waits on it). ``apesm`` copies the
-thread's C*vec APE values (the same for every row) into thread-private shared memory once per
-CTA (``apeasync``: with cp.async), so the rows read them there instead of through L1/L2.
-``gosm`` (vec 2) fetches the next row's grad_out with cp.async into a thread-private
-shared-memory slot (two, by row parity), so no register holds it and no instruction waits on
-it before pass 1 (and with goreuse the gradient pass reads it there again). ``gopack`` keeps
-the fetched grad_out as the loaded word (a packed bf16 pair at vec 2) until it is used (ptxas
-otherwise unpacks it right after the fetch, stalling the warp on the load), and with goreuse
-holds that word, not vec fp32 values, for the gradient pass.
-
-After the row loop every thread adds its C * vec dAPE partials with fp32 ``red.add``.
-Window position k maps to (token, column, ape row):
-coff=1: (tok0 + k, col, k); coff=2: (tok0 - 128 + k, h * d + col, k - 128 h), h = k // 128.
-
-Every (token, column) slot of dKV/dScore is written exactly once: consumed slots by the row
-that consumes them, never-consumed slots (docs/CONTRACT.md section 2.4) with exact zeros, so the
-gradient buffers may start uninitialized. Kernels take raw pointers and runtime Int32 sizes;
-the schedule fields, d and coff are compile-time.
+Window position k maps to (token, column, ape row): coff=1: (tok0 + k, col, k); coff=2:
+(tok0 - 128 + k, h * d + col, k - 128 h), h = k // 128. Every (token, column) slot of
+dKV/dScore is written exactly once (consumed slots by their row, the never-consumed ones of
+docs/CONTRACT.md section 2.4 with exact zeros), so the gradient buffers may start
+uninitialized. The schedule fields, d and coff are compile-time.
 """
 
 from __future__ import annotations
@@ -74,7 +50,6 @@ from csagate.kernels.device import (
     fma_rn,
     launch_zero_f32,
     mul_rn,
-    prefetch_window_l2,
     red_add_f32,
     segment_scan,
     store_partial_f32,
@@ -83,11 +58,13 @@ from csagate.kernels.device import (
 )
 from csagate.kernels.schedule import (
     RATIO,
+    REGWIN_THREADS_PER_SM,
+    ApeCopy,
     BwdSchedule,
+    GradOut,
     R128Geometry,
     bwd_smem_bytes,
     config_problems,
-    window,
 )
 from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
 
@@ -116,47 +93,43 @@ def _opaque(x):
                                has_side_effects=True))
 
 
-class R128Bwd(R128Geometry):
-    """The r128 backward for one (d, coff, schedule); every field here is compile-time."""
+class Regs(SimpleNamespace):
+    """The thread's register arrays by name (None where a form has none); written inside
+    dynamic control flow through local names (the tracer carries those, not this object)."""
 
-    def __init__(self, d: int, coff: int, sched: BwdSchedule, pdl_zero: bool = True):
+
+class _R128BwdBase(R128Geometry):
+    """What the staged and the register-window backward share: the launch, the row loop,
+    the merge, the gradients and the dAPE epilogue; every field is compile-time."""
+
+    REGWIN = False
+
+    def __init__(self, d: int, coff: int, sched: BwdSchedule):
         problems = config_problems(coff, d, sched)
-        dv = d // sched.vec
-        if dv % sched.threads_x:
-            # Full column coverage makes every `col < d/vec` predicate statically true.
-            problems.append(f"d/vec={dv} is not a multiple of threads_x={sched.threads_x}")
-        if sched.vec > sched.tchunks:
-            problems.append(f"the merge needs vec <= tchunks, got {sched.vec} > {sched.tchunks}")
-        if sched.regwin and (window(coff) // sched.tchunks * sched.vec) % 4:
-            problems.append("regwin moves dAPE sums as 4-slot vectors: C*vec must be a "
-                            "multiple of 4")
         if problems:
             raise ValueError(f"r128 backward c{coff}d{d} {sched}: " + "; ".join(problems))
         super().__init__(d, coff, sched)
         self.regwin = sched.regwin
-        self.keeps = sched.keeps
-        self.vsm = sched.vsm
         self.keepdp = sched.keepdp
-        self.apesm = sched.apesm
-        self.apeasync = sched.apeasync
-        self.gopack = sched.gopack
-        self.gosm = sched.gosm
+        self.vsm = sched.vsm
+        self.apesm = sched.ape is not ApeCopy.GLOBAL  # the APE copied into shared memory
+        self.apeasync = sched.ape is ApeCopy.ASYNC
+        self.gopack = sched.go is GradOut.PACKED
+        self.gosm = sched.go is GradOut.SHARED
         self.fast = sched.fastexp
         # The default-mode kernel and the launch's dAPE zeroing are launched as programmatic
-        # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics
-        # (an A/B knob: False launches both without PDL; the same bits either way).
-        self.pdl_zero = pdl_zero and not sched.deterministic
+        # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics.
+        self.pdl_zero = not sched.deterministic
         self.cols_pc = sched.threads_x * sched.vec
         self.nthreads = sched.threads_x * sched.tchunks
         self.smem_bytes = bwd_smem_bytes(coff, sched)
-        # regwin: sched.sm_threads resident threads per SM (schedule.rows_per_cta assumes the
-        # same), so ptxas caps registers at 65536 / sm_threads (128 or 64) per thread through
-        # .maxntid.
-        self.ctas_per_sm = (sched.sm_threads // (sched.threads_x * sched.tchunks)
-                            if sched.regwin else None)
+        self.ctas_per_sm = None
 
     def __repr__(self) -> str:  # names the kernel symbol: r128bwd_c{coff}d{d}_<schedule tag>
         return f"r128bwd_c{self.coff}d{self.d}_{self.sched.tag}"
+
+    def _launch_bounds(self) -> dict:
+        return {}
 
     @cute.jit
     def __call__(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
@@ -177,24 +150,16 @@ class R128Bwd(R128Geometry):
         kernel = self.kernel(mKV, mScore, mApe, mCu, mCuc, mGO, mDKV, mDScore, mDApe,
                              n_tokens, n_seq, rows_per_cta, zero_dape)
         block = (self.threads_x, self.tchunks, 1)
-        if cutlass.const_expr(self.regwin):
-            kernel.launch(grid=(gx, self.gy, 1), block=block, stream=stream,
-                          use_pdl=self.pdl_zero,
-                          max_number_threads=(self.threads_x, self.tchunks * self.ctas_per_sm, 1))
-        else:
-            kernel.launch(grid=(gx, self.gy, 1), block=block, stream=stream,
-                          use_pdl=self.pdl_zero)
+        kernel.launch(grid=(gx, self.gy, 1), block=block, stream=stream, use_pdl=self.pdl_zero,
+                      **self._launch_bounds())
 
     @cute.kernel
     def kernel(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                mCu: cute.Tensor, mCuc: cute.Tensor, mGO: cute.Tensor, mDKV: cute.Tensor,
                mDScore: cute.Tensor, mDApe: cute.Tensor, n_tokens: cutlass.Int32,
                n_seq: cutlass.Int32, rows_per_cta: cutlass.Int32, zero_dape: cutlass.Int32):
-        """Zero prologue, then per row: 1. chunk max; barrier; (regwin: next row's fetch);
-        2. den'/S' partials; barrier; 3. merge; barrier; 4. gradients, dAPE sums, last-block
-        zeros; (staged: barrier, the tiles are rewritten by the next row). dAPE epilogue.
-        Each shared array is rewritten by the next row only after a barrier that follows its
-        last read. Register tensors stay plain locals: the tracer threads them through loops."""
+        """Zero prologue, the rows (``_row``), the dAPE epilogue. Each shared array is rewritten
+        by the next row only after a barrier that follows its last read."""
         TCH, COFF = self.tchunks, self.coff
         if cutlass.const_expr(self.pdl_zero):
             # Launched as a programmatic dependent (PDL) of the kernel before it on the stream.
@@ -222,173 +187,96 @@ class R128Bwd(R128Geometry):
         m = SimpleNamespace(kv=mKV, score=mScore, ape=mApe, cu=mCu, cuc=mCuc, go=mGO,
                             dkv=mDKV, dscore=mDScore, dape=mDApe)
         sh = self._shared(cutlass.memory.SmemAllocator())
-        rDApe, rSc, rKv, rScN, rKvN, rGoN, rSegN, rM, rDen, rSp, rGo, rK, rS = \
-            self._registers(sh, tid)
+        r = self._registers(sh, tid)
         nb_valid = mCuc[n_seq]
         tok_end = mCu[n_seq]
-        L2PF = self.sched.l2pf
-        if cutlass.const_expr(L2PF > 1):  # rows 1 .. L2PF-1: the row loop requests the rest
-            for i in cutlass.range_constexpr(1, L2PF):
-                if i < rows_per_cta:
-                    self._prefetch_row(m, g, n_seq, nb_valid, bx * rows_per_cta + i)
-        if cutlass.const_expr(self.regwin):  # the first row's loads fly during the prologue
-            if bx * rows_per_cta < nb_valid:
-                self._fetch(m, g, n_seq, bx * rows_per_cta, rScN, rKvN, rGoN, rSegN, sh, 0)
-        if cutlass.const_expr(self.apesm):
-            # the thread's own C*vec APE values, once: only this thread reads them (no barrier)
-            for kk in cutlass.range_constexpr(self.chunk):
-                if cutlass.const_expr(self.apeasync):  # nothing waits here; before the loop
-                    cp_async_to_shared(sh.ape, (kk * self.nthreads + tid, 0), mApe,
-                                       (g.ape_row0 + kk, g.wgrp * self.vec), 4 * self.vec)
-                else:
-                    cute.local_tile(sh.ape, (1, self.vec), (kk * self.nthreads + tid, 0)).store(
-                        cute.local_tile(mApe, (1, self.vec), (g.ape_row0 + kk, g.wgrp)).load())
-            if cutlass.const_expr(self.apeasync):
-                cute.arch.cp_async_commit_group()
+        self._prologue(m, sh, g, r, n_seq, bx * rows_per_cta, nb_valid)
         zero = functools.partial(self._zero_token, mDKV, mDScore, col=col,
                                  halves=tuple(range(COFF)))
         if bx == 0:  # class (c) by CTA 0, its threads striding the tokens
             zero_short_segments(mCu, mCuc, n_seq, 0, 1, ty, TCH, zero, 0)
         zero_padding_tokens(tok_end + bx * TCH + ty, n_tokens, gdx * TCH, zero, 0)
-        if cutlass.const_expr(self.apeasync):
-            cute.arch.cp_async_wait_group(0)  # the APE copy (and gosm: the first grad_out)
+        self._prologue_wait()
 
         for rr in cutlass.range(rows_per_cta):
             bb = bx * rows_per_cta + rr
             # bb depends on (bx, rr) only: the whole CTA agrees, so the barriers below are
             # reached by every thread or by none.
             if bb < nb_valid:
-                if cutlass.const_expr(self.regwin):
-                    seg = rSegN[0]  # fetched with the row
-                    blk = bb - mCuc[seg]
-                    seg_end = None
-                else:
-                    seg = segment_scan(mCuc, bb, 0, n_seq, 1, 0)
-                    blk = bb - mCuc[seg]
-                    seg_end = mCu[seg + 1]
-                tok0 = mCu[seg] + blk * RATIO
-                tok_row0 = tok0 + k0 - (COFF - 1) * RATIO  # token of window position k0
-                # coff=2: the previous half of a segment's first block is invalid; coff=1
-                # chunks are always valid (a Python True: the branches below fold away).
-                chunk_ok = (blk + half) > 0 if COFF == 2 else True
-                if cutlass.const_expr(L2PF > 0):
-                    if rr + L2PF < rows_per_cta:
-                        self._prefetch_row(m, g, n_seq, nb_valid, bb + L2PF)
+                self._row(m, sh, g, r, n_seq, nb_valid, rows_per_cta, rr, bb, zero)
+        self._dape_epilogue(m, g, r.dape)
 
-                self._pass_max(m, sh, g, tok_row0, chunk_ok, rSc, rKv, rScN, rKvN, rGoN, rM,
-                               rGo, rr & 1)
-                cute.arch.sync_threads()
-                if cutlass.const_expr(self.regwin):
-                    # The next row's loads fly during this row's passes, merge and stores
-                    # (issued after the barrier, they cannot be hoisted above the take-over).
-                    if rr + 1 < rows_per_cta:
-                        if bb + 1 < nb_valid:
-                            self._fetch(m, g, n_seq, bb + 1, rScN, rKvN, rGoN, rSegN, sh,
-                                        (rr + 1) & 1)
-                self._pass_partials(m, sh, g, bb, chunk_ok, rSc, rKv, rM, rDen, rSp, rGo)
-                cute.arch.sync_threads()
-                self._merge(sh, g)
-                cute.arch.sync_threads()
-                self._gradients(m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rGoN, rM,
-                                rDen, rSp, rGo, rK, rS, rr & 1)
-                if bb + 1 == mCuc[seg + 1]:  # the segment's last block
-                    # regwin re-derives the block's first token and re-reads cu[s+1] here (its
-                    # register budget); staged holds both from the row's start.
-                    first = (tok_row0 - k0 + (COFF - 1) * RATIO
-                             if cutlass.const_expr(self.regwin) else tok0)
-                    if cutlass.const_expr(COFF == 2):
-                        # class (b): the last block's own tokens are nobody's previous half.
-                        for t in cutlass.range(first + ty, first + RATIO, TCH):
-                            self._zero_token(mDKV, mDScore, t, col, (0,))
-                    # class (a): the segment's tail tokens.
-                    for t in cutlass.range(first + RATIO + ty, mCu[seg + 1]
-                                           if cutlass.const_expr(self.regwin) else seg_end, TCH):
-                        zero(t)
-                if cutlass.const_expr(not self.regwin):
-                    cute.arch.sync_threads()  # the tiles are rewritten by the next row
-        self._dape_epilogue(m, g, rDApe)
+    @cute.jit
+    def _row(self, m, sh, g, r, n_seq, nb_valid, rows_per_cta, rr, bb, zero):
+        """One row bb (the rr-th of the CTA): the four passes and the last block's zeros."""
+        TCH, COFF = self.tchunks, self.coff
+        seg, blk, seg_end = self._row_segment(m, r, n_seq, bb)
+        tok0 = m.cu[seg] + blk * RATIO
+        tok_row0 = tok0 + g.k0 - (COFF - 1) * RATIO  # token of window position k0
+        # coff=2: the previous half of a segment's first block is invalid; coff=1 chunks are
+        # always valid (a Python True: the branches below fold away).
+        chunk_ok = (blk + g.half) > 0 if COFF == 2 else True
+
+        self._pass_max(m, sh, g, r, tok_row0, chunk_ok, rr & 1)
+        cute.arch.sync_threads()
+        self._after_max(m, sh, g, r, n_seq, nb_valid, rows_per_cta, rr, bb)
+        self._pass_partials(m, sh, g, r, bb, chunk_ok)
+        cute.arch.sync_threads()
+        self._merge(sh, g)
+        cute.arch.sync_threads()
+        self._gradients(m, sh, g, r, bb, tok_row0, chunk_ok)
+        if bb + 1 == m.cuc[seg + 1]:  # the segment's last block
+            # regwin re-derives the block's first token and re-reads cu[s+1] here (its
+            # register budget); staged holds both from the row's start.
+            first = (tok_row0 - g.k0 + (COFF - 1) * RATIO
+                     if cutlass.const_expr(self.REGWIN) else tok0)
+            if cutlass.const_expr(COFF == 2):
+                # class (b): the last block's own tokens are nobody's previous half.
+                for t in cutlass.range(first + g.ty, first + RATIO, TCH):
+                    self._zero_token(m.dkv, m.dscore, t, g.col, (0,))
+            # class (a): the segment's tail tokens.
+            for t in cutlass.range(first + RATIO + g.ty, m.cu[seg + 1]
+                                   if cutlass.const_expr(self.REGWIN) else seg_end, TCH):
+                zero(t)
+        self._row_end()
 
     def _shared(self, smem):
-        """Shared tiles; element (k, c) at k*COLS + c, c = tx*vec + j. Up to 104,960 B (B4,
-        B6): the launch passes the allocator's total as dynamic smem, and the DSL gives every
-        kernel max_dynamic_shared_size_bytes = the device's opt-in maximum at module load."""
+        """Shared arrays; element (k, c) at k*COLS + c, c = tx*vec + j: the chunk partials and
+        the per-column 1/den and S (the forms add theirs: ``_shared_window``)."""
         COLS = self.cols_pc
-        win_layout = cute.make_layout((self.win, COLS), stride=(COLS, 1))
         part_layout = cute.make_layout((self.tchunks, COLS), stride=(COLS, 1))
         col_layout = cute.make_layout((COLS,), stride=(1,))
         sh = SimpleNamespace()
-        if not self.regwin:  # the window: s then e in fp32, kv in bf16
-            sh.e = smem.allocate_tensor(F32, win_layout, byte_alignment=16)
-            sh.kv = smem.allocate_tensor(BF16, win_layout, byte_alignment=16)
+        self._shared_window(smem, sh)
         sh.max = smem.allocate_tensor(F32, part_layout, byte_alignment=16)
         sh.den_p = smem.allocate_tensor(F32, part_layout, byte_alignment=16)
         sh.s_p = smem.allocate_tensor(F32, part_layout, byte_alignment=16)
         sh.den = smem.allocate_tensor(F32, col_layout, byte_alignment=16)
         sh.s = smem.allocate_tensor(F32, col_layout, byte_alignment=16)
-        if self.regwin:
-            # fp32 dScore sums for dAPE, thread-private (no barrier): slot i = kk*VEC + j of
-            # thread tid at (i % 4, tid, i // 4), so a thread's slots move as 16 B vectors and
-            # a warp's vectors are contiguous. In registers they would cost C*VEC more each.
-            nt, cv = self.nthreads, self.chunk * self.vec
-            sh.dape = smem.allocate_tensor(
-                F32, cute.make_layout((4, nt, cv // 4), stride=(1, 4, 4 * nt)),
-                byte_alignment=16)
-        if self.gosm:
-            # thread-private grad_out words, double-buffered by row parity: the next row's
-            # arrives (cp.async) while the current row's may still be read
-            sh.go = smem.allocate_tensor(
-                I32, cute.make_layout((2, self.nthreads), stride=(self.nthreads, 1)),
-                byte_alignment=16)
-        if self.apesm:
-            # thread-private APE values: (kk, j) of thread tid at row kk*nt + tid, column j, so
-            # a warp reads 32 consecutive vec-wide vectors per window position
-            sh.ape = smem.allocate_tensor(
-                F32, cute.make_layout((self.chunk * self.nthreads, self.vec),
-                                      stride=(self.vec, 1)), byte_alignment=16)
+        self._shared_extra(smem, sh)
         return sh
 
-    def _registers(self, sh, tid):
-        """Per-thread register arrays (None where the storage has none) and the zeroed dAPE
-        sums (registers when staged, shared memory when regwin):
-        (rDApe, rSc, rKv, rScN, rKvN, rGoN, rSegN, rM, rDen, rSp, rGo, rK, rS)."""
-        VEC, C = self.vec, self.chunk
-        rSc = rKv = rScN = rKvN = rGoN = rSegN = None
-        if self.regwin:
-            # Raw chunks, one register per window position: the current row and the next row
-            # as loaded (packed bf16 pairs for vec 2, bf16 for vec 1).
-            raw = I32 if VEC == 2 else BF16
-            # keeps: the current row's s in fp32 from pass 1 (then e, from pass 2) instead of
-            # its raw scores, so passes 2 and 3 neither reload APE nor recompute s and e.
-            rSc = (cute.make_rmem_tensor((C, VEC), F32) if self.keeps
-                   else cute.make_rmem_tensor((C,), raw))
-            rKv = (cute.make_rmem_tensor((C, VEC), F32) if self.keepdp
-                   else cute.make_rmem_tensor((C,), raw))
-            rScN = cute.make_rmem_tensor((C,), raw)
-            rKvN = cute.make_rmem_tensor((C,), raw)
-            if self.gosm:
-                rGoN = None  # grad_out goes to shared memory (sh.go)
-            elif self.gopack:
-                # grad_out as loaded (a packed bf16 pair for vec 2): [0] the next row's, fetched
-                # with its window; [1] the current row's, held for the gradient pass (goreuse).
-                # Unpacked only where used: nothing waits on the load right after the fetch.
-                rGoN = cute.make_rmem_tensor((2,), raw)
-            else:
-                rGoN = cute.make_rmem_tensor((VEC,), BF16)
-            rSegN = cute.make_rmem_tensor((1,), I32)
-        else:
-            rDApe = cute.make_rmem_tensor((C * VEC,), F32)  # (kk, j) at kk*VEC + j
-            rDApe.fill(0.0)
-        rM = cute.make_rmem_tensor((VEC,), F32)  # chunk max, then the row max
-        rDen = cute.make_rmem_tensor((VEC,), F32)
-        rSp = cute.make_rmem_tensor((VEC,), F32)
-        rGo = cute.make_rmem_tensor((VEC,), F32)
-        rK = cute.make_rmem_tensor((1, VEC), F32)
-        rS = cute.make_rmem_tensor((1, VEC), F32)
-        if self.regwin:
-            rDApe = sh.dape  # the sums live in shared memory
-            for i in range(C * VEC):
-                rDApe[i % 4, tid, i // 4] = F32(0.0)
-        return rDApe, rSc, rKv, rScN, rKvN, rGoN, rSegN, rM, rDen, rSp, rGo, rK, rS
+    def _shared_window(self, smem, sh) -> None:
+        """The arrays allocated before the partials (staged: the window tiles)."""
+
+    def _shared_extra(self, smem, sh) -> None:
+        """The arrays allocated after the per-column results (regwin: its private arrays)."""
+
+    def _registers(self, sh, tid) -> Regs:
+        """The per-column arrays of both forms around the form's own (``_window_registers``)."""
+        VEC = self.vec
+        r = self._window_registers()
+        r.m = cute.make_rmem_tensor((VEC,), F32)  # chunk max, then the row max
+        r.den = cute.make_rmem_tensor((VEC,), F32)
+        r.sp = cute.make_rmem_tensor((VEC,), F32)
+        r.go = cute.make_rmem_tensor((VEC,), F32)
+        r.k = cute.make_rmem_tensor((1, VEC), F32)
+        r.s = cute.make_rmem_tensor((1, VEC), F32)
+        self._zero_dape_sums(sh, r, tid)
+        return r
+
+    def _zero_dape_sums(self, sh, r, tid) -> None:
+        """regwin: the shared-memory dAPE sums start at zero (staged: zeroed as allocated)."""
 
     def _zero_token(self, mDKV, mDScore, token, col, halves):
         """Exact zeros into dKV and dScore at one token, this thread's columns of `halves`."""
@@ -399,27 +287,369 @@ class R128Bwd(R128Geometry):
             cute.local_tile(mDScore, (1, self.vec), (token, grp)).store(zeros)
 
     @cute.jit
-    def _prefetch_row(self, m, g, n_seq, nb_valid, row):
-        """l2pf: request row ``row``'s window of this CTA's column slice into L2 (nothing if
-        the row is past cuc[B]); the CTA's threads share its positions."""
-        if row < nb_valid:
-            seg = segment_scan(m.cuc, row, 0, n_seq, 1, 0)
-            blk = row - m.cuc[seg]
-            k_first = I32(0)
-            if cutlass.const_expr(self.coff == 2):
-                if blk == 0:  # a segment's first block: no previous half
-                    k_first = I32(RATIO)
-            prefetch_window_l2(m.score, m.kv, m.cu[seg] + (blk - (self.coff - 1)) * RATIO,
-                               k_first, g.col0, self.coff, self.d, self.cols_pc * 2, g.tid,
-                               self.nthreads)
+    def _prologue(self, m, sh, g, r, n_seq, row0, nb_valid):
+        """Before the zero classes (regwin: the first fetch, the APE copy)."""
+
+    def _prologue_wait(self) -> None:
+        """After the zero classes (regwin: the APE copy awaited)."""
 
     @cute.jit
-    def _fetch(self, m, g, n_seq, bb, rScN, rKvN, rGoN, rSegN, sh, slot):
-        """regwin: issue row bb's loads into registers: its grad_out vec and this thread's C
-        score and C kv vecs, all independent of each other, so they are in flight together."""
+    def _after_max(self, m, sh, g, r, n_seq, nb_valid, rows_per_cta, rr, bb):
+        """After the max barrier (regwin: the next row's fetch)."""
+
+    def _row_end(self) -> None:
+        """After the row's stores (staged: a barrier)."""
+
+    def _ape(self, m, sh, g, kk: int):
+        """The vec APE values of the thread's window position kk (apesm: its shared copy)."""
+        if self.apesm:
+            return cute.local_tile(sh.ape, (1, self.vec), (kk * self.nthreads + g.tid, 0)).load()
+        return cute.local_tile(m.ape, (1, self.vec), (g.ape_row0 + kk, g.wgrp)).load()
+
+    @cute.jit
+    def _pass_max(self, m, sh, g, r, tok_row0, chunk_ok, slot):
+        """1. The chunk max of s = f32(score) + ape into sMax[ty] (``_max_window``)."""
         VEC = self.vec
+        self._max_window(m, sh, g, r, tok_row0, chunk_ok, slot)
+        if cutlass.const_expr(self.vsm):
+            cute.local_tile(sh.max, (1, VEC), (g.ty, g.tx)).store(r.m.load())
+        else:
+            for j in cutlass.range_constexpr(VEC):
+                sh.max[g.ty, g.tx * VEC + j] = r.m[j]
+
+    @cute.jit
+    def _pass_partials(self, m, sh, g, r, bb, chunk_ok):
+        """2. e = exp(s - max) and the chunk partials den' and S' = sum dp*e
+        (``_partials_window``)."""
+        VEC = self.vec
+        rM, rDen, rSp, rGo = r.m, r.den, r.sp, r.go
+        gov = self._row_grad_out(m, g, bb)
+        if cutlass.const_expr(self.vsm):  # the same fmax order, vec columns per load
+            mx0 = cute.local_tile(sh.max, (1, VEC), (0, g.tx)).load()
+            for j in cutlass.range_constexpr(VEC):
+                rM[j] = mx0[j]
+            for t in cutlass.range_constexpr(1, self.tchunks):
+                mxt = cute.local_tile(sh.max, (1, VEC), (t, g.tx)).load()
+                for j in cutlass.range_constexpr(VEC):
+                    rM[j] = cute.arch.fmax(rM[j], mxt[j])
+            for j in cutlass.range_constexpr(VEC):
+                rDen[j] = F32(0.0)
+                rSp[j] = F32(0.0)
+        else:
+            for j in cutlass.range_constexpr(VEC):
+                if cutlass.const_expr(gov is not None):
+                    rGo[j] = gov[j]
+                mx = sh.max[0, g.tx * VEC + j]
+                for t in cutlass.range_constexpr(1, self.tchunks):
+                    mx = cute.arch.fmax(mx, sh.max[t, g.tx * VEC + j])
+                rM[j] = mx
+                rDen[j] = F32(0.0)
+                rSp[j] = F32(0.0)
+        self._partials_window(sh, g, r, chunk_ok)
+        if cutlass.const_expr(self.vsm):
+            cute.local_tile(sh.den_p, (1, VEC), (g.ty, g.tx)).store(rDen.load())
+            cute.local_tile(sh.s_p, (1, VEC), (g.ty, g.tx)).store(rSp.load())
+        else:
+            for j in cutlass.range_constexpr(VEC):
+                sh.den_p[g.ty, g.tx * VEC + j] = rDen[j]
+                sh.s_p[g.ty, g.tx * VEC + j] = rSp[j]
+
+    def _row_grad_out(self, m, g, bb):
+        """The row's grad_out as fp32 values for pass 2 (staged), or None (regwin: fetched)."""
+        return None
+
+    @cute.jit
+    def _merge(self, sh, g):
+        """3. One thread per CTA column, chunks in ascending order: 1/den and S = S'/den."""
+        if g.ty < self.vec:
+            c = g.ty * self.threads_x + g.tx
+            den = F32(0.0)
+            sp = F32(0.0)
+            for t in cutlass.range_constexpr(self.tchunks):
+                den = add_rn(den, sh.den_p[t, c])
+                sp = add_rn(sp, sh.s_p[t, c])
+            sh.den[c] = F32(1.0) / den
+            sh.s[c] = sp / den
+
+    @cute.jit
+    def _gradients(self, m, sh, g, r, bb, tok_row0, chunk_ok):
+        """4. dKV, dScore of the chunk and its fp32 dScore sums for dAPE (e from pass 2)."""
+        VEC = self.vec
+        rKv, rDen, rSp, rGo, rK, rS = r.kv, r.den, r.sp, r.go, r.k, r.s
+        if cutlass.const_expr(not self.sched.goreuse):
+            gov2 = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load().to(F32)
+            for j in cutlass.range_constexpr(VEC):
+                rGo[j] = gov2[j]
+        elif cutlass.const_expr(self.gopack):
+            # converted again from the held grad_out word (one register through the row, not
+            # vec fp32 ones), opaque so that the compiler does not keep the fp32 pair instead
+            w = _opaque(r.go_next[1]) if VEC == 2 else r.go_next[1]
+            for j in cutlass.range_constexpr(VEC):
+                rGo[j] = _raw_word_f32(w, j, VEC)
+        if chunk_ok:
+            if cutlass.const_expr(self.vsm):
+                dv = cute.local_tile(sh.den, (VEC,), (g.tx,)).load()
+                sv2 = cute.local_tile(sh.s, (VEC,), (g.tx,)).load()
+                for j in cutlass.range_constexpr(VEC):
+                    rDen[j] = dv[j]  # now 1/den
+                    rSp[j] = sv2[j]  # now S
+            else:
+                for j in cutlass.range_constexpr(VEC):
+                    rDen[j] = sh.den[g.tx * VEC + j]  # now 1/den
+                    rSp[j] = sh.s[g.tx * VEC + j]  # now S
+            for kk in cutlass.range_constexpr(self.chunk):
+                kv = self._kv_word(r, kk)
+                for j in cutlass.range_constexpr(VEC):
+                    e, u = self._e_u(sh, g, r, kk, j)
+                    p = mul_rn(e, rDen[j])
+                    if cutlass.const_expr(self.keepdp):
+                        dp = rKv[kk, j]
+                    else:
+                        if cutlass.const_expr(u is None):
+                            u = _raw_word_f32(kv, j, VEC)
+                        dp = mul_rn(rGo[j], u)
+                    ds = fma_rn(p, -rSp[j], mul_rn(dp, p))
+                    rK[0, j] = mul_rn(rGo[j], p)
+                    rS[0, j] = ds
+                    self._dape_add(g, r.dape, kk * VEC + j, ds)
+                cute.local_tile(m.dkv, (1, VEC), (tok_row0 + kk, g.wgrp)).store(
+                    rK.load().to(BF16))
+                cute.local_tile(m.dscore, (1, VEC), (tok_row0 + kk, g.wgrp)).store(
+                    rS.load().to(BF16))
+
+    def _dape_slot(self, g, i):
+        """The coordinate of slot i = kk*VEC + j of the thread's dAPE sums (see _shared)."""
+        return (i % 4, g.tid, i // 4) if self.REGWIN else i
+
+    def _dape_add(self, g, rDApe, i, ds):
+        """Sum one fp32 dScore into the thread's dAPE slot i."""
+        rDApe[self._dape_slot(g, i)] = add_rn(rDApe[self._dape_slot(g, i)], ds)
+
+    @cute.jit
+    def _dape_epilogue(self, m, g, rDApe):
+        """One fp32 atomic per (window position, column), 0 from chunks that never ran; the
+        deterministic form stores the same values into CTA bx's slice of the partials buffer
+        (the CTAs (bx, *) cover each slot once). regwin: the barrier keeps the compiler from
+        carrying the thread-private sums in registers through the row loop."""
+        if cutlass.const_expr(self.REGWIN):
+            cute.arch.sync_threads()
+        if cutlass.const_expr(self.sched.deterministic):
+            bx, _, _ = cute.arch.block_idx()
+            # regwin at the 128-register cap (C*vec = 32; sums in shared memory): a loop over
+            # the window positions, rolled for coff=1 and unrolled for coff=2 (ptxas spilled
+            # 8-24 B in the other form of each: c1d512, c2d*; measured, both arches)
+            if cutlass.const_expr(self.REGWIN and self.coff == 1
+                                  and self.chunk * self.vec >= 32):
+                for kk in cutlass.range(self.chunk, unroll=1):
+                    self._store_partials(m, g, rDApe, bx, kk)
+            else:
+                for kk in cutlass.range_constexpr(self.chunk):
+                    self._store_partials(m, g, rDApe, bx, kk)
+        else:
+            if cutlass.const_expr(self.pdl_zero):
+                # behind the zeroing kernel: its zeros must land first (a no-op when the
+                # kernel already waited at its start)
+                cute.arch.griddepcontrol_wait()
+            for kk in cutlass.range_constexpr(self.chunk):
+                for j in cutlass.range_constexpr(self.vec):
+                    coord = (g.ape_row0 + kk, g.wgrp * self.vec + j)
+                    red_add_f32(m.dape, coord, rDApe, self._dape_slot(g, kk * self.vec + j))
+
+    @cute.jit
+    def _store_partials(self, m, g, rDApe, bx, kk):
+        """Deterministic: window position kk's vec dAPE sums into CTA bx's partials slice."""
+        for j in cutlass.range_constexpr(self.vec):
+            store_partial_f32(m.dape, bx, (g.ape_row0 + kk, g.wgrp * self.vec + j), rDApe,
+                              self._dape_slot(g, kk * self.vec + j))
+
+
+class R128BwdStaged(_R128BwdBase):
+    """The staged backward: the row's window in shared memory (s then e in fp32, kv in
+    bf16), the dAPE sums in registers; 4 barriers per row."""
+
+    def _shared_window(self, smem, sh) -> None:
+        win_layout = cute.make_layout((self.win, self.cols_pc), stride=(self.cols_pc, 1))
+        sh.e = smem.allocate_tensor(F32, win_layout, byte_alignment=16)
+        sh.kv = smem.allocate_tensor(BF16, win_layout, byte_alignment=16)
+
+    def _window_registers(self) -> Regs:
+        dape = cute.make_rmem_tensor((self.chunk * self.vec,), F32)  # (kk, j) at kk*VEC + j
+        dape.fill(0.0)
+        return Regs(dape=dape, sc=None, kv=None, sc_next=None, kv_next=None, go_next=None,
+                    seg_next=None)
+
+    @cute.jit
+    def _row_segment(self, m, r, n_seq, bb):
         seg = segment_scan(m.cuc, bb, 0, n_seq, 1, 0)
-        rSegN[0] = seg
+        blk = bb - m.cuc[seg]
+        seg_end = m.cu[seg + 1]
+        return seg, blk, seg_end
+
+    @cute.jit
+    def _max_window(self, m, sh, g, r, tok_row0, chunk_ok, slot):
+        """s and kv staged (-inf and 0 for an invalid chunk), the chunk max."""
+        VEC = self.vec
+        for j in cutlass.range_constexpr(VEC):
+            r.m[j] = F32(-F32.inf)
+        if chunk_ok:
+            self._stage(m, sh, g, tok_row0, r.m)
+        else:
+            for kk in cutlass.range(self.chunk, unroll=4):
+                for j in cutlass.range_constexpr(VEC):
+                    sh.e[g.k0 + kk, g.tx * VEC + j] = F32(-F32.inf)
+                    sh.kv[g.k0 + kk, g.tx * VEC + j] = BF16(0.0)
+
+    @cute.jit
+    def _stage(self, m, sh, g, tok_row0, rM):
+        """s = f32(score) + ape and kv of the chunk into shared memory, the max."""
+        VEC = self.vec
+        for kk in cutlass.range(self.chunk, unroll=4):
+            sc = cute.local_tile(m.score, (1, VEC), (tok_row0 + kk, g.wgrp)).load()
+            ap = self._ape(m, sh, g, kk)
+            kv = cute.local_tile(m.kv, (1, VEC), (tok_row0 + kk, g.wgrp)).load()
+            scf = sc.to(F32)
+            for j in cutlass.range_constexpr(VEC):
+                sv = scf[j] + ap[j]
+                sh.e[g.k0 + kk, g.tx * VEC + j] = sv
+                sh.kv[g.k0 + kk, g.tx * VEC + j] = kv[j]
+                rM[j] = cute.arch.fmax(rM[j], sv)
+
+    def _row_grad_out(self, m, g, bb):
+        return cute.local_tile(m.go, (1, self.vec), (bb, g.col)).load().to(F32)
+
+    @cute.jit
+    def _partials_window(self, sh, g, r, chunk_ok):
+        """e = exp(s - max) back into sE, the chunk partials."""
+        VEC = self.vec
+        rM, rDen, rSp, rGo = r.m, r.den, r.sp, r.go
+        for kk in cutlass.range(self.chunk, unroll=8):
+            for j in cutlass.range_constexpr(VEC):
+                e = exp_of(sh.e[g.k0 + kk, g.tx * VEC + j] - rM[j], self.fast)
+                sh.e[g.k0 + kk, g.tx * VEC + j] = e
+                rDen[j] = add_rn(rDen[j], e)
+                dp = mul_rn(rGo[j], sh.kv[g.k0 + kk, g.tx * VEC + j].to(F32))
+                rSp[j] = fma_rn(dp, e, rSp[j])
+
+    def _kv_word(self, r, kk):
+        return None
+
+    def _e_u(self, sh, g, r, kk, j):
+        """e and f32(kv) of window value (kk, j), from the tiles."""
+        e = sh.e[g.k0 + kk, g.tx * self.vec + j]
+        u = sh.kv[g.k0 + kk, g.tx * self.vec + j].to(F32)
+        return e, u
+
+    def _row_end(self) -> None:
+        cute.arch.sync_threads()  # the tiles are rewritten by the next row
+
+
+class R128BwdRegwin(_R128BwdBase):
+    """The register-window backward: the next row's window chunk fetched into registers
+    during the current row; the dAPE sums (and the ape/go copies) in thread-private shared
+    memory; 3 barriers per row, REGWIN_THREADS_PER_SM resident threads per SM."""
+
+    REGWIN = True
+
+    def __init__(self, d: int, coff: int, sched: BwdSchedule):
+        super().__init__(d, coff, sched)
+        # ptxas caps registers at 65536 / REGWIN_THREADS_PER_SM = 128 per thread through
+        # .maxntid (schedule.rows_per_cta assumes the same residency).
+        self.ctas_per_sm = REGWIN_THREADS_PER_SM // self.nthreads
+
+    def _launch_bounds(self) -> dict:
+        return {"max_number_threads": (self.threads_x, self.tchunks * self.ctas_per_sm, 1)}
+
+    def _shared_extra(self, smem, sh) -> None:
+        # fp32 dScore sums for dAPE, thread-private (no barrier): slot i = kk*VEC + j of
+        # thread tid at (i % 4, tid, i // 4), so a thread's slots move as 16 B vectors and
+        # a warp's vectors are contiguous. In registers they would cost C*VEC more each.
+        nt, cv = self.nthreads, self.chunk * self.vec
+        sh.dape = smem.allocate_tensor(
+            F32, cute.make_layout((4, nt, cv // 4), stride=(1, 4, 4 * nt)), byte_alignment=16)
+        if self.gosm:
+            # grad_out words, double-buffered by row parity: the next row's arrives (cp.async)
+            # while the current row's may still be read
+            sh.go = smem.allocate_tensor(
+                I32, cute.make_layout((2, nt), stride=(nt, 1)), byte_alignment=16)
+        if self.apesm:
+            # APE values: (kk, j) of thread tid at row kk*nt + tid, column j, so a warp reads
+            # 32 consecutive vec-wide vectors per window position
+            sh.ape = smem.allocate_tensor(
+                F32, cute.make_layout((self.chunk * nt, self.vec), stride=(self.vec, 1)),
+                byte_alignment=16)
+
+    def _window_registers(self) -> Regs:
+        """Raw chunks, one register per window position, of the next row as loaded (packed
+        bf16 pairs for vec 2, bf16 for vec 1); the current row's s (then e) in fp32, and
+        dp = go * kv in fp32 with keepdp, else the raw kv words."""
+        VEC, C = self.vec, self.chunk
+        raw = I32 if VEC == 2 else BF16
+        sc = cute.make_rmem_tensor((C, VEC), F32)
+        kv = (cute.make_rmem_tensor((C, VEC), F32) if self.keepdp
+              else cute.make_rmem_tensor((C,), raw))
+        sc_next = cute.make_rmem_tensor((C,), raw)
+        kv_next = cute.make_rmem_tensor((C,), raw)
+        if self.gosm:
+            go_next = None  # grad_out goes to shared memory (sh.go)
+        elif self.gopack:
+            # grad_out as loaded: [0] the next row's, fetched with its window; [1] the current
+            # row's, held for the gradient pass (goreuse); unpacked only where used
+            go_next = cute.make_rmem_tensor((2,), raw)
+        else:
+            go_next = cute.make_rmem_tensor((VEC,), BF16)
+        seg_next = cute.make_rmem_tensor((1,), I32)
+        return Regs(dape=None, sc=sc, kv=kv, sc_next=sc_next, kv_next=kv_next,
+                    go_next=go_next, seg_next=seg_next)
+
+    def _zero_dape_sums(self, sh, r, tid) -> None:
+        r.dape = sh.dape  # the sums live in shared memory
+        for i in range(self.chunk * self.vec):
+            r.dape[i % 4, tid, i // 4] = F32(0.0)
+
+    @cute.jit
+    def _prologue(self, m, sh, g, r, n_seq, row0, nb_valid):
+        """The first row's loads fly during the prologue; the thread's own C*vec APE values
+        are copied once (only this thread reads them: no barrier)."""
+        if row0 < nb_valid:
+            self._fetch(m, sh, g, r, n_seq, row0, 0)
+        if cutlass.const_expr(self.apesm):
+            for kk in cutlass.range_constexpr(self.chunk):
+                if cutlass.const_expr(self.apeasync):  # nothing waits here; before the loop
+                    cp_async_to_shared(sh.ape, (kk * self.nthreads + g.tid, 0), m.ape,
+                                       (g.ape_row0 + kk, g.wgrp * self.vec), 4 * self.vec)
+                else:
+                    cute.local_tile(sh.ape, (1, self.vec), (kk * self.nthreads + g.tid, 0)
+                                    ).store(cute.local_tile(m.ape, (1, self.vec),
+                                                            (g.ape_row0 + kk, g.wgrp)).load())
+            if cutlass.const_expr(self.apeasync):
+                cute.arch.cp_async_commit_group()
+
+    def _prologue_wait(self) -> None:
+        if self.apeasync:
+            cute.arch.cp_async_wait_group(0)  # the APE copy (and go=shared: the first row's)
+
+    @cute.jit
+    def _row_segment(self, m, r, n_seq, bb):
+        seg = r.seg_next[0]  # fetched with the row
+        blk = bb - m.cuc[seg]
+        return seg, blk, None
+
+    @cute.jit
+    def _after_max(self, m, sh, g, r, n_seq, nb_valid, rows_per_cta, rr, bb):
+        # The next row's loads fly during this row's passes, merge and stores (issued after
+        # the barrier, they cannot be hoisted above the take-over).
+        if rr + 1 < rows_per_cta:
+            if bb + 1 < nb_valid:
+                self._fetch(m, sh, g, r, n_seq, bb + 1, (rr + 1) & 1)
+
+    @cute.jit
+    def _fetch(self, m, sh, g, r, n_seq, bb, slot):
+        """Issue row bb's loads: its grad_out vec and this thread's C score and C kv vecs,
+        all independent of each other, so they are in flight together."""
+        VEC = self.vec
+        rScN, rKvN, rGoN = r.sc_next, r.kv_next, r.go_next  # written through these names
+        seg = segment_scan(m.cuc, bb, 0, n_seq, 1, 0)
+        r.seg_next[0] = seg
         blk = bb - m.cuc[seg]
         tok_row0 = m.cu[seg] + blk * RATIO + g.k0 - (self.coff - 1) * RATIO
         if cutlass.const_expr(self.gosm):  # into shared memory slot `slot`, no register
@@ -444,23 +674,16 @@ class R128Bwd(R128Geometry):
                     rScN[kk] = sc[0]
                     rKvN[kk] = kv[0]
 
-    def _ape(self, m, sh, g, kk: int):
-        """The vec APE values of the thread's window position kk (apesm: its shared copy)."""
-        if self.apesm:
-            return cute.local_tile(sh.ape, (1, self.vec), (kk * self.nthreads + g.tid, 0)).load()
-        return cute.local_tile(m.ape, (1, self.vec), (g.ape_row0 + kk, g.wgrp)).load()
-
     def _raw_f32(self, raw, kk: int, j: int):
         """Exact fp32 of window value (kk, j) of a raw chunk: packed bf16 pairs or bf16."""
         return _raw_word_f32(raw[kk], j, self.vec)
 
     @cute.jit
-    def _pass_max(self, m, sh, g, tok_row0, chunk_ok, rSc, rKv, rScN, rKvN, rGoN, rM, rGo,
-                  slot):
-        """1. The chunk max of s = f32(score) + ape into sMax[ty]; staged: s and kv staged
-        (-inf and 0 for an invalid chunk); regwin: the fetched row taken over (gosm: its
-        grad_out word from shared memory slot ``slot``, once its cp.async has landed)."""
+    def _max_window(self, m, sh, g, r, tok_row0, chunk_ok, slot):
+        """The fetched row taken over (go=shared: its grad_out word from slot ``slot``, once
+        its cp.async has landed): s into r.sc (dp into r.kv with keepdp), the chunk max."""
         VEC = self.vec
+        rSc, rKv, rScN, rKvN, rGoN, rM, rGo = r.sc, r.kv, r.sc_next, r.kv_next, r.go_next, r.m, r.go
         if cutlass.const_expr(self.gopack and self.sched.goreuse):
             rGoN[1] = rGoN[0]
         if cutlass.const_expr(self.gosm):
@@ -471,246 +694,57 @@ class R128Bwd(R128Geometry):
                 rGo[j] = _half(wgo, j)
             elif cutlass.const_expr(self.gopack):
                 rGo[j] = _raw_word_f32(rGoN[0], j, VEC)
-            elif cutlass.const_expr(self.regwin):
+            else:
                 rGo[j] = rGoN[j].to(F32)
             rM[j] = F32(-F32.inf)
-        if cutlass.const_expr(self.regwin):
-            if chunk_ok:
-                for kk in cutlass.range_constexpr(self.chunk):
-                    if cutlass.const_expr(self.keeps):
-                        if cutlass.const_expr(not self.keepdp):
-                            rKv[kk] = rKvN[kk]
-                        ap = self._ape(m, sh, g, kk)
-                        for j in cutlass.range_constexpr(VEC):
-                            if cutlass.const_expr(self.keepdp):  # rKv holds dp = go * kv
-                                rKv[kk, j] = mul_rn(rGo[j], self._raw_f32(rKvN, kk, j))
-                            sv = self._raw_f32(rScN, kk, j) + ap[j]
-                            rSc[kk, j] = sv
-                            rM[j] = cute.arch.fmax(rM[j], sv)
-                    else:
-                        rSc[kk] = rScN[kk]
-                        rKv[kk] = rKvN[kk]
-                        ap = self._ape(m, sh, g, kk)
-                        for j in cutlass.range_constexpr(VEC):
-                            rM[j] = cute.arch.fmax(rM[j], self._raw_f32(rSc, kk, j) + ap[j])
-        else:
-            if chunk_ok:
-                self._stage(m, sh, g, tok_row0, rM)
-            else:
-                for kk in cutlass.range(self.chunk, unroll=4):
-                    for j in cutlass.range_constexpr(VEC):
-                        sh.e[g.k0 + kk, g.tx * VEC + j] = F32(-F32.inf)
-                        sh.kv[g.k0 + kk, g.tx * VEC + j] = BF16(0.0)
-        if cutlass.const_expr(self.vsm):
-            cute.local_tile(sh.max, (1, VEC), (g.ty, g.tx)).store(rM.load())
-        else:
-            for j in cutlass.range_constexpr(VEC):
-                sh.max[g.ty, g.tx * VEC + j] = rM[j]
-
-    @cute.jit
-    def _stage(self, m, sh, g, tok_row0, rM):
-        """staged: s = f32(score) + ape and kv of the chunk into shared memory, the max."""
-        VEC = self.vec
-        for kk in cutlass.range(self.chunk, unroll=4):
-            sc = cute.local_tile(m.score, (1, VEC), (tok_row0 + kk, g.wgrp)).load()
-            ap = self._ape(m, sh, g, kk)
-            kv = cute.local_tile(m.kv, (1, VEC), (tok_row0 + kk, g.wgrp)).load()
-            scf = sc.to(F32)
-            for j in cutlass.range_constexpr(VEC):
-                sv = scf[j] + ap[j]
-                sh.e[g.k0 + kk, g.tx * VEC + j] = sv
-                sh.kv[g.k0 + kk, g.tx * VEC + j] = kv[j]
-                rM[j] = cute.arch.fmax(rM[j], sv)
-
-    @cute.jit
-    def _pass_partials(self, m, sh, g, bb, chunk_ok, rSc, rKv, rM, rDen, rSp, rGo):
-        """2. e = exp(s - max) (staged: back into sE); chunk partials den' and S' = sum dp*e."""
-        VEC = self.vec
-        if cutlass.const_expr(not self.regwin):
-            gov = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load().to(F32)
-        if cutlass.const_expr(self.vsm):  # the same fmax order, vec columns per load
-            mx0 = cute.local_tile(sh.max, (1, VEC), (0, g.tx)).load()
-            for j in cutlass.range_constexpr(VEC):
-                rM[j] = mx0[j]
-            for t in cutlass.range_constexpr(1, self.tchunks):
-                mxt = cute.local_tile(sh.max, (1, VEC), (t, g.tx)).load()
-                for j in cutlass.range_constexpr(VEC):
-                    rM[j] = cute.arch.fmax(rM[j], mxt[j])
-            for j in cutlass.range_constexpr(VEC):
-                rDen[j] = F32(0.0)
-                rSp[j] = F32(0.0)
-        else:
-            for j in cutlass.range_constexpr(VEC):
-                if cutlass.const_expr(not self.regwin):
-                    rGo[j] = gov[j]
-                mx = sh.max[0, g.tx * VEC + j]
-                for t in cutlass.range_constexpr(1, self.tchunks):
-                    mx = cute.arch.fmax(mx, sh.max[t, g.tx * VEC + j])
-                rM[j] = mx
-                rDen[j] = F32(0.0)
-                rSp[j] = F32(0.0)
-        if cutlass.const_expr(self.regwin):
-            if chunk_ok:
-                for kk in cutlass.range_constexpr(self.chunk):
-                    if cutlass.const_expr(not self.keeps):
-                        ap = self._ape(m, sh, g, kk)
-                    for j in cutlass.range_constexpr(VEC):
-                        if cutlass.const_expr(self.keeps):
-                            e = exp_of(rSc[kk, j] - rM[j], self.fast)
-                            rSc[kk, j] = e
-                        else:
-                            e = exp_of(self._raw_f32(rSc, kk, j) + ap[j] - rM[j], self.fast)
-                        rDen[j] = add_rn(rDen[j], e)
-                        if cutlass.const_expr(self.keepdp):
-                            dp = rKv[kk, j]
-                        else:
-                            dp = mul_rn(rGo[j], self._raw_f32(rKv, kk, j))
-                        rSp[j] = fma_rn(dp, e, rSp[j])
-            else:
-                # What the staged kernel's C steps over (e = 0, kv = 0) leave: den' = +0,
-                # S' = fma(go * 0, 0, +0) (+0, or NaN for a non-finite grad_out).
-                for j in cutlass.range_constexpr(VEC):
-                    rSp[j] = fma_rn(mul_rn(rGo[j], F32(0.0)), F32(0.0), F32(0.0))
-        else:
-            for kk in cutlass.range(self.chunk, unroll=8):
-                for j in cutlass.range_constexpr(VEC):
-                    e = exp_of(sh.e[g.k0 + kk, g.tx * VEC + j] - rM[j], self.fast)
-                    sh.e[g.k0 + kk, g.tx * VEC + j] = e
-                    rDen[j] = add_rn(rDen[j], e)
-                    dp = mul_rn(rGo[j], sh.kv[g.k0 + kk, g.tx * VEC + j].to(F32))
-                    rSp[j] = fma_rn(dp, e, rSp[j])
-        if cutlass.const_expr(self.vsm):
-            cute.local_tile(sh.den_p, (1, VEC), (g.ty, g.tx)).store(rDen.load())
-            cute.local_tile(sh.s_p, (1, VEC), (g.ty, g.tx)).store(rSp.load())
-        else:
-            for j in cutlass.range_constexpr(VEC):
-                sh.den_p[g.ty, g.tx * VEC + j] = rDen[j]
-                sh.s_p[g.ty, g.tx * VEC + j] = rSp[j]
-
-    @cute.jit
-    def _merge(self, sh, g):
-        """3. One thread per CTA column, chunks in ascending order: 1/den and S = S'/den."""
-        if g.ty < self.vec:
-            c = g.ty * self.threads_x + g.tx
-            den = F32(0.0)
-            sp = F32(0.0)
-            for t in cutlass.range_constexpr(self.tchunks):
-                den = add_rn(den, sh.den_p[t, c])
-                sp = add_rn(sp, sh.s_p[t, c])
-            sh.den[c] = F32(1.0) / den
-            sh.s[c] = sp / den
-
-    @cute.jit
-    def _gradients(self, m, sh, g, bb, tok_row0, chunk_ok, rDApe, rSc, rKv, rGoN, rM, rDen,
-                   rSp, rGo, rK, rS, slot):
-        """4. dKV, dScore of the chunk and its fp32 dScore sums for dAPE (regwin: e recomputed
-        as in pass 2, dp = go*kv from the raw word, not kept from pass 2)."""
-        VEC = self.vec
-        if cutlass.const_expr(not self.sched.goreuse):
-            gov2 = cute.local_tile(m.go, (1, VEC), (bb, g.col)).load().to(F32)
-            for j in cutlass.range_constexpr(VEC):
-                rGo[j] = gov2[j]
-        elif cutlass.const_expr(self.gosm):
-            # read again from the row's shared-memory slot (the next row's copy lands in the
-            # other slot)
-            wgo = sh.go[slot, g.tid]
-            for j in cutlass.range_constexpr(VEC):
-                rGo[j] = _half(wgo, j)
-        elif cutlass.const_expr(self.gopack):
-            # converted again from the held grad_out word (one register through the row, not
-            # vec fp32 ones), opaque so that the compiler does not keep the fp32 pair instead
-            w = _opaque(rGoN[1]) if VEC == 2 else rGoN[1]
-            for j in cutlass.range_constexpr(VEC):
-                rGo[j] = _raw_word_f32(w, j, VEC)
         if chunk_ok:
-            if cutlass.const_expr(self.vsm):
-                dv = cute.local_tile(sh.den, (VEC,), (g.tx,)).load()
-                sv2 = cute.local_tile(sh.s, (VEC,), (g.tx,)).load()
-                for j in cutlass.range_constexpr(VEC):
-                    rDen[j] = dv[j]  # now 1/den
-                    rSp[j] = sv2[j]  # now S
-            else:
-                for j in cutlass.range_constexpr(VEC):
-                    rDen[j] = sh.den[g.tx * VEC + j]  # now 1/den
-                    rSp[j] = sh.s[g.tx * VEC + j]  # now S
             for kk in cutlass.range_constexpr(self.chunk):
-                if cutlass.const_expr(self.regwin):
-                    if cutlass.const_expr(not self.keeps):
-                        ap = self._ape(m, sh, g, kk)
-                    if cutlass.const_expr(not self.keepdp):
-                        kv = _opaque(rKv[kk]) if VEC == 2 else rKv[kk]
+                if cutlass.const_expr(not self.keepdp):
+                    rKv[kk] = rKvN[kk]
+                ap = self._ape(m, sh, g, kk)
                 for j in cutlass.range_constexpr(VEC):
-                    if cutlass.const_expr(self.keeps):
-                        e = rSc[kk, j]  # kept from pass 2
-                    elif cutlass.const_expr(self.regwin):
-                        e = exp_of(self._raw_f32(rSc, kk, j) + ap[j] - rM[j], self.fast)
-                    else:
-                        e = sh.e[g.k0 + kk, g.tx * VEC + j]
-                        u = sh.kv[g.k0 + kk, g.tx * VEC + j].to(F32)
-                    p = mul_rn(e, rDen[j])
+                    if cutlass.const_expr(self.keepdp):  # rKv holds dp = go * kv
+                        rKv[kk, j] = mul_rn(rGo[j], self._raw_f32(rKvN, kk, j))
+                    sv = self._raw_f32(rScN, kk, j) + ap[j]
+                    rSc[kk, j] = sv
+                    rM[j] = cute.arch.fmax(rM[j], sv)
+
+    @cute.jit
+    def _partials_window(self, sh, g, r, chunk_ok):
+        """e = exp(s - max) over s in r.sc (kept there for the gradients), the partials."""
+        VEC = self.vec
+        rSc, rKv, rM, rDen, rSp, rGo = r.sc, r.kv, r.m, r.den, r.sp, r.go
+        if chunk_ok:
+            for kk in cutlass.range_constexpr(self.chunk):
+                for j in cutlass.range_constexpr(VEC):
+                    e = exp_of(rSc[kk, j] - rM[j], self.fast)
+                    rSc[kk, j] = e
+                    rDen[j] = add_rn(rDen[j], e)
                     if cutlass.const_expr(self.keepdp):
                         dp = rKv[kk, j]
                     else:
-                        if cutlass.const_expr(self.regwin):
-                            u = _raw_word_f32(kv, j, VEC)
-                        dp = mul_rn(rGo[j], u)
-                    ds = fma_rn(p, -rSp[j], mul_rn(dp, p))
-                    rK[0, j] = mul_rn(rGo[j], p)
-                    rS[0, j] = ds
-                    self._dape_add(g, rDApe, kk * VEC + j, ds)
-                cute.local_tile(m.dkv, (1, VEC), (tok_row0 + kk, g.wgrp)).store(
-                    rK.load().to(BF16))
-                cute.local_tile(m.dscore, (1, VEC), (tok_row0 + kk, g.wgrp)).store(
-                    rS.load().to(BF16))
-
-    def _dape_slot(self, g, i):
-        """The coordinate of slot i = kk*VEC + j of the thread's dAPE sums (see _shared)."""
-        return (i % 4, g.tid, i // 4) if self.regwin else i
-
-    def _dape_add(self, g, rDApe, i, ds):
-        """Sum one fp32 dScore into the thread's dAPE slot i."""
-        rDApe[self._dape_slot(g, i)] = add_rn(rDApe[self._dape_slot(g, i)], ds)
-
-    @cute.jit
-    def _dape_epilogue(self, m, g, rDApe):
-        """One fp32 atomic per (window position, column); chunks that never ran add 0.
-        regwin: the barrier is not needed for the thread-private sums; it keeps the compiler
-        from carrying them in registers through the row loop (forwarding the last stores).
-        Deterministic schedules STORE the same values into this CTA's slice bx of the
-        (gx*RATIO, W) partials buffer ``m.dape`` points at: the (ty, tx, j, kk) of the CTAs
-        (bx, *) cover every (window position, column) exactly once, as the atomics do, so
-        every slot of slice bx is written once (zeros for chunks that never ran)."""
-        if cutlass.const_expr(self.regwin):
-            cute.arch.sync_threads()
-        if cutlass.const_expr(self.sched.deterministic):
-            bx, _, _ = cute.arch.block_idx()
-            # keeps at the 128-register cap (C*vec = 32; sums in shared memory): a loop over the
-            # window positions, rolled for coff=1 and unrolled for coff=2 (ptxas spilled 8-24 B
-            # in the other form of each: c1d512, c2d*; measured, both arches)
-            if cutlass.const_expr(self.keeps and self.coff == 1
-                                  and self.chunk * self.vec >= 32):
-                for kk in cutlass.range(self.chunk, unroll=1):
-                    self._store_partials(m, g, rDApe, bx, kk)
-            else:
-                for kk in cutlass.range_constexpr(self.chunk):
-                    self._store_partials(m, g, rDApe, bx, kk)
+                        dp = mul_rn(rGo[j], self._raw_f32(rKv, kk, j))
+                    rSp[j] = fma_rn(dp, e, rSp[j])
         else:
-            if cutlass.const_expr(self.pdl_zero):
-                # behind the zeroing kernel: its zeros must land first (a no-op when the
-                # kernel already waited at its start)
-                cute.arch.griddepcontrol_wait()
-            for kk in cutlass.range_constexpr(self.chunk):
-                for j in cutlass.range_constexpr(self.vec):
-                    coord = (g.ape_row0 + kk, g.wgrp * self.vec + j)
-                    red_add_f32(m.dape, coord, rDApe, self._dape_slot(g, kk * self.vec + j))
+            # What the staged kernel's C steps over (e = 0, kv = 0) leave: den' = +0,
+            # S' = fma(go * 0, 0, +0) (+0, or NaN for a non-finite grad_out).
+            for j in cutlass.range_constexpr(VEC):
+                rSp[j] = fma_rn(mul_rn(rGo[j], F32(0.0)), F32(0.0), F32(0.0))
+
+    def _kv_word(self, r, kk):
+        """The raw kv word of position kk for dp (opaque: converted again, not kept)."""
+        if self.keepdp:
+            return None
+        return _opaque(r.kv[kk]) if self.vec == 2 else r.kv[kk]
+
+    def _e_u(self, sh, g, r, kk, j):
+        """e kept from pass 2; f32(kv) is converted from the raw word after p."""
+        return r.sc[kk, j], None
 
 
-    @cute.jit
-    def _store_partials(self, m, g, rDApe, bx, kk):
-        """Deterministic: window position kk's vec dAPE sums into CTA bx's partials slice."""
-        for j in cutlass.range_constexpr(self.vec):
-            store_partial_f32(m.dape, bx, (g.ape_row0 + kk, g.wgrp * self.vec + j), rDApe,
-                              self._dape_slot(g, kk * self.vec + j))
+def bwd_kernel(d: int, coff: int, sched: BwdSchedule) -> _R128BwdBase:
+    """The backward kernel object of (d, coff, sched): staged or register-window."""
+    return (R128BwdRegwin if sched.regwin else R128BwdStaged)(d, coff, sched)
 
 
 def fake_args(d: int, coff: int):
@@ -723,10 +757,9 @@ def fake_args(d: int, coff: int):
             I32(1), I32(0), env_stream())
 
 
-def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str, pdl_zero: bool = True):
-    """Compile the r128 backward for (d, coff, sched) and arch; no GPU needed. ``pdl_zero``
-    False: the kernel follows the launch's dAPE zeroing without PDL (the A/B tools' twin)."""
-    return compile_for(arch, R128Bwd(d, coff, sched, pdl_zero), *fake_args(d, coff))
+def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
+    """Compile the r128 backward for (d, coff, sched) and arch; no GPU needed."""
+    return compile_for(arch, bwd_kernel(d, coff, sched), *fake_args(d, coff))
 
 
 def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv, dscore,

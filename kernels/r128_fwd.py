@@ -1,62 +1,26 @@
 """Dedicated ratio=128 forward of the CSA compressor (CuTe DSL), streaming the window.
 
 One CTA per output row ``b``, grid ``(N, gy)``, block ``(threads_x, tchunks)``. Thread
-``(tx, ty)`` owns the column group ``col = by*threads_x + tx`` (head-dim columns
-``[col*vec, col*vec + vec)``, idle when ``col >= d/vec``) and the window chunk
-``[ty*C, (ty+1)*C)``, ``C = coff*128/tchunks``. It streams its chunk once (or twice, in the
-two-phase form) keeping ``(m, den, acc)`` per column in fp32 registers, so the register count
-does not grow with the window. The ``tchunks`` partials of a column are merged through shared
-memory by the ``ty == 0`` thread, serially in chunk order, then ``out = bf16_rn(acc / den)``.
+``(tx, ty)`` owns the column group ``col = by*threads_x + tx`` (columns ``[col*vec, col*vec +
+vec)``) and the window chunk ``[ty*C, (ty+1)*C)``, ``C = coff*128/tchunks``, and keeps
+``(m, den, acc)`` per column in fp32 registers while it streams the chunk. The chunk partials
+of a column are merged through shared memory by the ``ty == 0`` thread, in chunk order, then
+``out = bf16_rn(acc / den)``.
 
-Window of row ``b`` (segment ``s``, block ``i = b - cuc[s]``, ``tok0 = cu[s] + 128*i``),
-found by a per-thread scan of ``cuc`` on the device (no host sync):
+Window of row ``b`` (segment ``s``, block ``i = b - cuc[s]``, ``tok0 = cu[s] + 128*i``):
+coff=1: slot ``k`` reads token ``tok0 + k``, columns ``[0, d)``, APE row ``k``; coff=2: token
+``tok0 - 128 + k``, APE row ``k mod 128``, columns ``[0, d)`` for ``k < 128`` (the previous
+block; skipped, partial ``(-inf, 0, 0)``, when ``i == 0``) and ``[d, 2d)`` for ``k >= 128``.
+Capacity padding rows (``b >= cuc[B]``) are computed as a first block at token 0.
 
-* coff=1: slot ``k`` reads token ``tok0 + k``, columns ``[0, d)``, APE row ``k``;
-* coff=2: slot ``k`` reads token ``tok0 - 128 + k``, APE row ``k mod 128``; columns ``[0, d)``
-  for ``k < 128`` (the previous block, invalid when ``i == 0``: that chunk is skipped and its
-  partial stays ``(-inf, 0, 0)``), columns ``[d, 2d)`` for ``k >= 128`` (the own block).
-  The schedule guarantees ``128 % C == 0``, so no chunk straddles the half boundary.
-* capacity padding rows (``b >= cuc[B]``) are computed as a first block at token 0.
-
-Numerics (docs/KERNELS.md section 1): ``s = f32(score) + ape``; online-rescale form (strict
-``s > m`` rescales den/acc by ``exp(m - s)`` with ``mul.rn``) or two-phase form (exact chunk
-max, then one ascending pass); ``den`` accumulates with ``add.rn`` and ``acc`` with
-``fma.rn(u, e, acc)``, all pinned so FMA contraction cannot change them. The merge always uses
-the exact ``exp``; ``fastexp`` replaces it in the main loop by ``ex2.approx.ftz`` of
-``fma.rn(x, L2E_LO, mul.rn(x, L2E_HI))``. Fixed chunk boundaries, a fixed merge order and no
-atomics make the output bitwise run-to-run deterministic.
-
-Loads and tuning (compile-time schedule fields; none changes a single output bit):
-
-* ``vec`` columns per thread: bf16 score/kv loads of ``2*vec`` bytes (16 at vec=8), fp32 APE
-  of ``4*vec`` (two 16-byte loads at vec=8), one ``2*vec``-byte bf16 store.
-* ``unroll``: slots per unrolled group of the chunk loop (4 is the upstream loop).
-* ``prefetch``: a register ring of ``unroll`` slots; the loads of slots ``k+1..k+U``
-  are issued before slot ``k``'s math (``chunk_prefetch``). Without it the loop body loads a
-  slot and uses it at once, and ptxas interleaves the group's loads with the math.
-* ``oneexp``: the online step with one exp instead of two (``online_step``).
-* The segment scan reads ``cuc`` (one or two cache lines, the same addresses in every lane)
-  and is the only thing the window loads wait for: their address needs the segment.
-
-Known caveats (docs/CONTRACT.md section 6):
-
-* Saturation: the chunk partials are un-normalized (``acc`` sums ``u * e`` with ``e <= 1``),
-  so near fp32 max this kernel overflows earlier than eager, which normalizes the weights
-  before the weighted sum. With uniform scores ``acc`` reaches ``C*|kv|`` in a chunk and
-  ``coff*128*|kv|`` after the merge: ``|kv|`` within a factor ~``coff*128`` of fp32 max gives
-  Inf (or NaN) where eager is finite.
-* Overflow of ``s = score + ape`` to ``+inf`` gives NaN, like eager (``inf - inf``): the first
-  such slot of a chunk makes ``e = exp(inf - inf) = NaN``, so that chunk's ``den``/``acc`` are
-  NaN. The merge skips a chunk only when its ``den == 0`` (a skipped previous-half chunk):
-  a NaN ``den`` is merged and poisons the column, and chunk 0 is always the starting triple,
-  so any overflowing slot yields NaN. (The design note says "skip unless den > 0"; for finite
-  data the two rules are identical because a valid chunk has ``den >= 1``; they differ only
-  when ``den`` is NaN, where dropping the chunk would hide eager's NaN.) Starting from a
-  skipped chunk 0 = ``(-inf, 0, 0)`` is safe: every merged chunk has a finite ``m_t`` or a
-  NaN ``den``, so ``exp(-inf - mn)`` is ``exp(-inf) = 0`` or the column is NaN anyway.
-* A chunk whose leading scores are ``-inf`` (bf16 ``-inf`` in ``score``) computes
-  ``exp(-inf - (-inf)) = NaN`` and turns the column NaN where eager gives those slots weight 0.
-  The contract's inputs are finite; the hot loop does not guard this case.
+Numerics (docs/KERNELS.md section 1): ``s = f32(score) + ape``; ``form`` online (strict
+``s > m`` rescales den/acc by ``exp(m - s)``; oneexp: the same values with one exp per slot)
+or twophase (exact chunk max, then one ascending pass); ``den`` by ``add.rn``, ``acc`` by
+``fma.rn``; the merge uses the exact exp, ``fastexp`` the fast one in the chunk loop. Fixed
+chunks, a fixed merge order and no atomics: bitwise run-to-run deterministic. ``vec``,
+``unroll`` and ``prefetch`` (the next unroll group's loads in flight, online forms) change no
+bit. Saturation of the un-normalized partials: docs/CONTRACT.md section 6; a bf16 ``-inf``
+score at a chunk's first slot gives NaN where eager gives weight 0 (inputs are finite).
 """
 
 from __future__ import annotations
@@ -73,8 +37,8 @@ from csagate.kernels.device import (
     segment_scan,
 )
 from csagate.kernels.schedule import (
-    PREFETCH_RING_MAX,
     RATIO,
+    FwdForm,
     FwdSchedule,
     R128Geometry,
     config_problems,
@@ -92,18 +56,11 @@ class R128FwdKernel(R128Geometry):
         if problems:
             raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: " + "; ".join(problems))
         super().__init__(d, coff, sched)
-        self.twophase = sched.twophase
+        self.twophase = sched.form is FwdForm.TWOPHASE
+        self.oneexp = sched.form is FwdForm.ONEEXP
         self.fastexp = sched.fastexp
         self.unroll = min(sched.unroll, self.chunk)  # slots per unrolled group (divides C)
         self.prefetch = sched.prefetch
-        if self.prefetch and self.unroll * sched.vec > PREFETCH_RING_MAX:
-            raise ValueError(f"r128 forward c{coff}d{d} {sched.tag}: a prefetch ring of "
-                             f"{self.unroll}x{sched.vec} columns exceeds {PREFETCH_RING_MAX} "
-                             "(spills)")
-        self.oneexp = sched.oneexp
-        # vec=8 declares .maxntid instead of .reqntid: under .reqntid ptxas 13.x spills 4 bytes
-        # at 72 registers on the vec=8 online fast-exp loop; .maxntid gives 72 and no spill.
-        self.maxntid = sched.vec == 8
 
     @cute.jit
     def __call__(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
@@ -112,12 +69,8 @@ class R128FwdKernel(R128Geometry):
         n_rows = mOut.shape[0]
         n_seq = mCu.shape[0] - 1
         block = (self.threads_x, self.tchunks, 1)
-        if cutlass.const_expr(self.maxntid):
-            self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
-                grid=(n_rows, self.gy, 1), block=block, max_number_threads=block, stream=stream)
-        else:
-            self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
-                grid=(n_rows, self.gy, 1), block=block, stream=stream)
+        self.kernel(mKV, mScore, mApe, mCu, mCuc, mOut, n_seq).launch(
+            grid=(n_rows, self.gy, 1), block=block, stream=stream)
 
     @cute.kernel
     def kernel(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
@@ -210,7 +163,7 @@ class R128FwdKernel(R128Geometry):
     @cute.jit
     def chunk_prefetch(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                        st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        """The same slots in the same order as the plain loops, software-pipelined.
+        """The online loop's slots in the same order, software-pipelined.
 
         A register ring holds the raw loads (bf16 score, bf16 kv, fp32 APE) of ``U =
         unroll`` slots. The prologue fills it; at slot ``k`` the ring entry of ``k`` is taken
@@ -218,63 +171,42 @@ class R128FwdKernel(R128Geometry):
         ``k``'s math issued, so the loads of slots ``k+1 .. k+U`` are in flight during it.
         The last group (peeled) loads nothing, so no load leaves the chunk.
         """
-        if cutlass.const_expr(self.twophase):
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 0)
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 2)
-        else:
-            self.ring_pass(mKV, mScore, mApe, st, tok_start, ape_row0, cblk, 1)
-
-    @cute.jit
-    def ring_pass(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
-                  st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32,
-                  step: cutlass.Constexpr):
-        """One pipelined pass over the chunk; ``step`` 0: max (no kv), 1: online, 2: sums."""
         VEC, U = self.vec, self.unroll
         groups = self.chunk // U
         rS = cute.make_rmem_tensor((U, VEC), cutlass.BFloat16)
         rU = cute.make_rmem_tensor((U, VEC), cutlass.BFloat16)
         rA = cute.make_rmem_tensor((U, VEC), F32)
         for i in cutlass.range_constexpr(U):  # prologue: slots 0 .. U-1
-            self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + i, ape_row0 + i,
-                           cblk, step != 0)
+            self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + i, ape_row0 + i, cblk)
         if cutlass.const_expr(groups > 1):
             for g in cutlass.range(groups - 1, unroll=1):
                 k = (g + 1) * U  # first slot of the next group
                 for i in cutlass.range_constexpr(U):
-                    sv, uv, av = self.take_slot(rS, rU, rA, i, step != 0)
+                    sv, uv, av = self.take_slot(rS, rU, rA, i)
                     self.load_slot(mKV, mScore, mApe, rS, rU, rA, i, tok_start + k + i,
-                                   ape_row0 + k + i, cblk, step != 0)
-                    self.slot_math(st, sv, uv, av, step)
+                                   ape_row0 + k + i, cblk)
+                    self.online_step(st, sv, uv, av)
         for i in cutlass.range_constexpr(U):  # epilogue: the last group, nothing to load
-            sv, uv, av = self.take_slot(rS, rU, rA, i, step != 0)
-            self.slot_math(st, sv, uv, av, step)
+            sv, uv, av = self.take_slot(rS, rU, rA, i)
+            self.online_step(st, sv, uv, av)
 
-    def load_slot(self, mKV, mScore, mApe, rS, rU, rA, i, tok, ape_row, cblk, with_kv):
+    def load_slot(self, mKV, mScore, mApe, rS, rU, rA, i, tok, ape_row, cblk):
         """Issue one slot's global loads into ring entry ``i`` (score, kv, APE order)."""
         VEC = self.vec
         cute.local_tile(rS, (1, VEC), (i, 0)).store(
             cute.local_tile(mScore, (1, VEC), (tok, cblk)).load())
-        if with_kv:
-            cute.local_tile(rU, (1, VEC), (i, 0)).store(
-                cute.local_tile(mKV, (1, VEC), (tok, cblk)).load())
+        cute.local_tile(rU, (1, VEC), (i, 0)).store(
+            cute.local_tile(mKV, (1, VEC), (tok, cblk)).load())
         cute.local_tile(rA, (1, VEC), (i, 0)).store(
             cute.local_tile(mApe, (1, VEC), (ape_row, cblk)).load())
 
-    def take_slot(self, rS, rU, rA, i, with_kv):
-        """Ring entry ``i`` as fp32 register values (kv is None without kv)."""
+    def take_slot(self, rS, rU, rA, i):
+        """Ring entry ``i`` as fp32 register values."""
         VEC = self.vec
         sv = cute.local_tile(rS, (1, VEC), (i, 0)).load().to(F32)
-        uv = cute.local_tile(rU, (1, VEC), (i, 0)).load().to(F32) if with_kv else None
+        uv = cute.local_tile(rU, (1, VEC), (i, 0)).load().to(F32)
         av = cute.local_tile(rA, (1, VEC), (i, 0)).load()
         return sv, uv, av
-
-    def slot_math(self, st, sv, uv, av, step):
-        if step == 0:
-            self.max_step(st, sv, av)
-        elif step == 1:
-            self.online_step(st, sv, uv, av)
-        else:
-            self.sum_step(st, sv, uv, av)
 
     @cute.jit
     def online_step(self, st: cute.Tensor, sv, uv, av):
@@ -329,7 +261,8 @@ class R128FwdKernel(R128Geometry):
         for t in cutlass.range(1, self.tchunks, unroll=1):
             for j in cutlass.range_constexpr(VEC):
                 den_t = sD[t, tx * VEC + j]
-                # Skip only invalid chunks (den == 0); a NaN den is merged so NaN propagates.
+                # Skip only invalid chunks (den == 0): a NaN den (an overflowing s) is merged
+                # so NaN propagates as in eager (a valid chunk has den >= 1).
                 if den_t != F32(0.0):
                     m_t = sM[t, tx * VEC + j]
                     acc_t = sA[t, tx * VEC + j]

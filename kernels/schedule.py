@@ -1,8 +1,8 @@
-"""Schedules of the kernels: the target arches and their tables, the ratio=128 dispatch tables
-(schedules, buckets, the validity predicate) and the ratio=4 schedule.
+"""Schedules of the kernels: the target arches and their tables, the ratio=128 schedule types,
+their one rule set (``config_problems``) and dispatch tables, and the ratio=4 schedule.
 
-Pure Python (no cutlass, no torch): the gate's coverage check, ``csagate schedules`` and the
-CPU tests read these tables on any machine.
+Pure Python (no cutlass, no torch): the gate's coverage check, ``csagate schedules``, the sweep
+and the CPU tests read these tables on any machine.
 
 Every schedule field is compile-time and part of the JIT key. A bucket is chosen from N,
 the row count of ``out``/``grad_out`` including capacity padding rows:
@@ -16,7 +16,10 @@ N == 0 launches nothing, so it selects no kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 
 RATIO = 128
 HEAD_DIMS = (128, 512)
@@ -30,24 +33,65 @@ BWD_SMALL_NB_MAX = 192
 MAX_THREADS = 1024
 SMEM_LIMIT = 227 * 1024
 SM_SMEM = 228 * 1024  # shared memory per SM (sm_90a, sm_100a), 1 KB of it reserved per CTA
-# regwin: resident threads per SM that its register cap (.maxntid: 65536 / 512 = 128 registers
-# per thread) and rows_per_cta assume, by default; a schedule may target 1024 instead
-# (BwdSchedule.sm_threads: 64 registers per thread, twice the warps in flight).
+# regwin: the resident threads per SM its register cap (.maxntid: 65536 / 512 = 128 registers
+# per thread) and rows_per_cta assume.
 REGWIN_THREADS_PER_SM = 512
-REGWIN_SM_THREADS = (512, 1024)  # the register-window occupancy targets a schedule can take
-# regwin: the longest window chunk C (positions per thread): 4 registers per position (see
-# config_problems); C <= 16 compiles to <= 128 registers with 0 spill on sm_90a and sm_100a.
+# regwin: the longest window chunk C (positions per thread): 4 registers per position (the
+# score and kv of the current row and of the next row in flight); C <= 16 compiles to <= 128
+# registers with 0 spill on sm_90a and sm_100a, C = 32 does not.
 REGWIN_MAX_CHUNK = 16
 # Largest forward prefetch ring, in slots x columns: ptxas keeps up to two groups of raw loads
-# live (about 4 registers per column-slot). 16 (v2u8, v4u4, v8u2) stays near 128 registers; 32
-# (v4u8, v8u4) takes 150-200 and ptxas spills to reach an occupancy step (v8u8: 255 + spills).
+# live (about 4 registers per column-slot); 32 takes 150-200 registers and spills.
 PREFETCH_RING_MAX = 16
-# The backward's L2 prefetch distances, in rows (0: none); BwdSchedule.l2pf.
-BWD_L2PF = (0, 1, 2, 3)
 
 
 def config_name(coff: int, d: int) -> str:
     return f"c{coff}d{d}"
+
+
+class FwdForm(enum.StrEnum):
+    """How the forward reduces a chunk: online rescale (two exps per rescale, or one), or an
+    exact chunk max first (two passes, one exp per slot)."""
+
+    ONLINE = "online"
+    ONEEXP = "oneexp"
+    TWOPHASE = "twophase"
+
+
+class GradOut(enum.StrEnum):
+    """Register window: where the next row's fetched grad_out waits for pass 1."""
+
+    REGS = "regs"      # unpacked to fp32 as loaded
+    PACKED = "packed"  # the loaded word (a bf16 pair at vec 2), unpacked where used
+    SHARED = "shared"  # a cp.async into a thread-private shared slot (vec 2)
+
+
+class ApeCopy(enum.StrEnum):
+    """Register window: where a row reads its APE values."""
+
+    GLOBAL = "global"  # loaded per row (L1/L2)
+    SHARED = "shared"  # copied once per CTA into thread-private shared memory
+    ASYNC = "async"    # the same copy by cp.async
+
+
+GEOMETRY = ("vec", "tchunks", "threads_x")  # the tag's v<vec>t<tchunks>x<threads_x>
+
+
+def schedule_tag(sched) -> str:
+    """The tag, derived from the fields: the geometry, then every field off its default, in
+    declaration order: a flag by its name, an enum as name_value, an int as name<value>."""
+    parts = ["v{}t{}x{}".format(*(getattr(sched, g) for g in GEOMETRY))]
+    for f in fields(sched):
+        value = getattr(sched, f.name)
+        if f.name in GEOMETRY or value == f.default:
+            continue
+        if isinstance(value, bool):
+            parts.append(f.name)
+        elif isinstance(value, enum.Enum):
+            parts.append(f"{f.name}_{value.value}")
+        else:
+            parts.append(f"{f.name}{value}")
+    return "_".join(parts)
 
 
 @dataclass(frozen=True)
@@ -57,84 +101,42 @@ class FwdSchedule:
     vec: int
     tchunks: int
     threads_x: int
-    twophase: bool
-    fastexp: bool
-    unroll: int = 4          # runtime-loop unroll of the chunk loop (H200 tuning field)
-    prefetch: bool = False   # software-pipelined loads: the next unroll group in flight
-    oneexp: bool = False     # online form with one exp per slot (same bits, fewer instructions)
+    fastexp: bool = False            # ex2.approx in the chunk loop (the merge stays exact)
+    form: FwdForm = FwdForm.ONLINE
+    unroll: int = 4                  # runtime-loop unroll of the chunk loop
+    prefetch: bool = False           # online forms: the next unroll group's loads in flight
 
     @property
     def tag(self) -> str:
-        return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
-                + ("_2ph" if self.twophase else "") + ("_fexp" if self.fastexp else "")
-                + (f"_u{self.unroll}" if self.unroll != 4 else "")
-                + ("_pf" if self.prefetch else "") + ("_1e" if self.oneexp else ""))
+        return schedule_tag(self)
 
     def astuple(self) -> tuple:
         """The upstream 5-tuple (vec, tchunks, threads_x, twophase, fastexp)."""
-        return (self.vec, self.tchunks, self.threads_x, self.twophase, self.fastexp)
+        return (self.vec, self.tchunks, self.threads_x, self.form is FwdForm.TWOPHASE,
+                self.fastexp)
 
 
 @dataclass(frozen=True)
 class BwdSchedule:
-    """One r128 backward kernel; ``goreuse`` keeps grad_out in registers across barriers."""
+    """One r128 backward kernel (kernels/r128_bwd.py describes each field's code)."""
 
     vec: int
     tchunks: int
     threads_x: int
-    fastexp: bool
-    goreuse: bool
-    regwin: bool = False     # window held in registers instead of staged in shared memory
-    # Deterministic dAPE (issue 12.3): each CTA STORES its dAPE partial into its own slice of
-    # a (gx*ratio, W) buffer instead of the fp32 atomic; kernels/reduce.py sums the slices in
-    # ascending CTA order. Never in a dispatch table: the api sets it (``deterministic=``).
+    fastexp: bool = False
+    goreuse: bool = False            # grad_out kept for the gradient pass, not reloaded
+    regwin: bool = False             # the window in registers, not staged in shared memory
+    keepdp: bool = False             # regwin: dp = go * kv kept in fp32 from pass 1
+    vsm: bool = False                # regwin: per-row shared values moved as vec-wide vectors
+    go: GradOut = GradOut.REGS
+    ape: ApeCopy = ApeCopy.GLOBAL
+    # dAPE partials stored per CTA and summed by kernels/reduce.py; set by the api, never
+    # in a table.
     deterministic: bool = False
-    # regwin only: the resident threads per SM the kernel is built for (its register cap,
-    # .maxntid = 65536 / sm_threads registers, and schedule.rows_per_cta's grid): 512 (128
-    # registers, 16 warps per SM) or 1024 (64 registers, 32 warps: more latency hidden).
-    sm_threads: int = REGWIN_THREADS_PER_SM
-    # L2 prefetch distance in rows (0: off): at the start of its row r, a CTA requests the
-    # window of its row r + l2pf (score and kv of its column slice) into L2
-    # (cp.async.bulk.prefetch), so the row's loads, issued about l2pf rows later, hit L2.
-    l2pf: int = 0
-    # regwin only: the current row's s = f32(score) + APE kept in fp32 registers from the max
-    # pass (then e, from the partials pass), instead of recomputing s (an APE load) in pass 2
-    # and s and e in pass 3: C*vec more registers, about 10 fewer instructions per element.
-    keeps: bool = False
-    # keeps only: the per-row shared values (chunk max, den' and S' partials, 1/den and S)
-    # moved as vec-wide vectors, one shared access for a thread's vec columns.
-    vsm: bool = False
-    # keeps only: dp = go * kv kept in fp32 from pass 1 instead of the raw kv word, so passes 2
-    # and 3 neither unpack kv nor multiply by go again (C*vec registers instead of C).
-    keepdp: bool = False
-    # regwin only: each thread's C*vec APE values (the same for every row of the CTA) copied
-    # once into thread-private shared memory at the CTA's start, so a row reads them from
-    # shared memory instead of re-loading them from L1/L2 (win*cols*4 more bytes per CTA).
-    apesm: bool = False
-    # regwin only: the fetched grad_out kept as the loaded word (a packed bf16 pair at vec 2)
-    # until used, instead of unpacked as loaded (the warp then waits on the load right after
-    # issuing the fetch); with goreuse, that word is what the row holds for its gradient pass.
-    gopack: bool = False
-    # regwin, vec 2: the next row's grad_out fetched with cp.async into a thread-private shared
-    # slot (two, by row parity) instead of a register; pass 1 unpacks it from there, and with
-    # goreuse the gradient pass reads it there again (no reload, no register held).
-    gosm: bool = False
-    # apesm only: the APE copy by cp.async (nothing waits on its loads where they are issued;
-    # waited for before the row loop) instead of loads and shared stores.
-    apeasync: bool = False
 
     @property
     def tag(self) -> str:
-        rw = "_rw" + ("" if self.sm_threads == REGWIN_THREADS_PER_SM else "1k")
-        return (f"v{self.vec}t{self.tchunks}x{self.threads_x}"
-                + ("_fexp" if self.fastexp else "") + ("_gor" if self.goreuse else "")
-                + (rw if self.regwin else "") + ("_ks" if self.keeps else "")
-                + ("_vsm" if self.vsm else "") + ("_kdp" if self.keepdp else "")
-                + ("_as" if self.apesm else "") + ("a" if self.apeasync else "")
-                + ("_gp" if self.gopack else "")
-                + ("_gs" if self.gosm else "")
-                + (f"_l2p{self.l2pf}" if self.l2pf else "")
-                + ("_det" if self.deterministic else ""))
+        return schedule_tag(self)
 
     def astuple(self) -> tuple:
         """The upstream 5-tuple (vec, tchunks, threads_x, fastexp, goreuse)."""
@@ -164,17 +166,14 @@ class R128Geometry:
 
 
 def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
-    """Shared memory of the backward: sE fp32 + sKV bf16 tiles, chunk partials, 64 B slack.
-
-    regwin keeps the window in registers: shared memory holds the chunk partials, the
-    per-column 1/den and S, and the thread-private fp32 dAPE sums (one per window slot);
-    apesm adds the thread-private APE values (one per window slot).
-    """
+    """Shared memory of the backward: staged, the sE fp32 + sKV bf16 tiles; regwin, the
+    thread-private fp32 dAPE sums (+ the APE copy, + the grad_out slots); both, the chunk
+    partials, the per-column 1/den and S and 64 B slack."""
     cols = sched.threads_x * sched.vec
     win = window(coff, ratio)
     if sched.regwin:
-        ape = win * cols * 4 if sched.apesm else 0
-        go = 2 * sched.threads_x * sched.tchunks * 4 if sched.gosm else 0
+        ape = win * cols * 4 if sched.ape is not ApeCopy.GLOBAL else 0
+        go = 2 * sched.threads_x * sched.tchunks * 4 if sched.go is GradOut.SHARED else 0
         return win * cols * 4 + ape + go + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
     return win * cols * 6 + 3 * sched.tchunks * cols * 4 + 2 * cols * 4 + 64
 
@@ -184,231 +183,226 @@ def fwd_smem_bytes(sched: FwdSchedule) -> int:
     return 3 * sched.tchunks * sched.threads_x * sched.vec * 4
 
 
-def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
-                    ratio: int = RATIO) -> list[str]:
-    """THE statement of the constraint set: why a schedule cannot serve (coff, d); [] if it can."""
+# --- the rule set ----------------------------------------------------------------------
+# SPACE: the values each field can take (the sweep's candidates and the predicate's domain).
+# NEEDS: an option off its default exists only where its rule holds (nested options).
+# config_problems applies both and the geometric limits; everything else derives from it.
+
+_BOOL = (False, True)
+FWD_SPACE = {"vec": (1, 2, 4), "tchunks": (4, 8, 16), "fastexp": _BOOL,
+             "form": tuple(FwdForm), "unroll": (2, 4, 8), "prefetch": _BOOL}
+BWD_SPACE = {"vec": (1, 2), "tchunks": (4, 8, 16, 32), "fastexp": _BOOL, "goreuse": _BOOL,
+             "regwin": _BOOL, "keepdp": _BOOL, "vsm": _BOOL, "go": tuple(GradOut),
+             "ape": tuple(ApeCopy)}
+
+
+@dataclass(frozen=True)
+class Needs:
+    """``field`` off its default exists only where ``ok(sched)`` holds (``why`` says so)."""
+
+    field: str
+    ok: Callable[[object], bool]
+    why: str
+
+
+FWD_NEEDS = (Needs("prefetch", lambda s: s.form is not FwdForm.TWOPHASE, "an online form"),)
+BWD_NEEDS = (
+    Needs("keepdp", lambda s: s.regwin, "the register window"),
+    Needs("vsm", lambda s: s.regwin, "the register window"),
+    Needs("go", lambda s: s.regwin, "the register window"),
+    Needs("go", lambda s: s.go is not GradOut.SHARED or (s.vec == 2 and not s.goreuse),
+          "vec 2 (a 4-byte cp.async) without goreuse"),
+    Needs("ape", lambda s: s.regwin, "the register window"),
+)
+
+
+def _space_needs(sched):
+    return (FWD_SPACE, FWD_NEEDS) if isinstance(sched, FwdSchedule) else (BWD_SPACE, BWD_NEEDS)
+
+
+def _default(sched, name: str):
+    return next(f.default for f in fields(sched) if f.name == name)
+
+
+def option_names(direction: str) -> tuple[str, ...]:
+    """The fields a sweep varies one at a time (every field of the space but the geometry)."""
+    space = FWD_SPACE if direction == "fwd" else BWD_SPACE
+    return tuple(n for n in space if n not in GEOMETRY and n != "regwin")
+
+
+def restrict(sched):
+    """``sched`` with every option whose rule fails reset to its default (an option carried
+    onto a geometry that cannot take it is dropped)."""
+    for need in _space_needs(sched)[1]:
+        if getattr(sched, need.field) != _default(sched, need.field) and not need.ok(sched):
+            sched = replace(sched, **{need.field: _default(sched, need.field)})
+    return sched
+
+
+def _rule_problems(coff: int, d: int, sched) -> list[str]:
+    space, needs = _space_needs(sched)
+    out = [f"{name}={getattr(sched, name)} is not one of {values}"
+           for name, values in space.items()
+           if name != "tchunks" and getattr(sched, name) not in values]
+    if d % sched.vec:
+        out.append(f"vec={sched.vec} does not divide head_dim {d}")
+    out += [f"{n.field}={getattr(sched, n.field)} needs {n.why}" for n in needs
+            if getattr(sched, n.field) != _default(sched, n.field) and not n.ok(sched)]
+    return out
+
+
+def _geometry_problems(coff: int, d: int, sched, ratio: int) -> list[str]:
     win = window(coff, ratio)
     out = []
-    if sched.vec not in (1, 2, 4, 8) or d % sched.vec:
-        out.append(f"vec={sched.vec} does not divide head_dim {d}")
     if sched.tchunks < 1 or win % sched.tchunks:
         out.append(f"tchunks={sched.tchunks} does not divide the window {win}")
     elif coff == 2 and ratio % (win // sched.tchunks):
         out.append(f"chunk {win // sched.tchunks} straddles the coff=2 half boundary")
     if sched.threads_x < 1 or sched.threads_x * sched.tchunks > MAX_THREADS:
         out.append(f"threads {sched.threads_x}x{sched.tchunks} exceed {MAX_THREADS}")
-    if sched.threads_x != threads_x_for(d, sched.vec):
+    if sched.vec >= 1 and sched.threads_x != threads_x_for(d, sched.vec):
         out.append(f"threads_x={sched.threads_x} is not the derived {threads_x_for(d, sched.vec)}")
+    return out
+
+
+def _fwd_problems(coff: int, d: int, sched: FwdSchedule, ratio: int) -> list[str]:
+    win = window(coff, ratio)
+    if (sched.prefetch and sched.tchunks >= 1 and win % sched.tchunks == 0
+            and min(sched.unroll, win // sched.tchunks) * sched.vec > PREFETCH_RING_MAX):
+        return [f"prefetch keeps min(unroll, C)*vec > {PREFETCH_RING_MAX} loads live: it spills"]
+    return []
+
+
+def _bwd_problems(coff: int, d: int, sched: BwdSchedule, ratio: int) -> list[str]:
+    win = window(coff, ratio)
+    threads = sched.threads_x * sched.tchunks
+    chunk = win // sched.tchunks if sched.tchunks >= 1 and win % sched.tchunks == 0 else None
+    out = []
+    if sched.vec >= 1 and (d // sched.vec) % max(sched.threads_x, 1):
+        # full column coverage makes every `col < d/vec` predicate statically true
+        out.append(f"d/vec={d // sched.vec} is not a multiple of threads_x={sched.threads_x}")
+    if sched.vec > sched.tchunks:
+        out.append(f"the merge needs vec <= tchunks, got {sched.vec} > {sched.tchunks}")
+    if sched.regwin:
+        if threads < 1 or REGWIN_THREADS_PER_SM % threads:
+            out.append(f"regwin: {threads} threads per CTA do not divide "
+                       f"{REGWIN_THREADS_PER_SM} per SM")
+        if chunk is not None and chunk > REGWIN_MAX_CHUNK:
+            out.append(f"regwin: a chunk of C={chunk} window positions needs 4*C = "
+                       f"{4 * chunk} registers > {4 * REGWIN_MAX_CHUNK}")
+        if chunk is not None and (chunk * sched.vec) % 4:
+            out.append("regwin moves dAPE sums as 4-slot vectors: C*vec must be a multiple of 4")
+        if (sched.ape is not ApeCopy.GLOBAL and threads >= 1
+                and REGWIN_THREADS_PER_SM % threads == 0):
+            # the target stays resident: CTAs per SM x (smem + 1 KB)
+            ctas = REGWIN_THREADS_PER_SM // threads
+            need = ctas * (bwd_smem_bytes(coff, sched, ratio) + 1024)
+            if need > SM_SMEM:
+                out.append(f"ape={sched.ape}: {ctas} CTAs per SM need {need} B of shared "
+                           f"memory > {SM_SMEM} B")
+    if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
+        out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
+    return out
+
+
+def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
+                    ratio: int = RATIO) -> list[str]:
+    """THE statement of the constraint set: why a schedule cannot serve (coff, d); [] if it can."""
+    out = _rule_problems(coff, d, sched)
+    if out:  # a value outside the space: the limits below may not even be computable
+        return out
+    out = _geometry_problems(coff, d, sched, ratio)
     if isinstance(sched, FwdSchedule):
-        if sched.unroll not in (1, 2, 4, 8):
-            out.append(f"unroll={sched.unroll} is not one of 1, 2, 4, 8")
-        if sched.prefetch and win % max(sched.tchunks, 1) == 0 and (
-                min(sched.unroll, win // sched.tchunks) * sched.vec > PREFETCH_RING_MAX):
-            out.append(f"prefetch keeps min(unroll, C)*vec > {PREFETCH_RING_MAX} loads live: "
-                       "it spills")
-        if sched.oneexp and sched.twophase:
-            out.append("oneexp is an online-form option; the two-phase form has one exp")
-    if isinstance(sched, BwdSchedule):
-        if sched.vec > 2:
-            out.append(f"the backward has no vec={sched.vec} form")
-        if (sched.vsm or sched.keepdp) and not sched.keeps:
-            out.append("vsm and keepdp are options of keeps (the register window keeping s)")
-        if sched.keeps and not sched.regwin:
-            out.append("keeps is a register-window option (staged kernels keep s in shared "
-                       "memory already)")
-        if sched.l2pf not in BWD_L2PF:
-            out.append(f"l2pf={sched.l2pf}: an L2 prefetch distance in rows, one of {BWD_L2PF}")
-        if sched.sm_threads not in REGWIN_SM_THREADS or (
-                not sched.regwin and sched.sm_threads != REGWIN_THREADS_PER_SM):
-            out.append(f"sm_threads={sched.sm_threads}: a regwin target in "
-                       f"{REGWIN_SM_THREADS} (staged kernels keep {REGWIN_THREADS_PER_SM})")
-        elif sched.regwin:
-            # regwin targets sm_threads resident threads per SM (512 by default), so a thread
-            # gets 65536 / sm_threads registers (128 or 64). Its window chunk takes 4 per
-            # window position: the score and kv of the current row and of the next row in
-            # flight (a bf16 pair packs into one register). At 512, C <= REGWIN_MAX_CHUNK = 16
-            # compiles to <= 128 registers with 0 spill on sm_90a and sm_100a; C = 32 does
-            # not. At 1024 whether 64 registers suffice depends on C, vec and coff (the probe
-            # and the build tests check every shipped one: 0 spill).
-            threads = sched.threads_x * sched.tchunks
-            if threads < 1 or sched.sm_threads % threads:
-                out.append(f"regwin: {threads} threads per CTA do not divide "
-                           f"{sched.sm_threads} per SM")
-            if (sched.tchunks >= 1 and win % sched.tchunks == 0
-                    and win // sched.tchunks > REGWIN_MAX_CHUNK):
-                out.append(f"regwin: a chunk of C={win // sched.tchunks} window positions "
-                           f"needs 4*C = {4 * (win // sched.tchunks)} registers > "
-                           f"{4 * REGWIN_MAX_CHUNK}")
-        if sched.gopack and not sched.regwin:
-            out.append("gopack is a register-window option")
-        if sched.apeasync and not sched.apesm:
-            out.append("apeasync is an apesm option (how the APE copy is made)")
-        if sched.gosm and (not sched.regwin or sched.vec != 2 or sched.gopack):
-            out.append("gosm is a register-window option at vec 2 (a 4-byte cp.async), "
-                       "exclusive with gopack")
-        if sched.apesm:
-            threads = sched.threads_x * sched.tchunks
-            if not sched.regwin:
-                out.append("apesm is a register-window option")
-            elif threads >= 1 and sched.sm_threads % threads == 0:
-                # the sm_threads target must stay resident: CTAs per SM x (smem + 1 KB)
-                ctas = sched.sm_threads // threads
-                need = ctas * (bwd_smem_bytes(coff, sched, ratio) + 1024)
-                if need > SM_SMEM:
-                    out.append(f"apesm: {ctas} CTAs per SM need {need} B of shared memory > "
-                               f"{SM_SMEM} B")
-        if bwd_smem_bytes(coff, sched, ratio) > SMEM_LIMIT:
-            out.append(f"shared memory {bwd_smem_bytes(coff, sched, ratio)} B > {SMEM_LIMIT} B")
+        return out + _fwd_problems(coff, d, sched, ratio)
+    return out + _bwd_problems(coff, d, sched, ratio)
+
+
+def schedule_space(direction: str, coff: int, d: int) -> list:
+    """Every schedule of the space that serves (coff, d): the product of the field values,
+    threads_x derived, filtered by ``config_problems``."""
+    cls, space = (FwdSchedule, FWD_SPACE) if direction == "fwd" else (BwdSchedule, BWD_SPACE)
+    out = []
+    for values in itertools.product(*space.values()):
+        kw = dict(zip(space, values, strict=True))
+        sched = cls(threads_x=threads_x_for(d, kw["vec"]), **kw)
+        if not config_problems(coff, d, sched):
+            out.append(sched)
     return out
 
 
 def _fwd(coff: int, d: int, vec: int, tchunks: int, twophase: bool, fastexp: bool) -> FwdSchedule:
-    return FwdSchedule(vec, tchunks, threads_x_for(d, vec), twophase, fastexp)
+    return FwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp,
+                       FwdForm.TWOPHASE if twophase else FwdForm.ONLINE)
 
 
 def _bwd(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool) -> BwdSchedule:
     return BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse)
 
 
-# --- upstream (B200, sm_100a) tables --------------------------------------------------------
-# Provenance: upstream cudnn-frontend B200 measurements (nsys kernel time), see
-# docs/KERNELS.md section 6.3; H200 re-measurements are recorded in docs/PERF_NOTES.md.
+def _rw(vec: int, tchunks: int, **options) -> BwdSchedule:
+    """A register-window entry (d=128 and 512 both give threads_x 32 at vec 1 and 2)."""
+    return BwdSchedule(vec, tchunks, 32, fastexp=True, regwin=True, **options)
+
+
+# --- upstream (B200, sm_100a) tables: docs/KERNELS.md section 6.3 -----------------------
 
 FWD_DEFAULT = {
-    # (coff, d): schedule.  Default rule: vec 4 if W >= 1024 and d % 4 == 0 else 2; tchunks 8
-    # for (coff=2, vec=2) else 4; online rescale; fastexp only where it measured faster.
-    (1, 128): _fwd(1, 128, 2, 4, False, False),   # B200: baseline of the c1d128 mid bucket
-    # B200: fastexp 3x8k 12.19 -> 8.99 us, 65k 25.56 -> 16.39
-    (2, 128): _fwd(2, 128, 2, 8, False, True),
-    (1, 512): _fwd(1, 512, 2, 4, False, False),   # B200: baseline of the c1d512 mid bucket
-    (2, 512): _fwd(2, 512, 4, 4, False, False),   # B200: W = 1024 -> vec 4 default
+    (1, 128): _fwd(1, 128, 2, 4, False, False),
+    (2, 128): _fwd(2, 128, 2, 8, False, True),    # fastexp (PERF_NOTES: upstream B200)
+    (1, 512): _fwd(1, 512, 2, 4, False, False),
+    (2, 512): _fwd(2, 512, 4, 4, False, False),   # W = 1024 -> vec 4
 }
 FWD_SMALL = {
-    (1, 128): _fwd(1, 128, 2, 8, False, False),   # B200: tchunks 8, 1x8192 7.75 -> ~5 us
-    # B200: tchunks 16 10.5 -> ~7.3; fastexp 8.21 -> 6.42
-    (2, 128): _fwd(2, 128, 2, 16, False, True),
-    (2, 512): _fwd(2, 512, 2, 8, False, True),    # B200: 18.9 -> ~13.3; fastexp 14.42 -> 10.91
+    (1, 128): _fwd(1, 128, 2, 8, False, False),   # tchunks 8
+    (2, 128): _fwd(2, 128, 2, 16, False, True),   # tchunks 16, fastexp
+    (2, 512): _fwd(2, 512, 2, 8, False, True),    # tchunks 8, fastexp
 }
 FWD_LARGE = {
-    # B200: vec4 gy=1 0.58 waves; two-phase 23.1 -> 18.5
-    (1, 128): _fwd(1, 128, 4, 4, True, True),
-    (1, 512): _fwd(1, 512, 4, 4, False, True),    # B200: 131k 85.41 -> 77.55 us
-    (2, 512): _fwd(2, 512, 4, 4, False, True),    # B200: 131k 152.35 -> 117.71 us
+    (1, 128): _fwd(1, 128, 4, 4, True, True),     # vec 4 (gy 1), two-phase
+    (1, 512): _fwd(1, 512, 4, 4, False, True),    # vec 4, fastexp
+    (2, 512): _fwd(2, 512, 4, 4, False, True),    # vec 4, fastexp
 }
-
-# --- backward tables -------------------------------------------------------------------
-
 BWD_DEFAULT = {
-    (1, 128): _bwd(1, 128, 2, 8, True, False),    # B200: goreuse lost 63.87 -> 64.70 us at 131k
-    (2, 128): _bwd(2, 128, 2, 8, True, True),     # B200: goreuse 61.25 -> 60.32 us at 65k
-    # B200: tchunks 4 ~25% faster; goreuse 17.65 -> 17.28
-    (1, 512): _bwd(1, 512, 2, 4, True, True),
-    (2, 512): _bwd(2, 512, 2, 8, True, True),     # B200: goreuse 28.27 -> 27.84 us at 8k
+    (1, 128): _bwd(1, 128, 2, 8, True, False),    # goreuse off (it lost at 131k)
+    (2, 128): _bwd(2, 128, 2, 8, True, True),
+    (1, 512): _bwd(1, 512, 2, 4, True, True),     # tchunks 4 (~25% faster)
+    (2, 512): _bwd(2, 512, 2, 8, True, True),
 }
 BWD_SMALL = {
-    # B200: vec1 13.5 -> 11.5; fastexp off 0.905x; goreuse 8.45 -> 6.27
-    (1, 128): _bwd(1, 128, 1, 8, False, True),
-    # B200: vec1 17.3 -> 13.8; fastexp 1.003x (off); goreuse 11.30 -> 10.66
-    (2, 128): _bwd(2, 128, 1, 8, False, True),
+    (1, 128): _bwd(1, 128, 1, 8, False, True),    # vec 1, exact exp
+    (2, 128): _bwd(2, 128, 1, 8, False, True),    # vec 1, exact exp
 }
 
-
-# --- H200 (sm_90a) tables ---------------------------------------------------------------
-# Same buckets and boundaries as upstream; entries chosen on the H200 by `csagate bench
-# --sweep` (geometry, then flags; every candidate passed G2 and probed 0 spill / 0 stack), each
-# confirmed by an interleaved A/B in both orders against the entry it replaced: previous ->
-# H200 choice, us per launch from CUDA-graph replays, order 1 / order 2 (docs/PERF_NOTES.md).
-# Sweep 1 started from the upstream entries, sweep 2 from sweep 1's; a sweep-2 winner within
-# the A/B noise (< 1%) kept the sweep-1 entry. Sweep 3 (2026-11-30, issue 12.4) re-derived
-# every bucket with the cold method (L2 flushed before each launch, events around one launch)
-# and adopted the six winners its rule accepts (beyond max(noise, 1%) in both orders). The
-# c1d512 default and large buckets select the same kernel on the H200, so its forward table
-# holds 9 distinct kernels (upstream: 10).
+# --- H200 (sm_90a) tables: chosen by `csagate bench --sweep`, each confirmed by a cold A/B
+# in both orders against the entry it replaced (docs/PERF_NOTES.md, "H200 tables") --------
 
 FWD_SMALL_H200 = {
-    # sweep 1: 6.98 -> 4.26 / 6.99 -> 4.24 (+39%); sweep 2 fastexp: 4.74 -> 4.21 / 4.75 -> 4.25;
-    # cold sweep (v1t8x32_fexp_pf ->): 7.8 -> 7.7 / 7.8 -> 7.7 cold us (+1.3%)
-    (1, 128): FwdSchedule(1, 16, 32, False, True, unroll=8, prefetch=True),
-    # sweep 1: 7.32 -> 5.12 / 7.34 -> 5.14 (+30%); sweep 2 oneexp: 5.04 -> 4.86 / 5.13 -> 4.96;
-    # cold sweep (v1t8x32_fexp_pf_1e ->): 10.7 -> 10.1 / 10.7 -> 10.1 (+5.6%)
-    (2, 128): FwdSchedule(1, 16, 32, False, True, prefetch=True, oneexp=True),
-    # 1x8192: 11.08 -> 10.21 / 11.06 -> 10.21 (+8%); cold sweep (v2t8x32_fexp_1e ->):
-    # 23.2 -> 18.7 / 23.0 -> 18.8 (+19%)
-    (2, 512): FwdSchedule(2, 16, 32, False, True, oneexp=True),
+    (1, 128): FwdSchedule(1, 16, 32, True, unroll=8, prefetch=True),
+    (2, 128): FwdSchedule(1, 16, 32, True, FwdForm.ONEEXP, prefetch=True),
+    (2, 512): FwdSchedule(2, 16, 32, True, FwdForm.ONEEXP),
 }
 FWD_DEFAULT_H200 = {
-    # 1x65536: 15.85 -> 11.25 / 15.87 -> 11.28 (+29%); cold sweep (v4t8x32_2ph_fexp ->):
-    # 22.5 -> 19.3 / 22.5 -> 19.3 cold us (+14%): no two-phase, no fast exp; cold sweep of
-    # 2026-12-01 (v4t8x32 ->): 19.4 -> 18.6 / 19.4 -> 18.5 cold us (+4.6%): one exp
-    (1, 128): FwdSchedule(4, 8, 32, False, False, oneexp=True),
-    # 1x65536: 24.24 -> 22.01 / 24.22 -> 21.99 (+9%)
-    (2, 128): FwdSchedule(2, 8, 32, False, True, oneexp=True),
-    # sweep 1: 59.64 -> 42.54 / 59.80 -> 42.73 (+29%); sweep 2 unroll 8: 42.48 -> 38.62 /
-    # 42.56 -> 38.63 (+9%): the same kernel as the large bucket
-    (1, 512): FwdSchedule(4, 4, 32, False, True, unroll=8),
-    # 1x65536: 86.22 -> 75.32 / 86.37 -> 75.40 (+13%)
-    (2, 512): FwdSchedule(4, 4, 32, False, False, oneexp=True),
+    (1, 128): FwdSchedule(4, 8, 32, False, FwdForm.ONEEXP),
+    (2, 128): FwdSchedule(2, 8, 32, True, FwdForm.ONEEXP),
+    (1, 512): FwdSchedule(4, 4, 32, True, unroll=8),   # the same kernel as the large bucket
+    (2, 512): FwdSchedule(4, 4, 32, False, FwdForm.ONEEXP),
 }
 FWD_LARGE_H200 = {
-    # 1x131072: 27.92 -> 22.74 / 27.93 -> 22.78 (+19%); cold sweep (v4t4x32_fexp ->):
-    # 31.4 -> 29.4 / 31.4 -> 29.4 cold us (+6.4%): prefetch; cold sweep of 2026-12-01
-    # (v4t4x32_fexp_pf ->): 29.5 -> 27.4 / 29.4 -> 27.5 cold us (+7%): a ring of 2 slots
-    (1, 128): FwdSchedule(4, 4, 32, False, True, unroll=2, prefetch=True),
-    # 1x131072: 80.95 -> 74.57 / 80.98 -> 74.57 (+8%)
-    (1, 512): FwdSchedule(4, 4, 32, False, True, unroll=8),
-    # 1x131072: 167.30 -> 145.13 / 167.36 -> 145.10 (+13%); cold sweep of 2026-12-01
-    # (v4t4x32_fexp_pf ->): 150.6 -> 149.0 / 150.6 -> 149.0 cold us (+1.1%): vec 2
-    (2, 512): FwdSchedule(2, 4, 32, False, True, prefetch=True),
+    (1, 128): FwdSchedule(4, 4, 32, True, unroll=2, prefetch=True),  # a ring of 2 slots
+    (1, 512): FwdSchedule(4, 4, 32, True, unroll=8),
+    (2, 512): FwdSchedule(2, 4, 32, True, prefetch=True),
 }
 BWD_SMALL_H200 = {
-    # 1x8192: 8.58 -> 7.34 / 8.60 -> 7.33 (+14.6%): tchunks 16, fast exp; cold sweep
-    # (v1t16x32_fexp_gor ->): 10.5 -> 10.1 / 10.4 -> 10.1 cold us (+3.8%): register window;
-    # sweep 5 (v1t16x32_fexp_gor_rw ->): 10.3 -> 10.1 / 10.2 -> 10.1 cold us (+1.7/+1.3%): s
-    # kept, goreuse off (with goreuse: +1.1/+0.3%, within noise); fifth session (->_gor.._gp):
-    # 10.11 -> 9.82 / 10.05 -> 9.87 (+2.3%): grad_out word held, no reload
-    (1, 128): BwdSchedule(1, 16, 32, True, True, regwin=True, keeps=True, gopack=True),
-    # 1x8192: 12.78 -> 10.57 / 12.78 -> 10.55 (+17.3%): register window; 2026-12-01 cold
-    # (v1t16x32_fexp_gor_rw ->): 14.2 -> 13.0 / 14.1 -> 12.9 cold us (+8.6%): s kept
-    (2, 128): BwdSchedule(1, 16, 32, True, True, regwin=True, keeps=True),
+    (1, 128): _rw(1, 16, goreuse=True, go=GradOut.PACKED),
+    (2, 128): _rw(1, 16, goreuse=True),
 }
 BWD_DEFAULT_H200 = {
-    # 1x131072: 94.75 -> 58.36 / 94.34 -> 57.68 (+38.6%) with goreuse; goreuse alone is a
-    # tie (A/B on the shipped table: 57.04 -> 57.23 / 57.40 -> 57.59, noise 0.6%): off.
-    # 2026-12-01 cold (v2t16x32_fexp_rw ->): 61.0 -> 56.9 / 60.8 -> 56.9 cold us (+6.5%): s kept;
-    # then 56.8 -> 52.7 / 57.3 -> 52.1 (+8%): vector shared accesses; sweep 5
-    # (v2t16x32_fexp_rw_ks_vsm ->): 54.0 -> 51.4 / 54.0 -> 51.6 cold us (+4.8/+4.5%): tchunks
-    # 8, dp kept (the sweep's _l2p1 form ties it, and its deterministic form spills); fifth
-    # session (->_as): 51.9 -> 50.0 / 51.9 -> 50.1 cold us (+3.7%): APE in shared memory;
-    # then (->_asa.._gs) 50.6 -> 49.6 / 50.3 -> 49.8 (+1.4%; with goreuse +1.0%): grad_out by
-    # cp.async into shared memory, the APE copy by cp.async too
-    (1, 128): BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, vsm=True, keepdp=True,
-                          apesm=True, gosm=True, apeasync=True),
-    # 1x65536: 78.20 -> 59.39 / 78.18 -> 59.44 (+24.0%); 2026-12-01 cold
-    # (v2t16x32_fexp_gor_rw ->): 61.6 -> 54.3 / 61.5 -> 54.4 cold us (+11.7%): s kept, and
-    # goreuse off (with both, ptxas spills at 128 registers); then 54.8 -> 53.6 / 54.7 ->
-    # 53.6 (+2.1%): dp kept; fifth session (->_as): 53.5 -> 50.3 / 53.6 -> 50.3 (+6.1%): APE
-    # in shared memory; then (->_gp) 51.2 -> 50.0 / 51.2 -> 49.8 (+2.5%): grad_out kept packed
-    (2, 128): BwdSchedule(2, 16, 32, True, False, regwin=True, keeps=True, keepdp=True,
-                          apesm=True, gopack=True),
-    # 1x65536: 129.84 -> 113.46 / 129.78 -> 113.32 (+12.6%); goreuse off; 2026-12-01 cold
-    # (v2t8x32_fexp_rw ->): 115.8 -> 92.0 / 116.3 -> 92.4 cold us (+20.5%): s kept; then
-    # 92.1 -> 89.6 / 92.3 -> 89.3 (+3%): dp kept; fifth session (->_as): 90.4 -> 89.3 / 90.6
-    # -> 89.5 (+1.3%; 1x8192 +3.9%): APE in shared memory; then (->_asa.._gs) 89.0 -> 87.7 /
-    # 89.1 -> 87.6 (+1.6%; 1x8192 +4.7%; with goreuse +0.5%): grad_out by cp.async into shared
-    # memory, the APE copy by cp.async too
-    (1, 512): BwdSchedule(2, 8, 32, True, False, regwin=True, keeps=True, keepdp=True,
-                          apesm=True, gosm=True, apeasync=True),
-    # 1x65536: 256.42 -> 223.65 / 256.41 -> 223.72 (+12.8%); 2026-12-01 cold
-    # (v2t16x32_fexp_gor_rw ->): 220.3 -> 181.8 / 220.6 -> 181.8 cold us (+17.5%): s kept,
-    # goreuse off (with both, ptxas spills at 128 registers); then 182.2 -> 175.9 / 182.2 ->
-    # 175.8 (+3.5%; 1x131072: 353.6 -> 339.0 / 353.7 -> 339.2, +4.2%): dp kept; fifth session
-    # (->_as), 1x131072: 339.1 -> 329.0 / 339.3 -> 328.9 (+3.0%; 1x8192 +3.9%): APE in shared
-    # memory; then (->_gor.._gp) 328.6 -> 315.6 / 327.9 -> 315.5 (+3.9%; 1x8192 +2.2%):
-    # grad_out kept packed, its word held for the gradient pass; then (->_asa..)
-    # 317.9 -> 313.5 / 317.5 -> 313.2 (+1.4%): the APE copy by cp.async (at c2d128: -0.2% cold,
-    # and 8 B of spill on sm_100a, so not there)
-    (2, 512): BwdSchedule(2, 16, 32, True, True, regwin=True, keeps=True, keepdp=True,
-                          apesm=True, gopack=True, apeasync=True),
+    (1, 128): _rw(2, 8, keepdp=True, vsm=True, go=GradOut.SHARED, ape=ApeCopy.ASYNC),
+    # goreuse off: with it ptxas spills at 128 registers; ape async: -0.2% and 8 B of spill
+    # on sm_100a (PERF_NOTES)
+    (2, 128): _rw(2, 16, keepdp=True, go=GradOut.PACKED, ape=ApeCopy.SHARED),
+    (1, 512): _rw(2, 8, keepdp=True, go=GradOut.SHARED, ape=ApeCopy.ASYNC),
+    (2, 512): _rw(2, 16, goreuse=True, keepdp=True, go=GradOut.PACKED, ape=ApeCopy.ASYNC),
 }
 
 UPSTREAM_ARCH = "sm_100a"
@@ -505,7 +499,7 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
         # The smallest R whose grid fits one wave, rounded per column slice (ceil(N/R)*gy CTAs
         # never exceed the slots), and no cap: a CTA pipelines its rows (only its first fetch
         # is exposed) and fewer CTAs issue fewer dAPE atomics.
-        per_sm = max(1, sched.sm_threads // (sched.threads_x * sched.tchunks))
+        per_sm = max(1, REGWIN_THREADS_PER_SM // (sched.threads_x * sched.tchunks))
         ctas_per_slice = max(1, per_sm * sm_count // gy)
         return max(1, -(-n_rows // ctas_per_slice))
     if coff == 2:

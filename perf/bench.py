@@ -1,6 +1,6 @@
 """Timing the fused kernels against the eager reference and the copy roofline (GPU only).
 
-Method (docs/PERF_NOTES.md, issue 12.1): the headline kernel time is COLD: before each timed
+Method (docs/PERF_NOTES.md): the headline kernel time is COLD: before each timed
 launch a buffer of at least twice the L2 size (and at least 256 MB) is written, outside the
 timed region, so no operand is L2-resident; CUDA events bracket ONE launch; the median of at
 least 60 such launches after warm-ups. A second, warm figure replays a CUDA graph of many
@@ -51,7 +51,7 @@ AB_FLOOR = 0.005
 SWEEP_FLOOR = 0.01
 
 
-# The cold method's constants (issue 12.1).
+# The cold method's constants.
 COLD_MIN_ITERS = 60
 FLUSH_MIN_BYTES = 256 << 20
 COPY_BYTES = 1 << 30
@@ -369,12 +369,14 @@ class ABRow:
         return "tie: keep base"
 
 
-def _flip(sched, name: str):
-    return replace(sched, **{name: not getattr(sched, name)})
+def _other_values(sched, name: str) -> list:
+    """The values of field ``name`` in the schedule space other than ``sched``'s."""
+    space = S.FWD_SPACE if isinstance(sched, S.FwdSchedule) else S.BWD_SPACE
+    return [v for v in space[name] if v != getattr(sched, name)]
 
 
 def interleaved(launchers, *, iters: int, warmup: int, flush: Callable[[], None]):
-    """COLD medians of two launchers, interleaved, in both orders (issue 12.1).
+    """COLD medians of two launchers, interleaved, in both orders.
 
     Each sample: L2 flushed, CUDA events around one launch. Returns
     ((a_order1, a_order2), (b_order1, b_order2)) in us per launch; order 1 times A then B each
@@ -407,8 +409,8 @@ def _bucket_inputs(direction: str, coff: int, d: int, bucket: str, tokens: int):
 
 def ab_field(name: str, *, iters: int = 100, warmup: int = 30,
              flush: L2Flush | None = None) -> list[ABRow]:
-    """For every bucket whose schedule has field ``name``: the kernel with it on and off,
-    timed cold (``interleaved``)."""
+    """For every bucket whose schedule has field ``name``: the kernel against each valid
+    other value of that field (a flag: flipped), timed cold (``interleaved``)."""
     from csagate.kernels._dsl import device_arch
 
     flush = flush or L2Flush()
@@ -416,20 +418,21 @@ def ab_field(name: str, *, iters: int = 100, warmup: int = 30,
     for (direction, coff, d, bucket), tokens in AB_SHAPES.items():
         select = S.select_fwd if direction == "fwd" else S.select_bwd
         base = select(coff, d, tokens // 128, device_arch())
-        if not isinstance(getattr(base, name, None), bool):
+        if not hasattr(base, name):
             continue
-        variant = _flip(base, name)
-        if S.config_problems(coff, d, variant):
-            continue
-        pack, go = _bucket_inputs(direction, coff, d, bucket, tokens)
-        launchers = [schedule_launcher(direction, pack, go, sched)
-                     for sched in (base, variant)]
-        base_us, var_us = interleaved(launchers, iters=iters, warmup=warmup, flush=flush)
-        noise = abs(base_us[0] - base_us[1]) / min(base_us)
-        rows.append(ABRow(direction, S.config_name(coff, d), bucket, tokens, name, base.tag,
-                          variant.tag, base_us, var_us, noise))
-        del pack, go, launchers
-        torch.cuda.empty_cache()
+        for value in _other_values(base, name):
+            variant = replace(base, **{name: value})
+            if S.config_problems(coff, d, variant):
+                continue
+            pack, go = _bucket_inputs(direction, coff, d, bucket, tokens)
+            launchers = [schedule_launcher(direction, pack, go, sched)
+                         for sched in (base, variant)]
+            base_us, var_us = interleaved(launchers, iters=iters, warmup=warmup, flush=flush)
+            noise = abs(base_us[0] - base_us[1]) / min(base_us)
+            rows.append(ABRow(direction, S.config_name(coff, d), bucket, tokens, name,
+                              base.tag, variant.tag, base_us, var_us, noise))
+            del pack, go, launchers
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -476,47 +479,29 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
 # --- schedule sweep -----------------------------------------------------------------------
 
 def _geometries(direction: str, coff: int, d: int, base):
-    """Stage 1: the base's flags on every (vec, tchunks[, regwin]) the predicate accepts."""
-    vecs = (1, 2, 4, 8) if direction == "fwd" else (1, 2)
-    tchunks = (4, 8, 16) if direction == "fwd" else (4, 8, 16, 32)
-    out = []
-    for vec in vecs:
-        for tch in tchunks:
-            if direction == "fwd":
-                cand = replace(base, vec=vec, tchunks=tch, threads_x=S.threads_x_for(d, vec))
-                out.append(cand)
-            else:
-                # staged, and the register window at each occupancy target; the base's
-                # register-window options where the geometry can take them (else a staged or
-                # vec-1 geometry would be refused for the base's options, not for itself)
-                for rw, sm in [(False, S.REGWIN_THREADS_PER_SM)] + [
-                        (True, t) for t in S.REGWIN_SM_THREADS]:
-                    out.append(replace(base, vec=vec, tchunks=tch, regwin=rw, sm_threads=sm,
-                                       keeps=base.keeps and rw, vsm=base.vsm and rw,
-                                       keepdp=base.keepdp and rw, apesm=base.apesm and rw,
-                                       apeasync=base.apeasync and rw,
-                                       gopack=base.gopack and rw,
-                                       gosm=base.gosm and rw and vec == 2,
-                                       threads_x=S.threads_x_for(d, vec)))
+    """Stage 1: the base's options on every geometry (vec, tchunks[, regwin]) of the space,
+    each option kept where the geometry can take it (``schedule.restrict``), valid ones only."""
+    space = S.FWD_SPACE if direction == "fwd" else S.BWD_SPACE
+    layouts = [dict(vec=v, tchunks=t) for v in space["vec"] for t in space["tchunks"]]
+    if "regwin" in space:
+        layouts = [dict(lay, regwin=rw) for lay in layouts for rw in space["regwin"]]
+    out = [S.restrict(replace(base, threads_x=S.threads_x_for(d, lay["vec"]), **lay))
+           for lay in layouts]
     return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
 
 
+# Stage 2's pairs changed together (each alone may lose what the pair wins: on the H200 the
+# backward's fast exp and goreuse, the forward's form and fast exp).
+_PAIRS = {"fwd": (("form", "fastexp"),), "bwd": (("fastexp", "goreuse"),)}
+
+
 def _flag_variants(direction: str, coff: int, d: int, sched):
-    """Stage 2: every boolean field flipped, and (forward) the other unrolls, (backward) keeps
-    with goreuse flipped too (the pair that fits 128 registers; keeps off drops its options)
-    and the L2 prefetch on/off."""
-    names = (("twophase", "fastexp", "prefetch", "oneexp") if direction == "fwd"
-             else ("fastexp", "goreuse", "keeps", "vsm", "keepdp", "apesm", "apeasync",
-                   "gopack", "gosm"))
-    out = [_flip(sched, n) for n in names]
-    if direction == "fwd":
-        out += [replace(sched, unroll=u) for u in (2, 8) if u != sched.unroll]
-        out += [_flip(_flip(sched, "twophase"), "fastexp")]
-    else:
-        out += [_flip(_flip(sched, "fastexp"), "goreuse"),
-                replace(sched, keeps=not sched.keeps, goreuse=sched.keeps, vsm=False,
-                        keepdp=False),
-                replace(sched, l2pf=0 if sched.l2pf else 1)]
+    """Stage 2: every option of the space set to each of its other values, and the pairs of
+    ``_PAIRS`` changed together; valid ones only."""
+    out = [replace(sched, **{n: v}) for n in S.option_names(direction)
+           for v in _other_values(sched, n)]
+    out += [replace(sched, **{a: va, b: vb}) for a, b in _PAIRS[direction]
+            for va in _other_values(sched, a) for vb in _other_values(sched, b)]
     return [c for c in dict.fromkeys(out) if not S.config_problems(coff, d, c)]
 
 

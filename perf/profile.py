@@ -1,4 +1,4 @@
-"""Nsight Compute / SASS tooling for the large shapes (issue 12.2; GPU only).
+"""Nsight Compute / SASS tooling for the large shapes (GPU only).
 
 ``python -m csagate.perf.profile launch`` runs each large-shape kernel ONCE per direction
 (after one untimed build-and-warm call outside the profiled range), so that
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-# (coff, d, tokens): the four large shapes of issue 12.2.
+# (coff, d, tokens): the four large shapes.
 LARGE: tuple[tuple[int, int, int], ...] = (
     (1, 128, 131072), (2, 128, 65536), (1, 512, 65536), (2, 512, 131072))
 SHORT_TOKENS = 8192

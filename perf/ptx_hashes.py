@@ -1,7 +1,7 @@
 """The PTX hash of every kernel: ``python -m csagate.perf.ptx_hashes OUT.json [PTX_DIR]``.
 
 Compiles (no GPU needed) every table kernel of every build target (``schedule.ARCHES``), ratio
-4 and 128, plus the tuning variants of ``csagate.perf.variants``, and writes
+4 and 128, and writes
 ``{"<kind>_c<coff>d<d>_<tag>@<arch>": sha256[:16]}``. Before hashing, comment lines (paths,
 tool versions) are dropped and the entry symbols are renamed by position: a symbol embeds the
 Python module path and the kernel function's name, which say nothing about the code. A
@@ -26,14 +26,10 @@ def normalize(ptx: str) -> str:
 
 
 def kernel_keys(arch: str) -> list:
-    """The table kernels of both ratios, then the variants, without repeats."""
-    from csagate.kernels.cache import keys_for, make_key
-    from csagate.perf.variants import BWD_BASE, BWD_REGWIN, FWD_VARIANTS
+    """The table kernels of both ratios (what the dispatch can select on ``arch``)."""
+    from csagate.kernels.cache import keys_for
 
-    keys = keys_for(128, arch) + keys_for(4, arch)
-    keys += [make_key("fwd", 128, c, d, s, arch) for (c, d), s in FWD_VARIANTS]
-    keys += [make_key("bwd", 128, c, d, s, arch) for (c, d), s in BWD_REGWIN + BWD_BASE]
-    return list(dict.fromkeys(keys))
+    return keys_for(128, arch) + keys_for(4, arch)
 
 
 def name_of(key) -> str:

@@ -29,12 +29,12 @@ def test_r128_keys_are_the_16_table_kernels():
 
 
 def test_r128_tags_read_like_the_upstream_probe():
-    """The upstream (sm_100a) tables: tags read as in the upstream probe."""
+    """The upstream (sm_100a) tables: tags name their fields."""
     tags = {k.tag for k in keys_for(128, "sm_100a")}
-    assert "fwd_c1d128_v4t4x32_2ph_fexp" in tags  # F3, the only two-phase kernel
+    assert "fwd_c1d128_v4t4x32_fastexp_form_twophase" in tags  # F3, the only two-phase
     assert "fwd_c1d128_v2t8x32" in tags           # F1, exact exp
-    assert "bwd_c2d128_v2t8x32_fexp_gor" in tags  # B4
-    assert "bwd_c1d128_v1t8x32_gor" in tags       # B1, vec=1 small bucket
+    assert "bwd_c2d128_v2t8x32_fastexp_goreuse" in tags  # B4
+    assert "bwd_c1d128_v1t8x32_goreuse" in tags   # B1, vec=1 small bucket
 
 
 @pytest.mark.parametrize("coff,d,n_fwd,n_bwd", [(1, 128, 3, 2), (2, 128, 2, 2), (1, 512, 2, 1),

@@ -248,7 +248,7 @@ def test_listing_commands_fit(args, width):
     assert_fits(result.stdout, width)
     if args == ["schedules"]:
         flat = columnwise(result.stdout)
-        assert "105024" in flat and "v4t4x32_2ph_fexp" in flat
+        assert "105024" in flat and "v4t4x32_fastexp_form_twophase" in flat
 
 
 def _bench_rows():

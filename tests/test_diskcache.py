@@ -414,7 +414,7 @@ def real_store(tmp_path_factory, dsl):
     from csagate.kernels import r128_fwd
     from csagate.kernels.schedule import FwdSchedule
 
-    sched = FwdSchedule(2, 4, 32, False, False)
+    sched = FwdSchedule(2, 4, 32)
     k = D.make_key(family="r128", direction="fwd",
                    fields={"d": 128, "coff": 1, **vars(sched)}, arch="sm_90a",
                    options="--enable-tvm-ffi", sources=D.source_hash(D.package_sources(PKG)))

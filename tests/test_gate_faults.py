@@ -450,7 +450,7 @@ def test_a_table_entry_the_dispatcher_cannot_reach_fails_the_gate(monkeypatch):
     from csagate.gates.contracts import R128
     from csagate.kernels import schedule as S
 
-    extra = S.FwdSchedule(2, 8, 32, False, True)
+    extra = S.FwdSchedule(2, 8, 32, fastexp=True)
     small = {**S.FWD_TABLES["sm_90a"]["small"], (1, 512): extra}
     monkeypatch.setitem(S.FWD_TABLES["sm_90a"], "small", small)
     backend = kernel_backend_without_gpu("sm_90a")

@@ -1,12 +1,10 @@
 """CPU checks of the ratio=128 backward kernel: it builds for sm_90a and sm_100a, assembles
 with 0 spill / 0 stack, and its PTX carries the facts the design relies on.
 
-No GPU needed. 28 compiles of the staged kernel: the 6 selectable schedules on both arches,
-each with goreuse flipped, and fastexp flipped for the two c1d128 schedules (one of each
-fastexp value). The regwin kernels of ``perf.variants.BWD_REGWIN`` (both coffs, d 128 and
-512, vec 1 and 2, both fastexp values, 512 and 1024 threads per SM, keeps and its options,
-the L2 prefetch, and the tables' own) with goreuse on and off (keeps kernels: as listed), on
-both arches.
+No GPU needed. The staged table kernels on both arches, each with goreuse flipped, and
+fastexp flipped for the c1d128 ones (one of each fastexp value); the register-window table
+kernels (``perf.variants.BWD_REGWIN``) on both arches, and goreuse flipped where the flipped
+schedule is valid.
 """
 
 from __future__ import annotations
@@ -21,14 +19,17 @@ from pathlib import Path
 
 import pytest
 from csagate.kernels._dsl import dsl_available, ptx_of
-from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
 from csagate.kernels.schedule import (
+    REGWIN_THREADS_PER_SM,
+    ApeCopy,
     BwdSchedule,
+    GradOut,
     bwd_smem_bytes,
     config_problems,
     rows_per_cta,
     window,
 )
+from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
 from csagate.perf.probe import ZERO_KERNEL, main_entry, ptx_entries, ptxas_entries
 from csagate.perf.variants import BWD_BASE, BWD_REGWIN
 
@@ -61,12 +62,10 @@ IDS = [f"c{c}d{d}-{s.tag}-{a}-{why}" for c, d, s, a, why in VARIANTS]
 
 
 REGWIN = BWD_REGWIN
-# goreuse flipped too, except with keeps: keeps fits 128 registers at C*vec = 32 only with
-# goreuse off (the tables pair them that way); test_regwin_goreuse_loads_grad_out_once still
-# builds both.
-REGWIN_VARIANTS = [(c, d, _flip(s, goreuse=g), a)
-                   for a in ARCHES for (c, d), s in REGWIN
-                   for g in ((s.goreuse,) if s.keeps else (s.goreuse, not s.goreuse))]
+REGWIN_VARIANTS = [(c, d, s, a) for a in ARCHES for (c, d), s in REGWIN]
+# goreuse both ways, where the flipped schedule is valid (go=shared is read once)
+REGWIN_GOREUSE = [((c, d), s) for (c, d), s in REGWIN
+                  if not config_problems(c, d, _flip(s, goreuse=not s.goreuse))]
 REGWIN_IDS = [f"c{c}d{d}-{s.tag}-{a}" for c, d, s, a in REGWIN_VARIANTS]
 
 
@@ -228,7 +227,7 @@ def test_default_backward_overlaps_the_dape_zeroing_through_pdl(arch):
     backward (griddepcontrol.launch_dependents before its store); the backward waits
     (griddepcontrol.wait) before its first load when it follows any other kernel
     (zero_dape == 0) and, in every case, before its first dAPE atomic. The deterministic
-    kernel never waits; the A/B twin without PDL launches the same kernels without PDL."""
+    kernel never waits."""
     from csagate.kernels.r128_bwd import build_bwd
 
     (coff, d), sched = BASE[0]
@@ -247,21 +246,18 @@ def test_default_backward_overlaps_the_dape_zeroing_through_pdl(arch):
     det = build_bwd(d=d, coff=coff, sched=dataclasses.replace(sched, deterministic=True),
                     arch=arch)
     assert all("griddepcontrol.wait" not in text for text in ptx_entries(ptx_of(det)).values())
-    twin = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch, pdl_zero=False)))
-    assert all("griddepcontrol.wait" not in text
-               for name, text in twin.items() if ZERO_KERNEL not in name)
 
 
 def test_rejects_invalid_schedules():
-    from csagate.kernels.r128_bwd import R128Bwd
+    from csagate.kernels.r128_bwd import bwd_kernel
 
     with pytest.raises(ValueError, match="vec=4"):
-        R128Bwd(128, 1, BwdSchedule(4, 4, 32, True, False))
+        bwd_kernel(128, 1, BwdSchedule(4, 4, 32, True, False))
     with pytest.raises(ValueError, match="straddles"):
-        R128Bwd(128, 2, BwdSchedule(2, 1, 32, True, False))
+        bwd_kernel(128, 2, BwdSchedule(2, 1, 32, True, False))
     with pytest.raises(ValueError, match="multiple of threads_x"):
-        R128Bwd(96, 1, BwdSchedule(2, 8, 32, True, False))
-    op = R128Bwd(512, 2, BwdSchedule(2, 8, 32, True, True))
+        bwd_kernel(96, 1, BwdSchedule(2, 8, 32, True, False))
+    op = bwd_kernel(512, 2, BwdSchedule(2, 8, 32, True, True))
     assert (op.chunk, op.cols_pc, op.gy, op.smem_bytes) == (32, 64, 8, 105024)
 
 
@@ -356,8 +352,8 @@ def test_regwin_builds_without_spill_within_the_register_cap(coff, d, sched, arc
     assert rc == 0, f"ptxas -arch={arch} failed:\n{log}"
     regs, *usage = _main_usage(log)
     assert tuple(usage) == (0, 0, 0), f"regs={regs} spill/stack={usage}\n{log}"
-    # sm_threads resident threads per SM: 128 registers per thread at 512, 64 at 1024.
-    cap = 65536 // sched.sm_threads
+    # REGWIN_THREADS_PER_SM resident threads per SM: 128 registers per thread.
+    cap = 65536 // REGWIN_THREADS_PER_SM
     assert regs <= cap, f"{regs} registers > {cap}"
     local = re.findall(r"\b(?:ld|st)\.local\b[^\n]*", ptx)
     assert not local, f"{len(local)} local-memory accesses, first: {local[0]}"
@@ -370,7 +366,7 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
     cv = chunk * sched.vec
     threads = sched.threads_x * sched.tchunks
     # The register cap: .maxntid of the resident threads per SM, not the block (.reqntid).
-    per_sm = sched.sm_threads // threads
+    per_sm = REGWIN_THREADS_PER_SM // threads
     assert re.search(rf"\.maxntid {sched.threads_x}, {sched.tchunks * per_sm}, 1\b", ptx)
     assert ".reqntid" not in ptx
     # 3 barriers per row and one before the dAPE epilogue.
@@ -389,8 +385,8 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
     assert not re.search(r"\b(?:ld|st)\.shared(?:\.v\d)?\.b16\b", ptx)
     n_shared = len(re.findall(r"\b(?:ld|st)\.shared\b", ptx))
     bound = 3 * sched.tchunks + 8 + 3 * cv + 8
-    if sched.apesm:  # the APE copy: C*vec values stored once, read in each pass that reads APE
-        bound += (1 + (1 if sched.keeps else 3)) * cv
+    if sched.ape is not ApeCopy.GLOBAL:  # the APE copy: C*vec values stored once, read once
+        bound += 2 * cv
     assert n_shared <= bound, f"{n_shared} shared accesses > {bound}"
     # dAPE: one fp32 reduction per (window position, column), sums read from shared memory.
     n_red = len(re.findall(r"\b(?:red|atom)(?:\.[a-z]+)*\.add\.f32\b", ptx))
@@ -401,23 +397,22 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
     assert len(re.findall(r"\b(?:rcp\.rn\.f32|div\.rn\.f32)", ptx)) == 2
     assert not re.search(r"\bdiv\.(?:approx|full)\.f32", ptx)
     assert re.search(r"cvt\.rn\.bf16(?:x2)?\.f32", ptx)
-    # e is computed in the exp pass and again in the gradient pass (keeps: once, kept from the
-    # exp pass): 2*C*vec or C*vec exps, fast (mul.rn, fma.rn LO, ex2) or accurate (fma.rm
-    # range reduction), per the field.
+    # e is computed once, in the exp pass (kept for the gradient pass): C*vec exps, fast
+    # (mul.rn, fma.rn LO, ex2) or accurate (fma.rm range reduction), per the field.
     n_ex2 = len(re.findall(r"\bex2\.approx\.ftz\.f32\b", ptx))
     n_lo = len(re.findall(r"\bfma\.rn\.f32\s+%r\d+, %r\d+, 0f32A57060, %r\d+;", ptx))
     n_rm = len(re.findall(r"\bfma\.rm\.f32\b", ptx))
-    exps = cv if sched.keeps else 2 * cv
+    exps = cv
     assert n_ex2 == exps and n_lo == n_ex2, f"ex2={n_ex2} LO-fma={n_lo}, expected {exps}"
     assert n_rm == (0 if sched.fastexp else n_ex2), f"fma.rm={n_rm} (fastexp={sched.fastexp})"
-    # APE is loaded in each of the three passes, or once with keeps: C loads a pass (at vec 2
-    # its fp32 pair is the only 2 x 32-bit load; at vec 1 it shares ld.global.b32 with cu/cuc);
-    # apesm: C, once, before the row loop (the passes read the shared copy; a pair only moved
-    # to shared memory may load as one b64); apeasync: none, C cp.async copies instead, waited
-    # for before the first barrier.
+    # APE is loaded once per row, in pass 1: C loads (at vec 2 its fp32 pair is the only
+    # 2 x 32-bit load; at vec 1 it shares ld.global.b32 with cu/cuc); ape=shared: C, once,
+    # before the row loop (the rows read the shared copy; a pair only moved to shared memory
+    # may load as one b64); ape=async: none, C cp.async copies instead, waited for before the
+    # first barrier.
     if sched.vec == 2:
         n_ape = len(re.findall(APE_PAIR, ptx))
-        passes = 0 if sched.apeasync else 1 if sched.keeps or sched.apesm else 3
+        passes = 0 if sched.ape is ApeCopy.ASYNC else 1
         assert n_ape == chunk * passes, f"{n_ape} APE loads, C={chunk}"
     lines_ = ptx.splitlines()
     ape_copies = [n for n, line in enumerate(lines_)
@@ -425,23 +420,22 @@ def test_regwin_ptx_facts(coff, d, sched, arch):
                                rf"{4 * sched.vec};", line)]
     go_copies = [n for n, line in enumerate(lines_)
                  if re.search(r"\bcp\.async\.ca\.shared\.global \[[^]]+\], \[g\], 4;", line)]
-    if sched.apeasync:
+    apeasync = sched.ape is ApeCopy.ASYNC
+    gosm = sched.go is GradOut.SHARED
+    if apeasync:
         assert len(ape_copies) >= chunk and ape_copies[chunk - 1] < bars[0]
-    # gosm: the grad_out word of the prologue's and the loop's fetch by cp.async (4 bytes),
+    # go=shared: the grad_out word of the prologue's and the loop's fetch by cp.async (4 bytes),
     # waited for (cp.async.wait_group) before each row's pass 1 reads it.
-    n_go = len(go_copies) - (chunk if sched.apeasync and sched.vec == 1 else 0)
-    assert n_go == (2 if sched.gosm else 0), f"{n_go} grad_out copies (gosm={sched.gosm})"
+    n_go = len(go_copies) - (chunk if apeasync and sched.vec == 1 else 0)
+    assert n_go == (2 if gosm else 0), f"{n_go} grad_out copies (go={sched.go})"
     n_wait = len(re.findall(r"\bcp\.async\.wait_group\s+0;", ptx))
-    assert n_wait == int(sched.apeasync) + int(sched.gosm), f"{n_wait} cp.async waits"
-    # l2pf = n: one prefetch site per array in the row loop and n - 1 in the prologue, each a
-    # prefetch.global.L2 per 128-byte line of the CTA's column slice.
-    lines = -(-sched.threads_x * sched.vec * 2 // 128)
-    n_pf = len(re.findall(r"\bprefetch\.global\.L2\b", ptx))
-    assert n_pf == 2 * lines * sched.l2pf, f"{n_pf} L2 prefetches (l2pf={sched.l2pf})"
+    assert n_wait == int(apeasync) + int(gosm), f"{n_wait} cp.async waits"
+    assert not re.search(r"\bprefetch\.global", ptx)
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("cfg,sched", REGWIN, ids=[f"c{c}d{d}-{s.tag}" for (c, d), s in REGWIN])
+@pytest.mark.parametrize("cfg,sched", REGWIN_GOREUSE,
+                         ids=[f"c{c}d{d}-{s.tag}" for (c, d), s in REGWIN_GOREUSE])
 def test_regwin_goreuse_loads_grad_out_once(cfg, sched, arch):
     """goreuse only drops the gradient pass's reload of the grad_out vec."""
     coff, d = cfg
@@ -471,43 +465,36 @@ def test_regwin_schedule_rules():
     assert bwd_smem_bytes(1, BwdSchedule(2, 8, 32, True, True, True)) == 39488
     assert bwd_smem_bytes(2, BwdSchedule(2, 16, 32, True, True, True)) == 78400
     assert bwd_smem_bytes(2, BwdSchedule(1, 16, 32, True, True, True)) == 39232
-    # apesm: the thread-private APE copy, one fp32 per window slot and column more; a register-
-    # window option whose CTAs must still fit the SM's shared memory at the target occupancy.
-    aps = BwdSchedule(2, 8, 32, True, True, True, apesm=True)
+    # ape=shared: the thread-private APE copy, one fp32 per window slot and column more; a
+    # register-window option whose CTAs must still fit the SM's shared memory.
+    aps = BwdSchedule(2, 8, 32, True, True, True, ape=ApeCopy.SHARED)
     assert bwd_smem_bytes(1, aps) == 39488 + 128 * 64 * 4 and config_problems(1, 128, aps) == []
-    staged = BwdSchedule(2, 8, 32, True, True, apesm=True)
-    assert any("register-window option" in p for p in config_problems(1, 128, staged))
-    wide = BwdSchedule(2, 16, 32, True, True, True, sm_threads=1024, apesm=True)
-    assert any(p.startswith("apesm: 2 CTAs per SM") for p in config_problems(2, 512, wide))
-    assert aps.tag == "v2t8x32_fexp_gor_rw_as"
-    # gopack: also a register-window option
-    assert any("gopack is a register-window option" in p for p in
-               config_problems(1, 128, BwdSchedule(2, 8, 32, True, True, gopack=True)))
-    assert dataclasses.replace(aps, gopack=True).tag == "v2t8x32_fexp_gor_rw_as_gp"
-    # gosm: a register-window option at vec 2 (a 4-byte copy), not with gopack; two 4-byte
-    # slots per thread of shared memory
-    gs = dataclasses.replace(aps, gosm=True)
-    assert config_problems(1, 128, gs) == [] and gs.tag == "v2t8x32_fexp_gor_rw_as_gs"
+    for staged in (BwdSchedule(2, 8, 32, True, True, ape=ApeCopy.SHARED),
+                   BwdSchedule(2, 8, 32, True, True, go=GradOut.PACKED),
+                   BwdSchedule(2, 8, 32, True, True, keepdp=True),
+                   BwdSchedule(2, 8, 32, True, True, vsm=True)):
+        assert any("needs the register window" in p for p in config_problems(1, 128, staged))
+    assert aps.tag == "v2t8x32_fastexp_goreuse_regwin_ape_shared"
+    # go=shared: vec 2 (a 4-byte copy), read once (no goreuse); two 4-byte slots per thread
+    gs = dataclasses.replace(aps, goreuse=False, go=GradOut.SHARED)
+    assert config_problems(1, 128, gs) == []
+    assert gs.tag == "v2t8x32_fastexp_regwin_go_shared_ape_shared"
     assert bwd_smem_bytes(1, gs) == bwd_smem_bytes(1, aps) + 2 * 256 * 4
-    assert dataclasses.replace(gs, apeasync=True).tag == "v2t8x32_fexp_gor_rw_asa_gs"
-    assert any(p.startswith("apeasync is an apesm option") for p in
-               config_problems(1, 128, dataclasses.replace(gs, apesm=False, apeasync=True)))
-    for bad in (dataclasses.replace(gs, gopack=True), dataclasses.replace(gs, vec=1),
-                BwdSchedule(2, 8, 32, True, True, gosm=True)):
-        assert any(p.startswith("gosm is a register-window option") for p in
+    for bad in (dataclasses.replace(gs, goreuse=True), dataclasses.replace(gs, vec=1)):
+        assert any(p.startswith("go=shared needs vec 2") for p in
                    config_problems(1, 128, bad)), bad
 
 
 def test_regwin_occupancy_matches_rows_per_cta():
     """The kernel's register cap and schedule.rows_per_cta assume the same CTAs per SM."""
-    from csagate.kernels.r128_bwd import R128Bwd
+    from csagate.kernels.r128_bwd import bwd_kernel
 
     for (coff, d), sched in REGWIN:
-        op = R128Bwd(d, coff, sched)
+        op = bwd_kernel(d, coff, sched)
         gy = op.gy
         # With sm_count = gy and N = 4 * K rows, one wave of K CTAs per SM takes R = 4.
         assert rows_per_cta(4 * op.ctas_per_sm, d, coff, sched, gy) == 4, (coff, d, sched)
-        assert op.ctas_per_sm * sched.threads_x * sched.tchunks == sched.sm_threads
+        assert op.ctas_per_sm * sched.threads_x * sched.tchunks == REGWIN_THREADS_PER_SM
 
 
 def test_flipped_keeps_regwin():

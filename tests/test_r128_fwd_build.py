@@ -5,9 +5,9 @@ No GPU is needed: the kernels are cross-compiled, ``ptxas -v`` assembles the PTX
 PTX is read for facts that could silently go wrong (spills, scalar instead of vector loads,
 the wrong exp in the loop, a second barrier, a contracted den sum).
 
-Besides the 10 table kernels, ``VARIANTS`` covers the tuning space the lead sweeps on the
-H200: vec=8, unroll 2 and 8, and the kernel knobs ``prefetch`` (software-pipelined loads,
-checked by data flow in the PTX) and ``oneexp`` (one exp per online slot).
+Besides the table kernels (vec 1, 2 and 4, unroll 2, 4 and 8, the three forms, ``prefetch``:
+software-pipelined loads, checked by data flow in the PTX), ``VARIANTS`` holds their plain
+twins (``perf.variants.fwd_twin``), the bitwise oracles of the GPU tests.
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ from collections import Counter
 
 import pytest
 from csagate.kernels._dsl import dsl_available
-from csagate.kernels.schedule import RATIO, FwdSchedule, config_name
+from csagate.kernels.schedule import RATIO, FwdForm, FwdSchedule, config_name
 from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
 from csagate.perf.variants import FWD_KERNELS as KERNELS
-from csagate.perf.variants import FWD_VARIANTS as VARIANTS
+from csagate.perf.variants import FWD_TWINS
 
 _OK, _WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 
+VARIANTS = list(dict.fromkeys((cfg, twin) for cfg, _, twin in FWD_TWINS
+                               if (cfg, twin) not in KERNELS))
 ALL = KERNELS + VARIANTS
 CASES = [(arch, cfg, sched) for arch in ARCHES for cfg, sched in ALL]
 IDS = [f"{arch}-{config_name(*cfg)}-{sched.tag}" for arch, cfg, sched in CASES]
@@ -35,7 +37,7 @@ _PTX: dict = {}
 
 
 def ptx_for(arch: str, cfg: tuple[int, int], sched: FwdSchedule) -> str:
-    """Build once per (arch, config, schedule) for the whole module; 38 compiles in all."""
+    """Build once per (arch, config, schedule) for the whole module."""
     key = (arch, cfg, sched)
     if key not in _PTX:
         from csagate.kernels._dsl import ptx_of
@@ -188,15 +190,19 @@ def geometry(cfg, sched) -> dict:
     sites = unroll * (2 if prefetch and groups > 1 else 1)
     return dict(sites=sites, prefetch=prefetch, groups=groups, unroll=unroll,
                 ring_loop=prefetch and groups > 2, straight=prefetch and groups <= 2,
-                oneexp=sched.oneexp,
-                passes=2 if sched.twophase else 1)
+                oneexp=sched.form is FwdForm.ONEEXP,
+                passes=2 if _twophase(sched) else 1)
+
+
+def _twophase(sched) -> bool:
+    return sched.form is FwdForm.TWOPHASE
 
 
 def register_cap(cfg, sched) -> int:
-    """A blow-up guard, not a tuning target: 64 (upstream 32-51) for vec <= 4, 80 for vec 8,
-    plus two groups of raw loads (~4 registers per column-slot) with prefetch."""
+    """A blow-up guard, not a tuning target: 64 (upstream 32-51), plus two groups of raw
+    loads (~4 registers per column-slot) with prefetch."""
     g = geometry(cfg, sched)
-    cap = 64 if sched.vec <= 4 else 80
+    cap = 64
     return cap + (4 * min(sched.unroll, g["sites"]) * sched.vec if g["prefetch"] else 0)
 
 
@@ -223,21 +229,16 @@ def test_ptx_structure(arch, cfg, sched):
     g = geometry(cfg, sched)
     sites, passes = g["sites"], g["passes"]
 
-    # vec=8 declares .maxntid (ptxas spills under .reqntid there); the block is the same.
-    ntid = ".maxntid" if vec == 8 else ".reqntid"
-    assert f"{ntid} {tx}, {tch}, 1" in ptx, f"block must be {ntid} (threads_x, tchunks, 1)"
+    assert f".reqntid {tx}, {tch}, 1" in ptx, "block must be .reqntid (threads_x, tchunks, 1)"
     assert len(re.findall(r"\bbar\.sync\b", ptx)) == 1, "exactly one CTA barrier (the merge)"
 
     # Every global load by width: 4 scalar int32 (the cuc scan, cuc[seg], cu[seg], cuc[B]);
     # 2*vec-byte bf16 loads of score and kv, 2 per slot copy online, 3 two-phase (pass A
     # reads score only); 4*vec-byte fp32 APE per slot copy and pass, in 16-byte pieces.
     # Never a narrower (scalar bf16) load. The store is one 2*vec-byte bf16 vector.
-    # With prefetch, two-phase pass B's prologue re-reads pass A's prologue addresses and the
-    # compiler reuses those score and APE registers (no store between): only kv is loaded.
-    reuse = g["unroll"] if g["prefetch"] and sched.twophase else 0
     want = Counter({4: 4})
-    want[2 * vec] += (3 if sched.twophase else 2) * sites - reuse
-    want[min(4 * vec, 16)] += (passes * sites - reuse) * max(1, 4 * vec // 16)
+    want[2 * vec] += (3 if _twophase(sched) else 2) * sites
+    want[min(4 * vec, 16)] += passes * sites * max(1, 4 * vec // 16)
     got = load_widths(ptx)
     assert got == want, f"global loads by width {dict(got)}, want {dict(want)}"
     store = {1: r"st\.global\.b16", 2: r"st\.global\.b32", 4: r"st\.global\.v2\.b32",
@@ -262,7 +263,7 @@ def test_ptx_structure(arch, cfg, sched):
 
     # Which exp where: the merge always uses the exact exp (2 per column); the main loop
     # uses exp once per slot (two-phase pass B, oneexp) or twice (online: rescale + weight).
-    loop_exps = vec * sites * (1 if sched.twophase or g["oneexp"] else 2)
+    loop_exps = vec * sites * (1 if _twophase(sched) or g["oneexp"] else 2)
     fast, exact, other, negated = exp_sites(ptx)
     want_fast = loop_exps if sched.fastexp else 0
     want_exact = 2 * vec + (0 if sched.fastexp else loop_exps)
@@ -276,7 +277,7 @@ def test_ptx_structure(arch, cfg, sched):
     # fast exp, and the merge's two mul.rn per column.
     # In straight-line code the first slot starts from the known (-inf, 0, 0): its den and
     # acc rescales are the same mul.rn(0, scale) and the compiler computes it once.
-    rescale = 0 if sched.twophase else 2 * vec * sites - (vec if g["straight"] else 0)
+    rescale = 0 if _twophase(sched) else 2 * vec * sites - (vec if g["straight"] else 0)
     want_mul = rescale + want_fast + 2 * vec
     got_mul = len(re.findall(r"mul\.rn\.f32", ptx))
     assert got_mul == want_mul, f"mul.rn.f32 count {got_mul}, want {want_mul}"
@@ -317,15 +318,17 @@ def test_variants_are_new_and_valid():
         assert not config_problems(coff, d, sched), sched.tag
 
 
-def test_knobs_default_off_and_ring_is_bounded():
+def test_knobs_default_off_and_invalid_ones_are_refused():
     from csagate.kernels.r128_fwd import R128FwdKernel
 
-    plain = R128FwdKernel(128, 1, FwdSchedule(2, 4, 32, False, False))
-    assert (plain.prefetch, plain.oneexp, plain.maxntid) == (False, False, False)
-    with pytest.raises(ValueError, match="oneexp"):
-        R128FwdKernel(128, 1, FwdSchedule(4, 4, 32, True, True, oneexp=True))
-    with pytest.raises(ValueError, match="prefetch"):
-        R128FwdKernel(512, 1, FwdSchedule(8, 4, 32, False, True, 4, prefetch=True))
+    plain = R128FwdKernel(128, 1, FwdSchedule(2, 4, 32))
+    assert (plain.prefetch, plain.oneexp, plain.twophase) == (False, False, False)
+    with pytest.raises(ValueError, match="prefetch"):  # an online-form option
+        R128FwdKernel(128, 1, FwdSchedule(4, 4, 32, True, FwdForm.TWOPHASE, prefetch=True))
+    with pytest.raises(ValueError, match="prefetch"):  # a ring of 4 x 8 columns spills
+        R128FwdKernel(512, 1, FwdSchedule(4, 4, 32, True, unroll=8, prefetch=True))
+    with pytest.raises(ValueError, match="vec=8"):
+        R128FwdKernel(512, 1, FwdSchedule(8, 4, 32))
 
 
 def test_launch_with_no_rows_launches_nothing():
@@ -349,4 +352,4 @@ def test_rejects_invalid_schedule():
     from csagate.kernels.r128_fwd import R128FwdKernel
 
     with pytest.raises(ValueError, match="straddles"):
-        R128FwdKernel(128, 2, FwdSchedule(2, 1, 32, False, False))
+        R128FwdKernel(128, 2, FwdSchedule(2, 1, 32))

@@ -1,5 +1,8 @@
 """The ratio=128 dispatch tables: boundaries, validity, enumeration, rows per CTA."""
 
+import dataclasses
+import itertools
+
 import pytest
 from csagate.kernels import schedule as S
 
@@ -61,11 +64,11 @@ def test_arch_tables_share_the_bucket_structure():
 
 
 def test_validity_predicate_rejects():
-    bad = S.FwdSchedule(3, 4, 32, False, False)
-    assert "does not divide head_dim" in S.config_problems(1, 128, bad)[0]
-    straddle = S.FwdSchedule(2, 3, 32, False, False)          # 256 % 3 != 0
+    bad = S.FwdSchedule(3, 4, 32)
+    assert "vec=3 is not one of" in S.config_problems(1, 128, bad)[0]
+    straddle = S.FwdSchedule(2, 3, 32)                        # 256 % 3 != 0
     assert any("window" in p for p in S.config_problems(2, 128, straddle))
-    half = S.FwdSchedule(2, 64, 32, False, False)             # 2048 threads
+    half = S.FwdSchedule(2, 64, 32)                           # 2048 threads
     assert any("exceed" in p for p in S.config_problems(2, 512, half))
     wide = S.BwdSchedule(4, 8, 32, True, True)
     assert any("vec=4" in p for p in S.config_problems(2, 512, wide))
@@ -87,25 +90,72 @@ def test_rows_per_cta_fills_one_wave():
     assert S.rows_per_cta(10**6, 512, 2, S.select_bwd(2, 512, 10**6), 132) == 16
 
 
-def test_register_window_occupancy_target():
-    """sm_threads: the regwin kernel's resident threads per SM (its register cap and the grid
-    rows_per_cta sizes); 1024 doubles the CTAs per SM, names itself in the tag, and is a
-    regwin-only field."""
-    base = S.BwdSchedule(1, 16, 32, True, True, True)
-    wide = S.BwdSchedule(1, 16, 32, True, True, True, sm_threads=1024)
-    assert base.sm_threads == 512 and base.tag.endswith("_rw")
-    assert wide.tag.endswith("_rw1k") and wide.tag != base.tag
-    assert not S.config_problems(1, 128, wide)
-    big = S.BwdSchedule(1, 32, 32, True, True, True, sm_threads=1024)  # 1024-thread CTAs
-    assert not S.config_problems(1, 128, big)
+def test_register_window_rows_per_cta_fills_one_wave():
+    """1024 rows, gy = 4 column slices, 132 SMs, 512-thread CTAs: one CTA per SM, 33 per
+    slice, 32 rows each."""
+    rw = S.BwdSchedule(1, 16, 32, True, True, True)
+    assert S.rows_per_cta(1024, 128, 1, rw, 132) == 32
     assert any("do not divide 512" in p for p in S.config_problems(
         1, 128, S.BwdSchedule(1, 32, 32, True, True, True)))
-    assert any("sm_threads" in p for p in S.config_problems(
-        1, 128, S.BwdSchedule(1, 16, 32, True, True, False, sm_threads=1024)))
-    assert any("sm_threads" in p for p in S.config_problems(
-        1, 128, S.BwdSchedule(1, 16, 32, True, True, True, sm_threads=768)))
-    # 1024 rows, gy = 4 column slices, 132 SMs: 512 threads per CTA -> 1 CTA per SM at 512
-    # (33 per slice, 32 rows each) and 2 at 1024 (66 per slice, 16 rows each)
-    assert S.rows_per_cta(1024, 128, 1, base, 132) == 32
-    assert S.rows_per_cta(1024, 128, 1, wide, 132) == 16
-    assert S.rows_per_cta(1024, 128, 1, big, 132) == 32
+
+
+def _space(direction):
+    return [((coff, d), s) for coff, d in S.CONFIGS for s in S.schedule_space(direction, coff, d)]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_tags_are_injective_over_the_space(direction):
+    """Two different schedules of one config never share a tag (their deterministic twins
+    included), so a tag names a kernel."""
+    space = _space(direction)
+    scheds = {s for _, s in space}
+    if direction == "bwd":
+        scheds |= {dataclasses.replace(s, deterministic=True) for s in set(scheds)}
+    by_tag = {}
+    for s in scheds:
+        assert by_tag.setdefault(s.tag, s) == s, (s, by_tag[s.tag])
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_tags_are_derived_from_the_fields(direction):
+    """A field off its default shows in the tag under its own name."""
+    for _, s in _space(direction):
+        for f in dataclasses.fields(s):
+            if f.name not in S.GEOMETRY and getattr(s, f.name) != f.default:
+                assert any(p.startswith(f.name) for p in s.tag.split("_")), (f.name, s.tag)
+
+
+@pytest.mark.parametrize("arch", S.TABLE_ARCHES)
+def test_every_table_entry_is_in_the_space(arch):
+    for direction in ("fwd", "bwd"):
+        space = set(_space(direction))
+        assert S.selectable(direction, arch) <= space
+
+
+def test_every_option_value_is_shipped():
+    """Each value of each field of the space is selected by some table entry (the kernels
+    carry what ships), except tchunks values the sweep may try."""
+    for direction, space in (("fwd", S.FWD_SPACE), ("bwd", S.BWD_SPACE)):
+        shipped = [s for _, s in S.selectable_any(direction)]
+        for name, values in space.items():
+            if name != "tchunks":
+                assert {getattr(s, name) for s in shipped} == set(values), (direction, name)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_nested_options_exist_only_under_their_parent(direction):
+    """An option whose rule fails is a problem naming it, and ``restrict`` drops exactly it."""
+    needs = S.FWD_NEEDS if direction == "fwd" else S.BWD_NEEDS
+    space = S.FWD_SPACE if direction == "fwd" else S.BWD_SPACE
+    cls = S.FwdSchedule if direction == "fwd" else S.BwdSchedule
+    checked = set()
+    for values in itertools.product(*space.values()):
+        kw = dict(zip(space, values))
+        sched = cls(threads_x=S.threads_x_for(128, kw["vec"]), **kw)
+        for n in needs:
+            default = next(f.default for f in dataclasses.fields(sched) if f.name == n.field)
+            if getattr(sched, n.field) != default and not n.ok(sched):
+                assert any(p.startswith(f"{n.field}=") for p in S.config_problems(1, 128, sched))
+                assert getattr(S.restrict(sched), n.field) == default
+                checked.add(n)
+    assert checked == set(needs)

@@ -9,6 +9,7 @@ from rich.table import Table
 from csagate import console
 from csagate.commands.build import existing_parent
 from csagate.exitcodes import ExitCode
+from csagate.kernels import schedule as S
 
 
 def _need_gpu() -> None:
@@ -28,7 +29,7 @@ def _need_gpu() -> None:
 
 def schedule_name(tag: str, config: str) -> str:
     """A kernel tag without the direction and config prefix the table already shows
-    ('bwd_c1d128_v2t8x32_fexp_rw_ks' -> 'v2t8x32_fexp_rw_ks'), so the cell stays narrow."""
+    ('bwd_c1d128_v2t8x32_fastexp_regwin' -> 'v2t8x32_fastexp_regwin'), so the cell stays narrow."""
     for prefix in (f"fwd_{config}_", f"bwd_{config}_"):
         if tag.startswith(prefix):
             return tag[len(prefix):]
@@ -218,7 +219,8 @@ def host_tables(host: dict) -> list[Table]:
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
 @click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True)
 @click.option("--ab", "ab_fields", multiple=True,
-              type=click.Choice(["goreuse", "fastexp", "twophase", "regwin"]),
+              type=click.Choice(sorted({*S.option_names("fwd"), *S.option_names("bwd"),
+                                        "regwin"})),
               help="A/B a schedule field per bucket (repeatable) instead of the shape table.")
 @click.option("--sweep", "sweep_dirs", type=click.Choice(["fwd", "bwd", "all"]), default=None,
               help="Search each bucket's schedule space and A/B the winner against the table.")

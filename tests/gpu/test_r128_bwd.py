@@ -1,8 +1,7 @@
 """GPU: the ratio=128 backward kernel against the eager references, every schedule.
 
-Each of the 6 backward table schedules and the regwin schedules (the window in registers; two
-at 1024 resident threads per SM) is
-built and launched directly (whatever bucket its N would select) on the edge pack
+Each backward table schedule (staged, and the regwin ones: the window in registers) is built
+and launched directly (whatever bucket its N would select) on the edge pack
 [127, 8192, 0, 129, 128, 3, 515, 1024] with 8 capacity padding rows (nonzero grad_out there,
 which the kernel must ignore) and 21 token padding rows:
 
@@ -27,55 +26,24 @@ import functools
 import csagate.reference as R
 import pytest
 import torch
-from csagate.kernels.schedule import RATIO, BwdSchedule, config_name, selectable_any, threads_x_for
+from csagate.kernels.schedule import (
+    RATIO,
+    BwdSchedule,
+    config_name,
+    config_problems,
+    selectable_any,
+)
+from csagate.perf.variants import BWD_REGWIN, staged_twin
 from csagate.reference.inputs import PAD_GRAD_SEED
 
 pytestmark = pytest.mark.gpu
 
 
-def _rw(coff: int, d: int, vec: int, tchunks: int, fastexp: bool, goreuse: bool,
-        sm_threads: int = 512, **kw):
-    return (coff, d), BwdSchedule(vec, tchunks, threads_x_for(d, vec), fastexp, goreuse, True,
-                                  sm_threads=sm_threads, **kw)
-
-
-# regwin: both coffs, d 128 and 512, vec 1 and 2, fastexp and goreuse both ways.
-REGWIN = [
-    _rw(1, 128, 2, 8, True, True),
-    _rw(1, 128, 1, 8, True, True),
-    _rw(2, 128, 1, 16, False, True),
-    _rw(1, 512, 2, 16, True, False),
-    _rw(2, 512, 2, 16, True, True),
-    # 1024 resident threads per SM (64 registers): two 512-thread CTAs, one 1024-thread CTA
-    _rw(1, 128, 1, 16, True, True, 1024),
-    _rw(2, 512, 2, 32, True, True, 1024),
-    # s kept in registers (keeps), and the L2 prefetch of the rows ahead (l2pf)
-    _rw(1, 128, 2, 16, True, False, keeps=True),
-    _rw(2, 512, 2, 16, True, False, keeps=True),
-    _rw(2, 128, 1, 16, True, True, keeps=True),
-    _rw(1, 512, 2, 8, True, False, keeps=True, l2pf=1),
-    _rw(1, 128, 2, 16, True, False, keeps=True, vsm=True, keepdp=True),
-    _rw(2, 128, 1, 16, True, True, keeps=True, keepdp=True),  # vec 1
-    _rw(2, 128, 1, 16, True, True, l2pf=2),
-    # APE copied once per CTA into thread-private shared memory (apesm), with and without keeps
-    _rw(1, 128, 2, 8, True, False, keeps=True, vsm=True, keepdp=True, apesm=True),
-    _rw(2, 512, 2, 16, True, False, keeps=True, keepdp=True, apesm=True),
-    _rw(2, 128, 1, 16, True, True, apesm=True),
-    _rw(1, 512, 2, 16, True, False, apesm=True),
-    # grad_out kept packed until used (gopack), its word held (goreuse) or reloaded
-    _rw(2, 512, 2, 16, True, False, keeps=True, keepdp=True, apesm=True, gopack=True),
-    _rw(1, 128, 1, 16, True, False, keeps=True, gopack=True),
-    _rw(2, 128, 2, 16, True, True, gopack=True),
-    # grad_out fetched by cp.async into shared memory (gosm), read again (goreuse) or reloaded
-    _rw(1, 128, 2, 8, True, True, keeps=True, vsm=True, keepdp=True, apesm=True, gosm=True,
-        apeasync=True),
-    _rw(1, 512, 2, 8, True, False, keeps=True, keepdp=True, apesm=True, gosm=True,
-        apeasync=True),
-    _rw(2, 128, 1, 16, True, True, keeps=True, apesm=True, apeasync=True),  # vec 1 copies
-    _rw(2, 512, 2, 16, True, True, gosm=True),
-]
+# regwin: the tables' register-window kernels (every value of every register-window option
+# ships in one of them), each against its staged twin
+REGWIN = BWD_REGWIN
 REGWIN_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in REGWIN]
-KERNELS = sorted(selectable_any("bwd"), key=lambda cs: (cs[0], cs[1].astuple())) + REGWIN
+KERNELS = sorted(selectable_any("bwd"), key=lambda cs: (cs[0], cs[1].astuple(), cs[1].tag))
 KERNEL_IDS = [f"{config_name(*cfg)}-{sched.tag}" for cfg, sched in KERNELS]
 
 EDGEPACK = (127, 8192, 0, 129, 128, 3, 515, 1024)  # short, empty, exact-128, tails
@@ -206,7 +174,11 @@ def test_backward_gates(cfg, sched):
                                     f"{bound:.4e} (max|eager-fp64| {err_eager:.4e})")
 
 
-@pytest.mark.parametrize("cfg,sched", KERNELS, ids=KERNEL_IDS)
+GOREUSE = [(cfg, s) for cfg, s in KERNELS if not config_problems(*cfg, flip_goreuse(s))]
+
+
+@pytest.mark.parametrize("cfg,sched", GOREUSE,
+                         ids=[f"{config_name(*c)}-{s.tag}" for c, s in GOREUSE])
 def test_goreuse_is_bitwise_neutral(cfg, sched):
     coff, d = cfg
     pack, go, _, _, _ = edge_case(coff, d)
@@ -238,10 +210,7 @@ def test_regwin_matches_staged_bitwise(cfg, sched):
     pipelined across 3 rows per CTA): dKV and dScore bit for bit."""
     coff, d = cfg
     pack, go, ref32, _, _ = edge_case(coff, d)
-    # staged: the default occupancy, s in shared memory (keeps is a register-window option)
-    staged = dataclasses.replace(sched, regwin=False, sm_threads=512, keeps=False, vsm=False,
-                                 keepdp=False, apesm=False, gopack=False, gosm=False,
-                                 apeasync=False)
+    staged = staged_twin(sched)  # the register-window options dropped
     a = run_fused(coff, d, staged, pack, go, fill=float("nan"))
     b = run_fused(coff, d, sched, pack, go, fill=float("nan"), rows_per_cta=3)
     for i, name in enumerate(("dkv", "dscore")):

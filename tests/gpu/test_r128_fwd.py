@@ -1,6 +1,6 @@
 """GPU: the ratio=128 forward kernel against the eager references, every schedule.
 
-Each of the 10 forward schedules is built and launched directly (regardless of the bucket
+Each forward table schedule is built and launched directly (regardless of the bucket
 its N would select) on packs that stress the row/segment/window indexing, and held to the
 contract's three gates (docs/CONTRACT.md section 4.2):
 
@@ -12,11 +12,11 @@ contract's three gates (docs/CONTRACT.md section 4.2):
 
 Plus the overflow case (score + ape = +inf in fp32): all-NaN output, like the reference.
 
-``VARIANTS`` (tuning schedules beyond the tables: vec=8, unroll 2/8, the ``prefetch`` and
-``oneexp`` kernel knobs) run the same gates, and one more: each is bitwise equal to its
-*twin*, the vec=2 unroll-4 plain kernel with the same tchunks, twophase and fastexp. Chunk
-boundaries, per-slot math and merge order do not depend on vec, unroll or the knobs, so any
-difference is an indexing or pipelining bug (or an exp that is not 1 at 0).
+``VARIANTS`` (the table kernels' plain twins, ``perf.variants.fwd_twin``) run the same gates,
+and each table kernel with a twin is bitwise equal to it: the vec=2 unroll-4 plain kernel with
+the same tchunks, two-phase choice and fastexp. Chunk boundaries, per-slot math and merge
+order do not depend on vec, unroll, prefetch or the one-exp step, so any difference is an
+indexing or pipelining bug (or an exp that is not 1 at 0).
 """
 
 from __future__ import annotations
@@ -26,19 +26,16 @@ import functools
 import csagate.reference as R
 import pytest
 import torch
-from csagate.kernels.schedule import RATIO, FwdSchedule, config_name, threads_x_for
+from csagate.kernels.schedule import RATIO, FwdSchedule, config_name
 from csagate.perf.variants import FWD_KERNELS as KERNELS
-from csagate.perf.variants import FWD_VARIANTS as VARIANTS
+from csagate.perf.variants import FWD_TWINS
 
 pytestmark = pytest.mark.gpu
 
+VARIANTS = list(dict.fromkeys((cfg, twin) for cfg, _, twin in FWD_TWINS
+                               if (cfg, twin) not in KERNELS))
 VARIANT_IDS = [f"{config_name(*c)}-{s.tag}" for c, s in VARIANTS]
-
-
-def twin(cfg, sched) -> FwdSchedule:
-    """The plain kernel whose output a variant must reproduce bit for bit."""
-    return FwdSchedule(2, sched.tchunks, threads_x_for(cfg[1], 2), sched.twophase,
-                       sched.fastexp)
+TWIN_IDS = [f"{config_name(*c)}-{s.tag}" for c, s, _ in FWD_TWINS]
 
 EDGEPACK = (127, 8192, 0, 129, 128, 3, 515, 1024)  # short, empty, exact-128, tails
 RAGGED3 = (1023, 2048, 509)
@@ -159,11 +156,10 @@ def test_overflow_gives_nan_like_eager(cfg, sched):
 
 
 @pytest.mark.parametrize("name", list(PACKS))
-@pytest.mark.parametrize("cfg,sched", VARIANTS, ids=VARIANT_IDS)
-def test_variant_is_bitwise_its_twin(cfg, sched, name):
-    """vec, unroll, prefetch and oneexp change no bit: same chunks, same per-slot math."""
+@pytest.mark.parametrize("cfg,sched,base", FWD_TWINS, ids=TWIN_IDS)
+def test_kernel_is_bitwise_its_twin(cfg, sched, base, name):
+    """vec, unroll, prefetch and the one-exp step change no bit: same chunks, same math."""
     coff, d = cfg
-    base = twin(cfg, sched)
     pack, _, _ = pack_and_refs(coff, d, name)
     out = run_fused(coff, d, sched, pack, float("nan"))
     ref = run_fused(coff, d, base, pack, float("nan"))
