@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from csagate import console
+from csagate.commands.run import RATIOS
 
 
 @click.command("cases", help="List the drift check and the named gate cases (hardening and "
                "deterministic-mode cases after the upstream ones), in order.")
-@click.option("--ratio", type=click.Choice(["128", "4", "all"]), default="128",
-              show_default=True, help="The contract family: 128, 4, or all.")
+@click.option("--ratio", type=click.Choice(RATIOS), default="128",
+              show_default=True, help="The contract family: 128, 2, 4, 8, 16, 32, or all.")
 def command(ratio: str) -> None:
     from csagate.commands.run import contracts
 

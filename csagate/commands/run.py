@@ -32,14 +32,14 @@ QUICK_CASES = 2
 DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
 
 
-RATIOS = ("128", "4", "all")
+RATIOS = ("128", "2", "4", "8", "16", "32", "all")  # gates.contracts.CONTRACTS, and all
 
 
 def contracts(ratio: str):
-    """The contract families ``--ratio`` names (``all``: ratio=128, then ratio=4)."""
-    from csagate.gates.contracts import R4, R128
+    """The contract families ``--ratio`` names (``all``: every family, ratio=128 first)."""
+    from csagate.gates.contracts import CONTRACTS
 
-    return {"128": (R128,), "4": (R4,), "all": (R128, R4)}[ratio]
+    return tuple(CONTRACTS.values()) if ratio == "all" else (CONTRACTS[int(ratio)],)
 
 
 def preflight(device_index: int) -> None:
@@ -216,7 +216,8 @@ def _report_path(path: Path | None, ratio: int, several: bool) -> Path | None:
 @click.option("--ratio", type=click.Choice(RATIOS), default="128", show_default=True,
               is_eager=True,  # --case names are checked against the ratio's cases
               help="The contract family: 128 (21 cases + 3 hardening), 4 (the production "
-                   "ratio=4 kernels), or all (both; the worse exit code).")
+                   "ratio=4 kernels), 2, 8, 16, 32 (the other small ratios), or all (every "
+                   "family; the worse exit code).")
 @click.option("--case", "names", multiple=True, metavar="NAME", callback=_check_names,
               help="Run only this named case (repeatable; `csagate cases` lists them). "
                    "Coverage is then not asserted.")
