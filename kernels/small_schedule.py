@@ -15,8 +15,9 @@ of spill. A thread may use 255 registers, so beyond ``BWD_APE_REGS_MAX_WINDOW`` 
 re-reads the APE (an L1 hit, the same value) and runs one row per CTA (``SMALL_BWD_ROWS_WIDE``:
 its dAPE partial is the row's ds, so ptxas keeps no running sum): 235-255 registers, 0 spill on
 the three arches. The forward takes vec 1 beyond ``FWD_VEC2_MAX_WINDOW`` (168 registers at a
-window of 64). A window of 128 (ratio 64 at coff 2) would hold 256 fp32 values of s and u alone
-per thread, more than 255 registers: ratio 64 is not served here.
+window of 64, vec 1; 168 at a window of 32, vec 2). A window of 128 (ratio 64 at coff 2)
+would hold 256 fp32 values of s and u alone per thread, more than 255 registers: ratio 64 is
+not served here.
 """
 
 from __future__ import annotations
