@@ -33,10 +33,11 @@ from typing import Any
 import torch
 from csagate.gates.backend import one_line
 from csagate.gates.implementation import Supports
+from csagate.kernels.registry import RATIOS
 from csagate.reference import backward as ref_backward
 from csagate.reference import forward as ref_forward
 
-CSAGATE_SUPPORTS = Supports(ratios=(4, 128), coffs=(1, 2), head_dims=(128, 512),
+CSAGATE_SUPPORTS = Supports(ratios=RATIOS, coffs=(1, 2), head_dims=(128, 512),
                             min_compute_capability=(9, 0))
 # Measurement only: lowers nvidia-cudnn-frontend's own compute-capability constant to this
 # major so its CSA kernels can be measured on a GPU below its validated envelope (cc 10).

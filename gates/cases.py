@@ -6,6 +6,9 @@
 * ``R4_CASES``: the production ratio=4 kernels' own cases (section 7.4).
 * ``DETERMINISTIC``, ``R4_DETERMINISTIC``: the deterministic backward (section 7.5): cases
   run with ``deterministic=True``, in which G1 covers dAPE bitwise too.
+* ``SMALL_CASES[r]``, ``SMALL_DETERMINISTIC[r]`` for the other small ratios r in
+  ``SMALL_RATIOS`` (2, 8, 16, 32): the same kinds at that ratio (``small_cases``), plus a
+  CSA2-style coff=1 zero-APE case (Megatron-LM's ratio-2 variant trains without APE).
 
 The odd packs are the point: ``ragged3`` has tails in every segment, ``edgepack`` has a short
 first segment, an empty segment, a 3-token segment, exact multiples and one-token tails; the
@@ -23,10 +26,12 @@ from csagate.reference.seeds import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_TO
 RAGGED3 = (1023, 2048, 509)
 EDGEPACK = (127, 8192, 0, 129, 128, 3, 515, 1024)
 SHORT4 = (3, 515, 1024, 129)   # ratio=4: a first segment shorter than ratio
+SHORT2 = (1, 515, 1024, 129, 1, 0, 3)  # ratio=2: one-token segments, the first of them too
+SMALL_RATIOS = (2, 8, 16, 32)  # the small ratios with cases of their own (4: R4_CASES)
 
 KINDS = ("drift", "union", "scaled", "padding", "overflow", "partial-overflow", "hardening",
-         "deterministic")
-INPUTS = ("random", "overflow", "partial_overflow", "pad_nonfinite")
+         "deterministic", "zero-ape")
+INPUTS = ("random", "overflow", "partial_overflow", "pad_nonfinite", "zero_ape")
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ def _pack_name(lens: tuple[int, ...]) -> str:
         return "edgepack"
     if lens == SHORT4:
         return "short4"
+    if lens == SHORT2:
+        return "short2"
     if len(set(lens)) == 1:
         return f"{len(lens)}x{lens[0]}"
     return "+".join(map(str, lens))
@@ -127,16 +134,26 @@ HARDENING: tuple[Case, ...] = (
 )
 
 
+def _small(ratio: int, coff: int, d: int, lens: tuple[int, ...], why: str,
+           kind: str = "union", suffix: str = "", **kw) -> Case:
+    return Case(f"r{ratio}/c{coff}d{d}/{_pack_name(lens)}{suffix}", coff, d, lens, kind, why,
+                ratio=ratio, **kw)
+
+
+def _small_padding(ratio: int, coff: int, d: int, lens: tuple[int, ...], rows: int,
+                   toks: int, why: str) -> Case:
+    return _small(ratio, coff, d, lens, why, "padding", f"+pad{rows}r{toks}t",
+                  grad_seed=PAD_GRAD_SEED, pad_rows=rows, pad_tokens=toks)
+
+
 def _r4(coff: int, d: int, lens: tuple[int, ...], why: str, kind: str = "union",
         suffix: str = "", **kw) -> Case:
-    return Case(f"r4/c{coff}d{d}/{_pack_name(lens)}{suffix}", coff, d, lens, kind, why,
-                ratio=4, **kw)
+    return _small(4, coff, d, lens, why, kind, suffix, **kw)
 
 
 def _r4_padding(coff: int, d: int, lens: tuple[int, ...], rows: int, toks: int,
                 why: str) -> Case:
-    return _r4(coff, d, lens, why, "padding", f"+pad{rows}r{toks}t", grad_seed=PAD_GRAD_SEED,
-               pad_rows=rows, pad_tokens=toks)
+    return _small_padding(4, coff, d, lens, rows, toks, why)
 
 
 R4_CASES: tuple[Case, ...] = (
@@ -191,8 +208,66 @@ R4_DETERMINISTIC: tuple[Case, ...] = (
 )
 
 
+_OVERFLOW = "fp32 score+ape overflows: NaN patterns must match eager, the fp64 oracle stays finite"
+
+
+def small_cases(ratio: int) -> tuple[Case, ...]:
+    """The named cases of one small ratio (not 4): every config on one segment, ragged packs
+    with tails in every segment, edge packs (short, empty, 3-token and exact-multiple
+    segments; ``SHORT2`` at ratio 2, where only a 1-token segment is short), capacity padding
+    with a first segment shorter than ratio, overflow, partial overflow, scaled inputs and a
+    CSA2-style coff=1 zero-APE case (at ratio 2 also on a long segment)."""
+    edge = SHORT2 if ratio == 2 else EDGEPACK
+    short = SHORT2 if ratio == 2 else SHORT4
+    cases = [
+        _small(ratio, 1, 128, (8192,), "one segment"),
+        _small(ratio, 1, 128, RAGGED3, "tails in every segment"),
+        _small(ratio, 1, 128, edge, "short, empty and exact-multiple segments"),
+        _small(ratio, 2, 128, (8192,), "overlap windows"),
+        _small(ratio, 2, 128, RAGGED3, "overlap windows, tails in every segment"),
+        _small(ratio, 2, 128, edge, "first-block rule across short and empty segments"),
+        _small(ratio, 1, 512, (8192,), "wide head"),
+        _small(ratio, 1, 512, edge, "wide head, short and empty segments"),
+        _small(ratio, 2, 512, (8192,), "widest window"),
+        _small(ratio, 2, 512, RAGGED3, "widest window, tails"),
+        _small_padding(ratio, 2, 128, RAGGED3, 8, 21, "capacity rows get nonzero grad_out on "
+                       "the fused side; token rows stay zero"),
+        _small_padding(ratio, 1, 512, short, 8, 37, "a first segment shorter than ratio: "
+                       "padding rows read across its boundary"),
+        Case(f"r{ratio}/c1d128/overflow", 1, 128, (128,), "overflow", _OVERFLOW, ratio=ratio,
+             inputs="overflow"),
+        _small(ratio, 2, 128, RAGGED3, _PARTIAL, "partial-overflow", "/partial-overflow",
+               inputs="partial_overflow"),
+        Case(f"r{ratio}/c2d128/1x8192/x64", 2, 128, (8192,), "scaled",
+             "kv and grad_out x64: dKV/dScore still bitwise, counts unchanged, bounds scale",
+             ratio=ratio, scale=64.0),
+        _small(ratio, 1, 128, RAGGED3, "CSA2-style: coff=1, zero APE (s = f32(score))",
+               "zero-ape", "/zero-ape", inputs="zero_ape"),
+    ]
+    if ratio == 2:
+        cases.append(_small(ratio, 1, 128, (32768,), "CSA2-style (Megatron-LM's ratio-2 "
+                            "variant): coff=1, zero APE, a long segment", "zero-ape",
+                            "/zero-ape", inputs="zero_ape"))
+    return tuple(cases)
+
+
+def small_deterministic(ratio: int) -> tuple[Case, ...]:
+    """The deterministic-mode cases of one small ratio: both coffs, one with padding."""
+    edge = SHORT2 if ratio == 2 else EDGEPACK
+    return (_det(_small(ratio, 1, 128, edge, ""), "short, empty and exact-multiple segments"),
+            _det(_small_padding(ratio, 2, 512, RAGGED3, 8, 21, ""),
+                 "widest window, capacity padding rows"))
+
+
+SMALL_CASES: dict[int, tuple[Case, ...]] = {r: small_cases(r) for r in SMALL_RATIOS}
+SMALL_DETERMINISTIC: dict[int, tuple[Case, ...]] = {r: small_deterministic(r)
+                                                    for r in SMALL_RATIOS}
+
+
 def case_by_name(name: str) -> Case:
-    for case in (DRIFT, *CASES, *HARDENING, *R4_CASES, *DETERMINISTIC, *R4_DETERMINISTIC):
+    small = [c for r in SMALL_RATIOS for c in SMALL_CASES[r] + SMALL_DETERMINISTIC[r]]
+    for case in (DRIFT, *CASES, *HARDENING, *R4_CASES, *DETERMINISTIC, *R4_DETERMINISTIC,
+                 *small):
         if case.name == name:
             return case
     raise KeyError(name)

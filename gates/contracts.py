@@ -1,4 +1,4 @@
-"""The two contract families as data: which cases, which tolerance per tensor, which coverage.
+"""The contract families as data: which cases, which tolerance per tensor, which coverage.
 
 The gate runner (``csagate.gates.runner.run_gate``) takes one :class:`Contract` and has no
 ``if ratio == 4`` of its own: everything that differs between the families is here.
@@ -10,6 +10,9 @@ The gate runner (``csagate.gates.runner.run_gate``) takes one :class:`Contract` 
   equal to the fp32 eager reference; the forward one bf16 step off on at most 1e-4 of the
   elements; G3 against the upstream (bf16-weight) eager path, as upstream's own tests do;
   coverage over the ratio=4 schedules of the four configs. ratio=4 has no buckets.
+* ``R2``, ``R8``, ``R16``, ``R32``: the other small ratios of the same kernel family, under
+  the ratio=4 contract (``small_contract``): their own cases (``cases.small_cases``), the same
+  rules, the forward's noise floor scaled to the longer window.
 
 This module and ``csagate.gates.cases`` import no torch (the checks load when a rule is
 applied), so ``csagate cases`` and a rejected ``--case`` stay fast.
@@ -27,6 +30,8 @@ from csagate.gates.cases import (
     HARDENING,
     R4_CASES,
     R4_DETERMINISTIC,
+    SMALL_CASES,
+    SMALL_DETERMINISTIC,
     Case,
 )
 from csagate.gates.limits import BucketEdge
@@ -50,10 +55,17 @@ R4_CONFIGS = ((1, 128), (2, 128), (1, 512), (2, 512))
 # sums differ by a few fp32 ulps of the largest product (<= 7 * 2^-24 * 6 ~ 2.5e-6 for
 # |kv| <= 6), and two bf16 roundings can add that again. Where the sum cancels far below its
 # terms, that is several (tiny) bf16 steps. The GPU test of the ratio=4 kernels needed this
-# floor (tests/gpu/test_r4_kernels.py, FWD_NOISE_ATOL); the gate keeps it and reports every
+# floor (tests/gpu/test_small_kernels.py); the gate keeps it and reports every
 # element that passed only through it (``Steps.n_within_noise``), so the JSON shows whether
 # the production kernels need the departure from "one bf16 step" at all.
 R4_FWD_NOISE_ATOL = 8e-6
+# The same bound for a window of w positions: (w - 1) fp32 ulps (2^-24) of |kv| <= 6, twice
+# (two bf16 roundings); never below the ratio=4 floor.
+KV_BOUND = 6.0
+
+
+def fwd_noise_atol(window: int) -> float:
+    return max(R4_FWD_NOISE_ATOL, 2 * (window - 1) * 2.0**-24 * KV_BOUND)
 
 
 @dataclass(frozen=True)
@@ -127,14 +139,24 @@ R128 = Contract(
     parity_ref="fp32", coverage_configs=None, edges=R128_EDGES, via_op=True,
     deterministic=DETERMINISTIC)
 
-R4 = Contract(
-    ratio=4, drift=DRIFT, cases=R4_CASES, hardening=(),
-    g2=(("out", Rule("bf16_steps", fraction=limits.R4_FWD_FRACTION,
-                     noise_atol=R4_FWD_NOISE_ATOL)),
-        ("dkv", Rule("bitwise")),
-        ("dscore", Rule("bitwise")),
-        ("dape", Rule("tolerance", limits.DAPE_MAX_ABS, None, 2))),
-    parity_ref="upstream", coverage_configs=R4_CONFIGS, edges=(),
-    deterministic=R4_DETERMINISTIC)
+def small_contract(ratio: int, cases: tuple[Case, ...], deterministic: tuple[Case, ...]
+                   ) -> Contract:
+    """The ratio=4 contract at a small ratio: dKV/dScore bitwise, the forward a bf16 step off
+    on at most 1e-4 of the elements (noise floor for the coff=2 window), dAPE within 1e-3."""
+    return Contract(
+        ratio=ratio, drift=DRIFT, cases=cases, hardening=(),
+        g2=(("out", Rule("bf16_steps", fraction=limits.R4_FWD_FRACTION,
+                         noise_atol=fwd_noise_atol(2 * ratio))),
+            ("dkv", Rule("bitwise")),
+            ("dscore", Rule("bitwise")),
+            ("dape", Rule("tolerance", limits.DAPE_MAX_ABS, None, 2))),
+        parity_ref="upstream", coverage_configs=R4_CONFIGS, edges=(),
+        deterministic=deterministic)
 
-CONTRACTS = {128: R128, 4: R4}
+
+R4 = small_contract(4, R4_CASES, R4_DETERMINISTIC)
+R2, R8, R16, R32 = (small_contract(r, SMALL_CASES[r], SMALL_DETERMINISTIC[r])
+                    for r in (2, 8, 16, 32))
+
+# In run order (``csagate run --ratio all``): 128, then the small ratios ascending.
+CONTRACTS = {128: R128, 2: R2, 4: R4, 8: R8, 16: R16, 32: R32}

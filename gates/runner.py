@@ -81,7 +81,9 @@ DIRECTIONS = ("fwd", "bwd")
 TENSORS = ("out", "dkv", "dscore", "dape")
 # The tensors in which a case's inputs make eager NaN too: G1 allows NaN there only.
 NAN_EXPECTED = {"random": (), "overflow": OUTPUTS, "partial_overflow": OUTPUTS,
-                "pad_nonfinite": ("out",)}
+                "pad_nonfinite": ("out",), "zero_ape": ()}
+# Input kinds judged like random draws (G2 and G3 everywhere, no NaN allowed).
+FINITE_INPUTS = ("random", "zero_ape")
 
 
 def build_targets(cases: Sequence[Case], drift: Case | None) -> tuple[Target, ...]:
@@ -238,6 +240,8 @@ def _inputs(case: Case, device):
                        device=device)
     if case.inputs == "random":
         return pack, go, None, ()
+    if case.inputs == "zero_ape":  # CSA2-style: trained without APE, s = f32(score)
+        return replace(pack, ape=torch.zeros_like(pack.ape)), go, None, ()
     place = {"partial_overflow": partial_overflow_slots,
              "pad_nonfinite": pad_nonfinite_slots}[case.inputs]
     slots = place(case.lens, ratio=case.ratio, coff=case.coff, d=case.d)
@@ -348,7 +352,7 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
 
     if case.inputs == "overflow":
         gates.extend(_overflow_g2_g3(first, eager_t, oracle_t))
-    elif case.inputs == "random":
+    elif case.inputs in FINITE_INPUTS:
         gates.extend(_g2(contract, case, first, eager_t))
         gates.extend(_g3(case, first, parity_t, oracle_t))
     else:

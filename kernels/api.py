@@ -29,8 +29,9 @@ from csagate.kernels import registry
 from csagate.kernels._dsl import sm_count
 from csagate.kernels.cache import CACHE, BuildRecord
 from csagate.kernels.registry import COFFS, RATIOS, KernelKey, keys_for, make_key
-from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_BWD_ROWS, R4_FWD_THREADS_WIDE
+from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_FWD_THREADS_WIDE
 from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
+from csagate.kernels.small_schedule import SMALL_RATIOS
 
 __all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support", "forward",
            "kernel_for", "run_backward", "run_forward"]
@@ -102,7 +103,7 @@ def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, 
         # without n_rows); a rule that cannot be decided there is left to the run time.
         if _guard_or_false(size >= INT32_LIMIT):
             raise ValueError(f"{what} = {size} does not fit int32 flat offsets (< 2^31)")
-    registry.family(ratio, "fwd").check_head_dim(d)
+    registry.family(ratio, "fwd").check_shape(coff, d)
     if n_rows is not None and _guard_or_false(n_rows != 0) and _guard_or_false(n_tokens < ratio):
         raise ValueError(f"N={n_rows} > 0 requires at least ratio={ratio} tokens in kv, "
                          f"got T={n_tokens}")
@@ -127,7 +128,8 @@ def _guard_or_false(cond) -> bool:
 
 def _check_ratio_coff(ratio: int, coff: int) -> None:
     if ratio not in RATIOS:
-        raise ValueError(f"kernels are validated for ratio in {{4, 128}} only, got {ratio}")
+        raise ValueError(f"kernels are validated for ratio in {{{', '.join(map(str, RATIOS))}}} "
+                         f"only, got {ratio}")
     if coff not in COFFS:
         raise ValueError(f"ratio={ratio} supports coff in {COFFS}, got coff={coff}")
 
@@ -217,7 +219,7 @@ def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_inde
     (``schedule.rows_per_cta`` for N and the device's SMs unless given); None for the others,
     whose rows per CTA are compile-time."""
     if not key.family.takes_rows_per_cta:
-        return -(-n_rows // R4_BWD_ROWS), None
+        return -(-n_rows // key.schedule.rows_per_cta), None
     if rows_per_cta is None:
         rows_per_cta = _rows_per_cta(n_rows, key.d, key.coff, key.schedule,
                                      sm_count(device_index))
@@ -392,8 +394,8 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
 # zero_dape flag last (1: the launcher zeroes dape first, or the reduction stores into it).
 # An entry is a plain tuple (the cheapest thing to unpack on a path measured in us):
 #   (key, call, args, max_tokens, template, reduce)
-# call: the tvm_ffi.Function itself; args: the trailing launch arguments (None for ratio=4,
-# whose segment-search depth follows from B at each call); template: an expanded view of one
+# call: the tvm_ffi.Function itself; args: the trailing launch arguments (None for the small
+# ratios, whose segment-search depth follows from B at each call); template: an expanded view of one
 # element whose empty_like is the cheapest contiguous allocation of the forward's (N, d) out
 # or the deterministic backward's (gx, ratio, W) partials (None otherwise); reduce: the
 # deterministic backward's dAPE reduction (its tvm_ffi.Function, called on flat views).
@@ -406,7 +408,8 @@ _NOT_FAST = (ValueError, TypeError, AttributeError)
 
 
 def _depth(cu) -> tuple[int]:
-    """ratio=4's trailing launch argument: the bits of a segment index (B = len(cu) - 1)."""
+    """The small ratios' trailing launch argument: the bits of a segment index (B =
+    len(cu) - 1)."""
     return ((cu.shape[0] - 1).bit_length(),)
 
 
@@ -431,7 +434,7 @@ def _remember(direction: str, ratio: int, coff: int, kv, d: int, n_rows: int, ke
     if len(_FAST) >= _FAST_MAX:
         return
     width = kv.shape[1]
-    if ratio == 4:
+    if ratio in SMALL_RATIOS:
         args = None  # derived from B at each call (_depth)
     elif direction == "bwd":
         args = (int(rows_per_cta),)

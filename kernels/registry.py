@@ -11,11 +11,13 @@ imported when a kernel is built or launched.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from csagate.kernels import schedule as S
+from csagate.kernels import small_schedule as SS
 
 DIRECTIONS = ("fwd", "bwd")
 COFFS = S.COFFS  # both families serve coff 1 and 2
@@ -29,7 +31,7 @@ class KernelKey:
     direction: str
     d: int
     coff: int
-    schedule: object  # FwdSchedule | BwdSchedule | R4Schedule
+    schedule: object  # FwdSchedule | BwdSchedule | SmallSchedule
     arch: str
 
     @property
@@ -68,13 +70,17 @@ class Family:
     selectable: Callable[[str], set]  # arch -> {((coff, d), schedule)} over build_dims
     tag_prefix: Callable[[KernelKey], str]
     takes_rows_per_cta: bool = False  # the launch has a rows_per_cta argument
+    takes_ratio: bool = False       # the build has a ratio argument (one module, many ratios)
+    check_config: Callable[[int, int], None] | None = None  # (coff, d): ValueError if refused
 
     def _fn(self, verb: str):
         return getattr(importlib.import_module(self.module), f"{verb}_{self.direction}")
 
     def build(self, key: KernelKey):
         """Compile ``key`` (no cache, no GPU needed)."""
-        return self._fn("build")(d=key.d, coff=key.coff, sched=key.schedule, arch=key.arch)
+        extra = {"ratio": key.ratio} if self.takes_ratio else {}
+        return self._fn("build")(d=key.d, coff=key.coff, sched=key.schedule, arch=key.arch,
+                                 **extra)
 
     def launch(self, fn, key: KernelKey, **tensors) -> None:
         """Launch the compiled ``fn`` of ``key`` on torch tensors (no validation)."""
@@ -85,12 +91,24 @@ class Family:
             raise ValueError(f"ratio={self.ratio} is validated for head_dim in "
                              f"{self.head_dims}, got head_dim={d}")
 
+    def check_shape(self, coff: int, d: int) -> None:
+        """ValueError unless the family serves (coff, d) (head dims, and its own rules)."""
+        self.check_head_dim(d)
+        if self.check_config is not None:
+            self.check_config(coff, d)
+
     def configs(self, coff: int | None = None, d: int | None = None) -> list[tuple[int, int]]:
-        """(coff, d) pairs to build: the given ones, else every coff and the build dims."""
+        """(coff, d) pairs to build: the given ones, else every coff and the build dims (those
+        the family serves)."""
         if d is not None:
             self.check_head_dim(d)
-        return [(c, hd) for c in (COFFS if coff is None else (coff,))
-                for hd in (self.build_dims if d is None else (d,))]
+            if coff is not None and self.check_config is not None:
+                self.check_config(coff, d)
+        pairs = [(c, hd) for c in (COFFS if coff is None else (coff,))
+                 for hd in (self.build_dims if d is None else (d,))]
+        if self.check_config is None or (coff is not None and d is not None):
+            return pairs
+        return [(c, hd) for c, hd in pairs if _serves(self.check_config, c, hd)]
 
     def keys(self, arch: str, coff: int | None = None, d: int | None = None) -> set[KernelKey]:
         """Every kernel the configuration can select on ``arch``."""
@@ -102,14 +120,27 @@ class Family:
                 for (c, hd), sched in self.selectable(arch) if (c, hd) in configs}
 
 
-def _r4(direction: str) -> Family:
+def _serves(check: Callable[[int, int], None], coff: int, d: int) -> bool:
+    try:
+        check(coff, d)
+    except ValueError:
+        return False
+    return True
+
+
+def _small(ratio: int, direction: str) -> Family:
+    """One ratio of the small-ratio family (kernels/small.py): one module, the ratio a
+    compile-time parameter; the schedule follows from (ratio, coff, d), no buckets."""
+    def select(coff, d, n_rows, arch):
+        return SS.small_schedule(direction, d, ratio=ratio, coff=coff)
+
     return Family(
-        ratio=S.R4_RATIO, direction=direction, module="csagate.kernels.r4", head_dims=None,
-        build_dims=S.R4_HEAD_DIMS,
-        select=lambda coff, d, n_rows, arch: S.r4_schedule(direction, d),
-        selectable=lambda arch: {((c, d), S.r4_schedule(direction, d))
-                                 for c in COFFS for d in S.R4_HEAD_DIMS},
-        tag_prefix=lambda key: key.kind)
+        ratio=ratio, direction=direction, module="csagate.kernels.small", head_dims=None,
+        build_dims=SS.SMALL_HEAD_DIMS, select=select,
+        selectable=lambda arch: {((c, d), select(c, d, 1, arch))
+                                 for c, d in SS.build_configs(ratio)},
+        tag_prefix=lambda key: key.kind, takes_ratio=True,
+        check_config=lambda coff, d: SS.check_config(ratio, coff, d))
 
 
 def _r128(direction: str) -> Family:
@@ -122,8 +153,12 @@ def _r128(direction: str) -> Family:
 
 
 # In build and report order.
+# ratio=4 first (the production small ratio), then 128, then the other small ratios.
+_ORDER = (4, 128, *(r for r in SS.SMALL_RATIOS if r != 4))
 FAMILIES: dict[tuple[int, str], Family] = {
-    (f.ratio, f.direction): f for f in (_r4("fwd"), _r4("bwd"), _r128("fwd"), _r128("bwd"))}
+    (f.ratio, f.direction): f
+    for ratio in _ORDER for direction in DIRECTIONS
+    for f in ((_r128 if ratio == S.RATIO else functools.partial(_small, ratio))(direction),)}
 RATIOS = tuple(dict.fromkeys(ratio for ratio, _ in FAMILIES))
 
 
@@ -131,7 +166,8 @@ def family(ratio: int, direction: str) -> Family:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     if (ratio, direction) not in FAMILIES:
-        raise ValueError(f"kernels are validated for ratio in {{4, 128}} only, got {ratio}")
+        raise ValueError(f"kernels are validated for ratio in {{{', '.join(map(str, RATIOS))}}} "
+                         f"only, got {ratio}")
     return FAMILIES[ratio, direction]
 
 
@@ -145,8 +181,9 @@ def keys_for(ratio: int, arch: str, coff: int | None = None, d: int | None = Non
     """Every kernel a configuration can select, sorted; ``coff``/``d`` narrow the set.
 
     ratio 128: what the dispatch tables can select (``schedule.selectable``), 10 forward +
-    6 backward kernels on sm_100a. ratio 4: forward + backward for coff in (1, 2) x d in
-    ``schedule.R4_HEAD_DIMS`` (any other ``d`` given explicitly is used as is).
+    6 backward kernels on sm_100a. The small ratios: forward + backward for coff in (1, 2) x d
+    in ``small_schedule.SMALL_HEAD_DIMS`` where the family serves them (ratio 2 has no c1d65:
+    ``small_schedule.config_problems``); any other ``d`` given explicitly is used as is.
     """
     keys: set[KernelKey] = set()
     for direction in DIRECTIONS:

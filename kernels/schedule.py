@@ -1,5 +1,6 @@
-"""Schedules of the kernels: the target arches and their tables, the ratio=128 schedule types,
-their one rule set (``config_problems``) and dispatch tables, and the ratio=4 schedule.
+"""Schedules of the kernels: the target arches and their tables, the ratio=128 dispatch tables
+(schedules, buckets, the validity predicate); the small-ratio schedules (ratio=4 among
+them) are kernels/small_schedule.py's.
 
 Pure Python (no cutlass, no torch): the gate's coverage check, ``csagate schedules``, the sweep
 and the CPU tests read these tables on any machine.
@@ -513,57 +514,23 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
 
 
 # --- ratio=4 -------------------------------------------------------------------------------
-# The whole window (ratio * coff positions) of a row lives in registers; the schedule follows
-# from d alone (kernels/r4.py, docs/KERNELS.md section 4).
+# The ratio=4 kernels are the small-ratio family's (kernels/small.py); its schedules live in
+# kernels/small_schedule.py. The names below are that module's, under their ratio=4 names.
 
+from csagate.kernels import small_schedule as _small  # noqa: E402  (pure Python too)
+
+MAX_GRID_Y = _small.MAX_GRID_Y
+R4_BWD_ROWS = _small.SMALL_BWD_ROWS
+R4_BWD_THREADS = _small.SMALL_BWD_THREADS
+R4_FWD_THREADS = _small.SMALL_FWD_THREADS
+R4_FWD_THREADS_WIDE = _small.SMALL_FWD_THREADS_WIDE
+R4_HEAD_DIMS = _small.SMALL_HEAD_DIMS
+R4Schedule = _small.SmallSchedule
+r4_fwd_schedule = _small.fwd_schedule
+r4_fwd_grid_y = _small.fwd_grid_y
 R4_RATIO = 4
-R4_FWD_THREADS = 64  # threads per forward CTA when d/vec >= 64
-R4_FWD_THREADS_WIDE = 128  # used when 64 threads would need gridDim.y > MAX_GRID_Y
-MAX_GRID_Y = 65535
-R4_BWD_ROWS = 8  # rows per backward CTA (compile-time)
-R4_BWD_THREADS = 128  # one thread per head-dim column
-# keys_for(4, ...) builds a representative set: d=65 is the odd-d vec=1 path, d=128 the vec=2
-# path of the drift check (c2d128), d=512 the wide head (vec=2, gridDim.y 4). Each at coff 1
-# and 2, forward and backward: 12 kernels. Any other d >= 1 is served as well.
-R4_HEAD_DIMS = (65, 128, 512)
-
-
-@dataclass(frozen=True)
-class R4Schedule:
-    """The compile-time shape of a ratio=4 kernel (it follows from d alone)."""
-
-    vec: int
-    threads: int
-    rows_per_cta: int
-    deterministic: bool = False  # backward only: dAPE partials stored per CTA (BwdSchedule)
-
-    @property
-    def tag(self) -> str:
-        return (f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
-                + ("_det" if self.deterministic else ""))
-
-    def astuple(self) -> tuple:
-        return (self.vec, self.threads, self.rows_per_cta)
-
-
-def r4_fwd_schedule(d: int) -> tuple[int, int]:
-    """Forward ``(vec, threads)``: vec columns per thread, threads per CTA (grid.y <= 65535)."""
-    vec = 2 if d % 2 == 0 else 1
-    groups = d // vec
-    threads = R4_FWD_THREADS if groups >= R4_FWD_THREADS else groups
-    if -(-groups // threads) > MAX_GRID_Y:
-        threads = R4_FWD_THREADS_WIDE
-    return vec, threads
-
-
-def r4_fwd_grid_y(d: int) -> int:
-    vec, threads = r4_fwd_schedule(d)
-    return -(-(d // vec) // threads)
 
 
 def r4_schedule(direction: str, d: int) -> R4Schedule:
-    """The ratio=4 kernel of a direction for head_dim d."""
-    if direction == "fwd":
-        vec, threads = r4_fwd_schedule(d)
-        return R4Schedule(vec, threads, 1)
-    return R4Schedule(1, R4_BWD_THREADS, R4_BWD_ROWS)
+    """The ratio=4 kernel of a direction for head_dim d (it does not depend on coff)."""
+    return _small.small_schedule(direction, d, ratio=R4_RATIO)

@@ -24,8 +24,8 @@ class Mutant:
     in_contract: str = ""  # non-empty: the reason this change is within the contract
 
 
-FWD, BWD, R4, DEV = ("kernels/r128_fwd.py", "kernels/r128_bwd.py", "kernels/r4.py",
-                     "kernels/device.py")
+FWD, BWD, SMALL, DEV = ("kernels/r128_fwd.py", "kernels/r128_bwd.py", "kernels/small.py",
+                        "kernels/device.py")
 
 MUTANTS: tuple[Mutant, ...] = (
     # (Every mutant stays in bounds: a kernel that reads or writes outside its tensors faults the
@@ -88,14 +88,40 @@ MUTANTS: tuple[Mutant, ...] = (
            "            if mCuc[nxt] < row:", 4, "G2",
            "ratio=4: the first row of every segment is taken for the previous segment"),
     # --- ratio=4 backward ------------------------------------------------------------------
-    Mutant("r4-bwd-fused-sum", R4,
-           "                    dot = add_rn(dot, tk)",
+    Mutant("r4-bwd-fused-sum", SMALL,
+           "            dot = add_rn(dot, tk)",
            "                    dot = fma_rn(mul_rn(go, rU[k]), rS[k], dot)", 4, "drift",
            "ratio=4: S summed with a fused multiply-add (another rounding order than torch)"),
-    Mutant("r4-bwd-dape-keeps-last-row", R4,
+    Mutant("r4-bwd-dape-keeps-last-row", SMALL,
            "    rG[k] = rG[k] + ds",
            "    rG[k] = ds", 4, "drift",
            "ratio=4: the per-CTA dAPE register sum keeps only the last row"),
+    # --- the other small ratios (each leaves ratio 4 as it is: the drift check passes) -------
+    Mutant("r2-fwd-first-block-reads-previous-segment", SMALL,
+           "                if blk > 0:\n"
+           "                    for k in cutlass.range_constexpr(RATIO):\n"
+           "                        _fwd_load(",
+           "                if (blk > 0) | (tok0 >= (RATIO if RATIO == 2 else 1 << 30)):\n"
+           "                    for k in cutlass.range_constexpr(RATIO):\n"
+           "                        _fwd_load(", 2, "G2",
+           "ratio=2, coff=2: the forward's first block of every segment but the first reads the "
+           "previous segment's last tokens as its first half"),
+    Mutant("r8-ape-row-modulo-4", SMALL,
+           "        return k - self.ratio, (self.d if k >= self.ratio else 0), k % self.ratio",
+           "        return k - self.ratio, (self.d if k >= self.ratio else 0), k % 4", 8, "G2",
+           "coff=2: the APE row of window position k taken mod 4 (the ratio-4 constant), not "
+           "mod ratio"),
+    Mutant("r16-bwd-previous-block-offset-4", SMALL,
+           "                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - RATIO + k, j)",
+           "                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - 4 + k, j)", 16,
+           "G2", "coff=2: the backward reads the previous block at tok0 - 4 (the ratio-4 "
+           "offset) instead of tok0 - ratio"),
+    Mutant("r32-bwd-reread-ape-own-half-columns", SMALL,
+           "            rS[k] = add_rn(mS[tok, c].to(F32), mApe[self.window_slot(k)[2], c])",
+           "            rS[k] = add_rn(mS[tok, c].to(F32), mApe[self.window_slot(k)[2], "
+           "c % self.d])", 32, "G2",
+           "coff=2, ratio 32 (the APE re-read per row): the own half reads the APE of columns "
+           "[0, d)"),
     # --- dispatch tables and the case list ----------------------------------------------------
     Mutant("large-bucket-edge-moved", "kernels/schedule.py",
            "    if n_rows >= LARGE_NB_MIN and (coff, d) in FWD_LARGE:",

@@ -59,8 +59,25 @@ def test_ratio128_rejects_coff3():
 
 
 def test_rejects_other_ratio():
-    with pytest.raises(ValueError, match=r"ratio in \{4, 128\}"):
-        check(tensors(ratio=8), ratio=8)
+    with pytest.raises(ValueError, match=r"ratio in \{4, 128, 2, 8, 16, 32\}"):
+        check(tensors(ratio=64), ratio=64)
+
+
+@pytest.mark.parametrize("ratio", [2, 8, 16, 32])
+def test_small_ratios_accepted(ratio):
+    """Every small ratio is in the envelope with ape (ratio, coff*d), at both coffs."""
+    for coff in (1, 2):
+        check(tensors(ratio=ratio, coff=coff, d=128, T=4 * ratio, N=4), ratio=ratio, coff=coff)
+    with pytest.raises(ValueError, match=r"ape shape .* must be \(ratio, coff\*head_dim\)"):
+        check(tensors(ratio=4, coff=1), ratio=ratio, coff=1)
+
+
+def test_ratio2_refuses_an_odd_width():
+    """ratio=2 with an odd coff*head_dim: dAPE (2*W fp32) is not a whole number of 16-byte
+    vectors; one line, before any launch. coff=2 serves the same d."""
+    with pytest.raises(ValueError, match="multiple of 4"):
+        check(tensors(ratio=2, coff=1, d=65, T=64, N=4), ratio=2, coff=1)
+    check(tensors(ratio=2, coff=2, d=65, T=64, N=4), ratio=2, coff=2)
 
 
 @pytest.mark.parametrize("coff", [3, 0])
@@ -290,7 +307,8 @@ def test_kernel_modules_take_the_keywords_the_api_passes():
     ok, why = dsl_available()
     if not ok:
         pytest.skip(why)
-    from csagate.kernels import r4, r128_bwd, r128_fwd
+    from csagate.kernels import r128_bwd, r128_fwd
+    from csagate.kernels import small as r4
 
     x = object()
     inputs = dict(kv=x, score=x, ape=x, cu=x, cuc=x)
@@ -302,6 +320,7 @@ def test_kernel_modules_take_the_keywords_the_api_passes():
     inspect.signature(r128_bwd.launch_bwd).bind(x, sched=x, **inputs, **grads, rows_per_cta=1)
     with pytest.raises(TypeError):
         inspect.signature(r128_fwd.launch_fwd).bind(x, sched=x, **inputs, out=x, stream=x)
+    inspect.signature(r4.build_bwd).bind(d=128, coff=1, arch="sm_90a", ratio=2)
     for build, kw in ((r4.build_fwd, {}), (r4.build_bwd, {}), (r128_fwd.build_fwd, {"sched": x}),
                       (r128_bwd.build_bwd, {"sched": x})):
         inspect.signature(build).bind(d=128, coff=1, arch="sm_90a", **kw)

@@ -115,3 +115,79 @@ def test_deterministic_cases():
         assert c.lens in (RAGGED3, EDGEPACK) and c.name.endswith("/deterministic")
         assert case_by_name(c.name) == c
     assert not any(c.deterministic for c in CASES)
+
+
+# --- the other small ratios (2, 8, 16, 32) -------------------------------------------------
+
+
+def _small_contracts():
+    from csagate.gates.contracts import CONTRACTS
+
+    return {r: k for r, k in CONTRACTS.items() if r not in (4, 128)}
+
+
+def test_every_small_ratio_has_a_contract_of_its_own():
+    from csagate.gates.contracts import CONTRACTS, R4
+    from csagate.kernels import registry
+
+    assert set(CONTRACTS) == set(registry.RATIOS)
+    for ratio, k in _small_contracts().items():
+        assert k.ratio == ratio and k.drift == DRIFT and not k.hardening and not k.edges
+        assert k.coverage_configs == R4.coverage_configs
+        # the ratio=4 rules, the forward's noise floor for the longer window
+        assert [(n, r.check) for n, r in k.g2] == [(n, r.check) for n, r in R4.g2]
+        assert k.rule("out").noise_atol >= R4.rule("out").noise_atol
+        assert all(c.ratio == ratio and c.name.startswith(f"r{ratio}/") for c in k.all_cases)
+
+
+def test_small_ratio_cases_hold_every_edge():
+    """Ragged packs with tails, empty and short segments, exact multiples, capacity padding
+    with a first segment shorter than ratio, overflow, partial overflow, scaled inputs and a
+    coff=1 zero-APE case: at each small ratio, by the packs' own arithmetic."""
+    for ratio, k in _small_contracts().items():
+        kinds = Counter(c.kind for c in k.all_cases)
+        assert {"union", "padding", "overflow", "partial-overflow", "scaled", "zero-ape",
+                "deterministic"} <= set(kinds), (ratio, kinds)
+        lens = [n for c in k.all_cases for n in c.lens]
+        assert any(n % ratio for n in lens), ratio          # tails
+        assert 0 in lens, ratio                             # an empty segment
+        assert any(0 < n < ratio for n in lens), ratio      # a segment with no block
+        assert any(n and n % ratio == 0 for n in lens)      # an exact multiple
+        pads = [c for c in k.cases if c.kind == "padding"]
+        assert any(c.lens[0] < ratio for c in pads) and all(c.pad_rows and c.pad_tokens
+                                                            for c in pads)
+        zero = [c for c in k.cases if c.kind == "zero-ape"]
+        assert zero and all(c.coff == 1 and c.inputs == "zero_ape" for c in zero)
+        scaled = [c for c in k.cases if c.kind == "scaled"]
+        assert [c.scale for c in scaled] == [64.0]
+        twin = [c for c in k.cases if c.kind == "union" and (c.coff, c.d, c.lens) ==
+                (scaled[0].coff, scaled[0].d, scaled[0].lens)]
+        assert twin, "the scaled case needs a unit-scale twin"
+        det = [c for c in k.all_cases if c.deterministic]
+        assert {c.coff for c in det} == {1, 2} and det == list(k.deterministic)
+        assert len({c.name for c in k.all_cases}) == len(k.all_cases)
+
+
+def test_small_ratio_cases_cover_their_tables():
+    """Coverage through the tables: the cases of each small ratio select every kernel the
+    registry builds for the contract's four configs, in both directions, on every arch."""
+    from csagate.kernels import registry
+
+    for ratio, k in _small_contracts().items():
+        for arch in S.ARCHES:
+            for direction in ("fwd", "bwd"):
+                fam = registry.family(ratio, direction)
+                expected = {(cfg, fam.select(*cfg, 1, arch)) for cfg in k.coverage_configs}
+                chosen = {((c.coff, c.d), fam.select(c.coff, c.d, c.rows, arch))
+                          for c in k.all_cases}
+                assert expected <= chosen, (ratio, arch, direction)
+
+
+def test_csa2_case_and_names_resolve():
+    from csagate.gates.cases import case_by_name
+
+    csa2 = case_by_name("r2/c1d128/1x32768/zero-ape")
+    assert (csa2.ratio, csa2.coff, csa2.inputs, csa2.rows) == (2, 1, "zero_ape", 16384)
+    for k in _small_contracts().values():
+        for c in k.all_cases:
+            assert case_by_name(c.name) == c

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from csagate.gates.contracts import R4, R128
+from csagate.gates.contracts import CONTRACTS, R4, R128
 
 from csagate import __version__
 from csagate.cli import cli
@@ -52,7 +52,7 @@ def test_cases_verbose_shows_every_why():
     r = CliRunner().invoke(cli, ["cases", "-v", "--ratio", "all"], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     flat = " ".join(r.output.split())
-    for contract in (R128, R4):
+    for contract in CONTRACTS.values():
         for case in (contract.drift, *contract.all_cases):
             assert " ".join(case.why.split()) in flat, case.name
 
@@ -68,7 +68,20 @@ def test_cases_table_ratio4_and_all():
     both = run("cases", "--ratio", "all")
     assert both.exit_code == 0
     assert "ratio=128 gate" in both.output and "ratio=4 gate" in both.output
-    assert len(_rows(both.output)) == 29 + 21
+    from csagate.gates.contracts import CONTRACTS
+
+    assert len(_rows(both.output)) == sum(1 + len(k.all_cases) for k in CONTRACTS.values())
+
+
+@pytest.mark.parametrize("ratio", ["2", "8", "16", "32"])
+def test_cases_table_small_ratios(ratio):
+    from csagate.gates.contracts import CONTRACTS
+
+    r = run("cases", "--ratio", ratio)
+    assert r.exit_code == 0, r.output
+    k = CONTRACTS[int(ratio)]
+    assert f"ratio={ratio} gate" in r.output and len(_rows(r.output)) == 1 + len(k.all_cases)
+    assert f"r{ratio}/c1d128/1x8192" in _rows(r.output)[1]
 
 
 def test_bad_ratio_is_a_usage_error():
@@ -83,7 +96,7 @@ def test_unknown_command_is_a_usage_error():
 def test_cases_imports_neither_torch_kernels_nor_cutlass():
     code = ("import sys; from csagate.cli import main; sys.argv=['csagate','cases'];\n"
             "try:\n  main()\nexcept SystemExit: pass\n"
-            "bad=[m for m in ('cutlass','csagate.kernels.r4','csagate.kernels.api')"
+            "bad=[m for m in ('cutlass','csagate.kernels.small','csagate.kernels.api')"
             " if m in sys.modules];"
             "print('LOADED', bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -25,7 +25,7 @@ def table_rows(text: str, marker: str) -> list[str]:
 
 @pytest.mark.parametrize("command", ["build", "probe"])
 def test_bad_ratio_is_a_usage_error(command):
-    r = run(command, "--ratio", "8")
+    r = run(command, "--ratio", "7")
     assert r.exit_code == 2 and "Invalid value" in r.output
 
 
@@ -57,7 +57,7 @@ def test_build_again_hits_the_cache_json(dsl):
     assert {rec["tag"] for rec in records} >= {"r4fwd_c1d65_v1", "r4bwd_c2d512_v1r8"}
     fwd = next(rec for rec in records if rec["tag"] == "r4fwd_c2d128_v2")
     assert fwd["schedule"] == {"tag": "v2", "vec": 2, "threads": 64, "rows_per_cta": 1,
-                               "deterministic": False}
+                               "deterministic": False, "ape_regs": True}
     assert (fwd["kind"], fwd["ratio"], fwd["config"], fwd["arch"]) == \
         ("r4fwd", 4, "c2d128", "sm_90a")
 

@@ -162,7 +162,7 @@ def test_build_failure_exits_3(cpu_gate):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["run", "--ratio", "7"], "'7' is not one of '128', '4', 'all'"),
+    (["run", "--ratio", "7"], "'7' is not one of '128', '2', '4', '8', '16', '32', 'all'"),
     (["run", "--device", "-1"], "--device"),
     (["run", "--bogus"], "No such option"),
     (["run", "--quick", "--case", "c1d128/1x8192"], "exclusive"),

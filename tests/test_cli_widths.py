@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 from csagate.gates.cases import DRIFT
-from csagate.gates.contracts import R4, R128
+from csagate.gates.contracts import CONTRACTS, R128
 from csagate.gates.verdict import (
     ERROR,
     FAIL,
@@ -140,7 +140,7 @@ def verdict_rows(text: str) -> dict[int, list[str]]:
     return rows
 
 
-@pytest.mark.parametrize("contract", [R128, R4], ids=["r128", "r4"])
+@pytest.mark.parametrize("contract", list(CONTRACTS.values()), ids=[f"r{r}" for r in CONTRACTS])
 @pytest.mark.parametrize("width", WIDTHS)
 def test_compact_verdict_fits_and_keeps_every_mark_and_name(width, contract):
     verdict = mixed_verdict(contract=contract)
@@ -236,7 +236,7 @@ def test_cases_never_split_a_name(width, verbose):
     assert_fits(result.stdout, width)
     rows = [line.split() for line in result.stdout.splitlines()
             if line.split() and line.split()[0].isdigit()]
-    names = [c.name for k in (R128, R4) for c in (k.drift, *k.all_cases)]
+    names = [c.name for k in CONTRACTS.values() for c in (k.drift, *k.all_cases)]
     assert [r[1] for r in rows] == names
 
 

@@ -64,6 +64,27 @@ def shape_tables(rows, copy_bw: float) -> tuple[Table, Table]:
     return fwd, bwd
 
 
+def small_table(rows, copy_bw: float) -> Table:
+    """The small-ratio families: forward and backward per shape, cold headline first."""
+    cols = ("ratio config", "tokens", "fwd\nkernel", "fwd cold\nus", "fwd\ngraph", "fwd\n%roof",
+            "fwd\n%copy", "bwd\nkernel", "bwd cold\nus", "bwd\ngraph", "bwd\n%roof",
+            "bwd\n%copy", "bwd det\nus")
+    t = console.new_table(f"small ratios, cold (copy roofline {copy_bw / 1e12:.2f} TB/s; cold us "
+                          "= L2 flushed, events around one launch; graph = warm graph replay "
+                          "per launch; % copy = a cold copy of the same bytes against the "
+                          "kernel)", cols, marks=cols[3:7] + cols[8:],
+                          right=(cols[1], *cols[3:7], *cols[8:]))
+    for r in rows:  # tags 'r2fwd_c1d128_v2': the schedule is what follows the config
+        t.add_row(r.config, str(r.tokens), r.fwd_kernel.split("_", 2)[-1],
+                  f"{r.fused_fwd_cold_us:.1f}", f"{r.fused_fwd_graph_us:.1f}",
+                  f"{100 * r.roofline('fwd'):.0f}%", f"{100 * r.vs_copy('fwd'):.0f}%",
+                  r.bwd_kernel.split("_", 2)[-1],
+                  f"{r.fused_bwd_cold_us:.1f}", f"{r.fused_bwd_graph_us:.1f}",
+                  f"{100 * r.roofline('bwd'):.0f}%", f"{100 * r.vs_copy('bwd'):.0f}%",
+                  f"{r.fused_bwd_det_cold_us:.1f}")
+    return t
+
+
 def det_table(rows) -> Table:
     """The deterministic backward's cost (cold, both modes)."""
     cols = ("config", "tokens", "default\nus", "determ.\nus", "cost")
@@ -88,6 +109,25 @@ def shape_json(r) -> dict:
                   "fwd_vs_copy": r.vs_copy("fwd"), "bwd_vs_copy": r.vs_copy("bwd"),
                   "fwd_roofline": r.roofline("fwd"), "bwd_roofline": r.roofline("bwd"),
                   "fwd_speedup": r.fwd_speedup, "total_speedup": r.total_speedup}
+
+
+def _small_rows(ratios, picked, copy_bw, iters, warmup, flush) -> list[dict]:
+    """Bench every small-ratio shape (``--shape`` narrows them), print the table, return the
+    JSON records."""
+    import torch
+
+    from csagate.perf import small_bench
+
+    rows = []
+    for ratio in ratios:
+        shapes = [(ratio, *p) for p in picked] if picked else small_bench.SHAPES[ratio]
+        for r, coff, d, tokens in shapes:
+            with console.err().status(f"r{r} c{coff}d{d} {tokens} tokens"):
+                rows.append(small_bench.bench_shape(r, coff, d, tokens, copy_bw=copy_bw,
+                                                    iters=iters, warmup=warmup, flush=flush))
+            torch.cuda.empty_cache()
+    console.print_table(small_table(rows, copy_bw))
+    return [shape_json(r) for r in rows]
 
 
 def _where(r) -> str:
@@ -217,7 +257,10 @@ def host_tables(host: dict) -> list[Table]:
 
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
-@click.option("--ratio", type=click.Choice(["128"]), default="128", show_default=True)
+@click.option("--ratio", type=click.Choice(["128", "2", "4", "8", "16", "32", "all"]),
+              default="128", show_default=True,
+              help="The family: 128 (its shape table, A/B and sweep), a small ratio (every "
+                   "config at 8192 and 131072 tokens), or all.")
 @click.option("--ab", "ab_fields", multiple=True,
               type=click.Choice(sorted({*S.option_names("fwd"), *S.option_names("bwd"),
                                         "regwin"})),
@@ -240,6 +283,11 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
     from csagate.kernels import schedule as S
     from csagate.perf import bench
 
+    small = [] if ratio == "128" else ([2, 4, 8, 16, 32] if ratio == "all" else [int(ratio)])
+    if small and (ab_fields or sweep_dirs or host):
+        if ratio != "all":
+            raise click.UsageError("--ab, --sweep and --host are ratio=128 options")
+        small = []
     picked = []
     for spec in shapes:
         try:
@@ -248,7 +296,7 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
             picked.append((coff, d, int(tokens)))
         except ValueError:
             raise click.BadParameter(f"{spec!r} is not cCdD:TOKENS", param_hint="--shape") from None
-        if (coff, d) not in S.CONFIGS or int(tokens) < 128:
+        if (coff, d) not in S.CONFIGS or int(tokens) < (128 if ratio == "128" else 32):
             raise click.BadParameter(f"{spec!r}: config must be one of "
                                      f"{[S.config_name(*c) for c in S.CONFIGS]}, tokens >= 128",
                                      param_hint="--shape")
@@ -286,7 +334,11 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
                 rows += bench.ab_field(name, iters=iters, warmup=warmup, flush=flush)
         console.print_table(ab_table(rows))
         report["ab"] = [dataclasses.asdict(r) | {"decision": r.decision} for r in rows]
+    elif ratio != "128" and not ratio == "all":
+        report["small"] = _small_rows(small, picked, copy_bw, iters, warmup, flush)
     else:
+        if small:
+            report["small"] = _small_rows(small, picked, copy_bw, iters, warmup, flush)
         rows = []
         for coff, d, tokens in picked or bench.SHAPES:
             with err.status(f"c{coff}d{d} {tokens} tokens"):

@@ -8,9 +8,10 @@ import click
 from csagate import console
 from csagate.console import one_line
 from csagate.exitcodes import ExitCode
+from csagate.kernels.registry import RATIOS
 from csagate.kernels.schedule import ARCHES
 
-RATIO_CHOICES = ("4", "128", "all")
+RATIO_CHOICES = (*(str(r) for r in RATIOS), "all")
 ARCH_CHOICES = ARCHES
 FALLBACK_ARCH = "sm_100a"
 ARCH_HELP = ("Build target [default: this machine's GPU (sm_90a on an H200, sm_100a on a B200); "
@@ -19,7 +20,7 @@ KERNELS_SCHEMA = "csagate.kernels/1"
 
 
 def ratios_of(choice: str) -> tuple[int, ...]:
-    return (4, 128) if choice == "all" else (int(choice),)
+    return RATIOS if choice == "all" else (int(choice),)
 
 
 def require_dsl() -> None:
@@ -60,7 +61,8 @@ def ratio_option(fn):
     """``--ratio 4|128|all``: the kernel families to build or probe (build and probe alike)."""
     return click.option("--ratio", type=click.Choice(RATIO_CHOICES), default="all",
                         show_default=True,
-                        help="ratio=4: coff 1/2 x d 65/128/512 (vec=1, vec=2, drift d); "
+                        help="the small ratios (2, 4, 8, 16, 32): coff 1/2 x d 65/128/512 "
+                             "(vec=1, vec=2, drift d); "
                              "ratio=128: the kernels of the dispatch tables.")(fn)
 
 

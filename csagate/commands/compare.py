@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from csagate import console
+from csagate.commands.run import RATIOS
 from csagate.exitcodes import ExitCode
 from csagate.impl_choice import load_impl
 
@@ -81,7 +82,7 @@ def _ready(impl, device):
 @click.option("--impl", "impls", multiple=True, required=True, metavar="NAME",
               callback=lambda ctx, p, v: tuple(load_impl(x) for x in v),
               help="An implementation (twice: A, then B); as for `csagate run --impl`.")
-@click.option("--ratio", type=click.Choice(("128", "4", "all")), default="128",
+@click.option("--ratio", type=click.Choice(RATIOS), default="128",
               show_default=True, help="The contract family whose cases are compared.")
 @click.option("--case", "names", multiple=True, metavar="NAME",
               help="Only this case (repeatable).")

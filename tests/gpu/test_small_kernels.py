@@ -1,11 +1,14 @@
-"""The ratio=4 kernels on the GPU against the fp32 eager reference (docs/CONTRACT.md section 4.1).
+"""The small-ratio kernels on the GPU against the fp32 eager reference (docs/CONTRACT.md section
+4.1), at every small ratio (2, 4, 8, 16, 32).
 
-The kernels are launched directly (``csagate.kernels.r4.launch_*``) into buffers allocated here:
+The kernels are launched directly (``csagate.kernels.small.launch_*``) into buffers allocated
+here:
 dKV/dScore start NaN-filled, so a slot the backward fails to write shows up as NaN. Contract:
 dKV and dScore ``torch.equal`` to the reference; the forward differs on at most
 max(1, int(1e-4 * numel)) elements, each by at most one bf16 step (or, where the sum cancels
 far below its terms, by less than the fp32 summation-order noise ``FWD_NOISE_ATOL``); dAPE
-within 1e-3; exact zeros on every never-consumed slot.
+within 1e-3; exact zeros on every never-consumed slot. The api, the torch op, the
+deterministic mode and CUDA graphs are checked at the new ratios at the end.
 """
 
 from __future__ import annotations
@@ -23,14 +26,20 @@ pytestmark = [
     pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable"),
 ]
 
-RATIO = 4
+SMALL_RATIOS = (2, 4, 8, 16, 32)
 FWD_REL_COUNT = 1e-4  # fraction of forward elements allowed one bf16 step off
-# Reordering an 8-term fp32 sum with sum|u*p| <= max|kv| ~ 6 moves it by <= 7 * 2^-24 * 6
-# ~ 2.5e-6; the two bf16 roundings can add that again.
-FWD_NOISE_ATOL = 8e-6
+# Reordering a w-term fp32 sum with sum|u*p| <= max|kv| ~ 6 moves it by <= (w-1) * 2^-24 * 6
+# (2.5e-6 at w = 8); the two bf16 roundings can add that again (gates.contracts.fwd_noise_atol).
+
+
+def _noise_atol(ratio: int, coff: int) -> float:
+    from csagate.gates.contracts import fwd_noise_atol
+
+    return fwd_noise_atol(ratio * coff)
+
 DAPE_ATOL = 1e-3
 RAGGED3 = (1023, 2048, 509)
-PACKS = [  # (lens, d)
+PACKS = [  # (lens, d): ratio=4
     ((2048,), 128),
     (RAGGED3, 128),
     ((3, 515, 1024, 129), 128),  # short first segment: the capacity rows read across it
@@ -38,12 +47,27 @@ PACKS = [  # (lens, d)
     ((260,), 65),  # odd d: the vec=1 forward
     ((2048,), 512),
 ]
-CASES = [(lens, d, coff) for coff in (2, 1) for lens, d in PACKS]
+OTHER_PACKS = [  # (lens, d): the other small ratios
+    (RAGGED3, 128),
+    ((64, 0, 253, 3, 1), 128),  # empty and short segments (1 token: short at ratio 2 too)
+    ((260,), 65),  # odd d: the vec=1 forward (ratio 2: coff 2 only)
+    ((2048,), 512),
+]
+
+
+def _served(ratio: int, coff: int, d: int) -> bool:
+    from csagate.kernels.small_schedule import config_problems
+
+    return not config_problems(ratio, coff, d)
+
+
+CASES = [(lens, d, coff, ratio) for ratio in SMALL_RATIOS for coff in (2, 1)
+         for lens, d in (PACKS if ratio == 4 else OTHER_PACKS) if _served(ratio, coff, d)]
 
 
 def _case_id(case) -> str:
-    lens, d, coff = case
-    return f"c{coff}d{d}-" + "_".join(map(str, lens))
+    lens, d, coff, ratio = case
+    return f"r{ratio}-c{coff}d{d}-" + "_".join(map(str, lens))
 
 
 # ----------------------------------------------------------------------------------------
@@ -52,36 +76,37 @@ def _case_id(case) -> str:
 
 
 @functools.cache
-def _kernels(d: int, coff: int):
-    from csagate.kernels import r4
+def _kernels(d: int, coff: int, ratio: int = 4):
+    from csagate.kernels import small
     from csagate.kernels._dsl import device_arch
 
     arch = device_arch()
-    return r4.build_fwd(d=d, coff=coff, arch=arch), r4.build_bwd(d=d, coff=coff, arch=arch)
+    return (small.build_fwd(d=d, coff=coff, arch=arch, ratio=ratio),
+            small.build_bwd(d=d, coff=coff, arch=arch, ratio=ratio))
 
 
-def _pack(lens, d, coff, **kw):
+def _pack(lens, d, coff, ratio=4, **kw):
     from csagate.reference import make_pack
 
-    return make_pack(lens, ratio=RATIO, coff=coff, d=d, device="cuda", **kw)
+    return make_pack(lens, ratio=ratio, coff=coff, d=d, device="cuda", **kw)
 
 
 def _run_fwd(pack, *, fill=float("nan"), stream=None) -> torch.Tensor:
-    from csagate.kernels import r4
+    from csagate.kernels import small
 
     kv, score, ape, cu, cuc = pack.inputs()
     out = torch.full((pack.n_rows, pack.d), fill, dtype=torch.bfloat16, device="cuda")
     if stream is not None:  # the fill above runs on the current stream
         stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream or torch.cuda.current_stream()):  # launches on the current
-        r4.launch_fwd(_kernels(pack.d, pack.coff)[0], kv=kv, score=score, ape=ape, cu=cu,
-                      cuc=cuc, out=out)
+        small.launch_fwd(_kernels(pack.d, pack.coff, pack.ratio)[0], kv=kv, score=score,
+                         ape=ape, cu=cu, cuc=cuc, out=out)
     torch.cuda.synchronize()
     return out
 
 
 def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None):
-    from csagate.kernels import r4
+    from csagate.kernels import small
 
     kv, score, ape, cu, cuc = pack.inputs()
     dkv = torch.full_like(kv, fill)
@@ -90,8 +115,9 @@ def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None):
     if stream is not None:  # the fills above run on the current stream
         stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream or torch.cuda.current_stream()):
-        r4.launch_bwd(_kernels(pack.d, pack.coff)[1], kv=kv, score=score, ape=ape, cu=cu,
-                      cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape)
+        small.launch_bwd(_kernels(pack.d, pack.coff, pack.ratio)[1], kv=kv, score=score,
+                         ape=ape, cu=cu, cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore,
+                         dape=dape)
     torch.cuda.synchronize()
     return dkv, dscore, dape
 
@@ -101,8 +127,8 @@ def _ref_out(pack) -> torch.Tensor:
     from csagate.reference import forward
 
     kv, score, ape, cu, cuc = pack.inputs()
-    return forward(kv, score, ape, cu, cuc, ratio=RATIO, coff=pack.coff, n_rows=pack.n_rows,
-                   precision="fp32")
+    return forward(kv, score, ape, cu, cuc, ratio=pack.ratio, coff=pack.coff,
+                   n_rows=pack.n_rows, precision="fp32")
 
 
 def _ref_grads(pack, grad_out):
@@ -112,13 +138,14 @@ def _ref_grads(pack, grad_out):
     kv, score, ape, cu, cuc = pack.inputs()
     go = grad_out.clone()
     go[pack.n_valid_rows:] = 0
-    return backward(kv, score, ape, cu, cuc, go, ratio=RATIO, coff=pack.coff, precision="fp32")
+    return backward(kv, score, ape, cu, cuc, go, ratio=pack.ratio, coff=pack.coff,
+                    precision="fp32")
 
 
 def _mask(pack) -> torch.Tensor:
     from csagate.reference import never_consumed_mask
 
-    return never_consumed_mask(pack.cu, ratio=RATIO, coff=pack.coff, d=pack.d,
+    return never_consumed_mask(pack.cu, ratio=pack.ratio, coff=pack.coff, d=pack.d,
                                n_tokens=pack.n_tokens).to("cuda")
 
 
@@ -138,7 +165,8 @@ def _slot(pack, index) -> str:
         if bounds[s] <= tok < bounds[s + 1]:
             off = tok - bounds[s]
             return (f"(token {tok}, column {col}): segment {s} (len {bounds[s + 1] - bounds[s]})"
-                    f" offset {off} = block {off // RATIO} position {off % RATIO}, {half}")
+                    f" offset {off} = block {off // pack.ratio} position {off % pack.ratio},"
+                    f" {half}")
     return f"(token {tok}, column {col}): token padding row (>= cu[B] = {bounds[-1]})"
 
 
@@ -165,10 +193,10 @@ def _bf16_ordinal(t: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, -mag, mag)
 
 
-def _check_forward(out, ref_out, label):
+def _check_forward(out, ref_out, label, noise_atol=8e-6):
     """Few elements differ, each by one bf16 step or by less than the fp32 summation noise.
 
-    The kernel sums the 4*coff products serially, torch's reduction in another order: the
+    The kernel sums the ratio*coff products serially, torch's reduction in another order: the
     two fp32 sums differ by a few fp32 ulps of the largest product, so where the sum cancels
     to far below its terms the bf16 results can be several (tiny) bf16 steps apart.
     """
@@ -179,12 +207,12 @@ def _check_forward(out, ref_out, label):
     diff = (out.float() - ref_out.float()).abs()
     n_diff = int((steps > 0).sum())
     allowed = max(1, int(FWD_REL_COUNT * out.numel()))
-    too_far = (steps > 1) & (diff > FWD_NOISE_ATOL)
+    too_far = (steps > 1) & (diff > noise_atol)
     worst = int(steps.max()) if steps.numel() else 0
     assert n_diff <= allowed and not too_far.any(), (
         f"{label}: forward differs from the fp32 reference on {n_diff} elements (allowed "
         f"{allowed}); {int(too_far.sum())} of them by more than one bf16 step and more than "
-        f"{FWD_NOISE_ATOL:g} (worst {worst} steps); " + _mismatch("out", out, ref_out))
+        f"{noise_atol:g} (worst {worst} steps); " + _mismatch("out", out, ref_out))
 
 
 def _check_grads(pack, dkv, dscore, dape, res, label):
@@ -219,18 +247,18 @@ def _check_zero_slots(pack, dkv, dscore, res, label):
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_forward_vs_fp32_reference(case):
-    lens, d, coff = case
-    pack = _pack(lens, d, coff)
-    _check_forward(_run_fwd(pack), _ref_out(pack), _case_id(case))
+    lens, d, coff, ratio = case
+    pack = _pack(lens, d, coff, ratio)
+    _check_forward(_run_fwd(pack), _ref_out(pack), _case_id(case), _noise_atol(ratio, coff))
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_backward_bitwise_vs_fp32_reference(case):
     from csagate.reference import make_grad_out
 
-    lens, d, coff = case
+    lens, d, coff, ratio = case
     label = _case_id(case)
-    pack = _pack(lens, d, coff)
+    pack = _pack(lens, d, coff, ratio)
     go = make_grad_out(pack.n_rows, d, device="cuda")
     dkv, dscore, dape = _run_bwd(pack, go)
     res = _ref_grads(pack, go)
@@ -245,15 +273,16 @@ def test_backward_bitwise_vs_fp32_reference(case):
 PAD_PACKS = [(3, 515, 1024, 129), RAGGED3]
 
 
+@pytest.mark.parametrize("ratio", SMALL_RATIOS)
 @pytest.mark.parametrize("coff", (2, 1))
 @pytest.mark.parametrize("lens", PAD_PACKS, ids=lambda lens: "_".join(map(str, lens)))
-def test_capacity_padding(lens, coff):
+def test_capacity_padding(lens, coff, ratio):
     """8 capacity rows + 37 token-padding rows; NONZERO grad_out on the capacity rows."""
     from csagate.reference import make_grad_out
 
     d = 128
-    label = f"c{coff}d{d}-" + "_".join(map(str, lens)) + "-pad8-tok37"
-    pack = _pack(lens, d, coff, pad_rows=8, pad_tokens=37)
+    label = f"r{ratio}-c{coff}d{d}-" + "_".join(map(str, lens)) + "-pad8-tok37"
+    pack = _pack(lens, d, coff, ratio, pad_rows=8, pad_tokens=37)
     n_valid = pack.n_valid_rows
     assert pack.n_rows == n_valid + 8 and pack.n_tokens == sum(lens) + 37, (
         f"make_pack geometry: n_rows {pack.n_rows} (valid {n_valid}), T {pack.n_tokens}")
@@ -262,7 +291,7 @@ def test_capacity_padding(lens, coff):
     go_zeroed = go.clone()
     go_zeroed[n_valid:] = 0
 
-    _check_forward(_run_fwd(pack), _ref_out(pack), label)
+    _check_forward(_run_fwd(pack), _ref_out(pack), label, _noise_atol(ratio, coff))
     res = _ref_grads(pack, go_zeroed)
 
     dkv, dscore, dape = _run_bwd(pack, go)
@@ -281,13 +310,14 @@ def test_capacity_padding(lens, coff):
             + _mismatch(name, a, b, pack))
 
 
+@pytest.mark.parametrize("ratio", SMALL_RATIOS)
 @pytest.mark.parametrize("coff", (2, 1))
-def test_three_run_determinism(coff):
+def test_three_run_determinism(coff, ratio):
     """Run 1 into zeros, runs 2-3 into NaN (run 3 on a side stream): bitwise identical."""
     from csagate.reference import make_grad_out
 
     d = 128
-    pack = _pack(RAGGED3, d, coff)
+    pack = _pack(RAGGED3, d, coff, ratio)
     go = make_grad_out(pack.n_rows, d, device="cuda")
     runs = [(_run_fwd(pack, fill=0.0), *_run_bwd(pack, go, fill=0.0)),
             (_run_fwd(pack), *_run_bwd(pack, go))]
@@ -297,7 +327,8 @@ def test_three_run_determinism(coff):
     for i in (1, 2):
         for name, a, b in zip(names, runs[0][:3], runs[i][:3], strict=True):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (
-                f"c{coff}d{d} ragged3: run {i + 1} {name} differs from run 1 (zero-filled): "
+                f"r{ratio} c{coff}d{d} ragged3: run {i + 1} {name} differs from run 1 "
+                "(zero-filled): "
                 + _mismatch(name, b, a, pack if name != "out" else None))
         err = (runs[i][3] - runs[0][3]).abs().max().item()
         assert err <= DAPE_ATOL, f"run {i + 1} dAPE differs from run 1 by {err:.3g}"
@@ -306,7 +337,7 @@ def test_three_run_determinism(coff):
 @pytest.mark.parametrize("coff", (2, 1))
 def test_no_rows_launches_nothing(coff):
     """lens [3, 2, 1]: N == 0, so nothing launches and every buffer keeps its NaN fill."""
-    from csagate.kernels import r4
+    from csagate.kernels import small
 
     d = 128
     pack = _pack((3, 2, 1), d, coff)
@@ -314,13 +345,110 @@ def test_no_rows_launches_nothing(coff):
     kv, score, ape, cu, cuc = pack.inputs()
     fwd, bwd = _kernels(d, coff)
     out = torch.empty(0, d, dtype=torch.bfloat16, device="cuda")
-    r4.launch_fwd(fwd, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out)
+    small.launch_fwd(fwd, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, out=out)
     go = torch.empty(0, d, dtype=torch.bfloat16, device="cuda")
     dkv = torch.full_like(kv, float("nan"))
     dscore = torch.full_like(score, float("nan"))
     dape = torch.full_like(ape, float("nan"))
-    r4.launch_bwd(bwd, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=go, dkv=dkv,
-                  dscore=dscore, dape=dape)
+    small.launch_bwd(bwd, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=go, dkv=dkv,
+                     dscore=dscore, dape=dape)
     torch.cuda.synchronize()
     for name, t in (("dKV", dkv), ("dScore", dscore), ("dAPE", dape)):
         assert t.isnan().all(), f"N == 0 but {name} was written ({int((~t.isnan()).sum())})"
+
+
+# ----------------------------------------------------------------------------------------
+# The new ratios through the api, the torch op, the deterministic mode and a CUDA graph
+# ----------------------------------------------------------------------------------------
+
+NEW_RATIOS = tuple(r for r in SMALL_RATIOS if r != 4)
+
+
+def _api_grads(pack, go, **kw):
+    from csagate.kernels import api
+
+    return api.backward(*pack.inputs(), go, ratio=pack.ratio, coff=pack.coff, **kw)
+
+
+@pytest.mark.parametrize("ratio", NEW_RATIOS)
+@pytest.mark.parametrize("coff", (1, 2))
+def test_api_op_and_deterministic_mode(ratio, coff):
+    """api.forward/backward equal the direct launches bitwise (out, dKV, dScore); the torch op
+    equals the api (dAPE within the atomics' order noise); deterministic=True gives the same
+    dKV/dScore and a dAPE bitwise equal run to run, within 1e-3 of the reference."""
+    from csagate.kernels import api
+    from csagate.reference import make_grad_out
+
+    from csagate import ops
+
+    d = 128
+    label = f"r{ratio} c{coff}d{d}"
+    pack = _pack(RAGGED3, d, coff, ratio, pad_rows=3)
+    go = make_grad_out(pack.n_rows, d, device="cuda")
+    out = api.forward(*pack.inputs(), ratio=ratio, coff=coff, n_rows=pack.n_rows)
+    assert torch.equal(out, _run_fwd(pack)), f"{label}: api forward != direct launch"
+    dkv, dscore, dape = _api_grads(pack, go, deterministic=False)
+    ref = _ref_grads(pack, go)
+    _check_grads(pack, dkv, dscore, dape, ref, f"{label} api")
+
+    leaves = [t.detach().clone().requires_grad_(True) for t in pack.inputs()[:3]]
+    op_out = ops.csa_compress(*leaves, pack.cu, pack.cuc, ratio=ratio, coff=coff,
+                              n_rows=pack.n_rows)
+    op_out.backward(go)
+    torch.cuda.synchronize()
+    assert torch.equal(op_out, out), f"{label}: op forward != api"
+    for name, got, want in (("dKV", leaves[0].grad, dkv), ("dScore", leaves[1].grad, dscore)):
+        assert torch.equal(got, want), f"{label} op: " + _mismatch(name, got, want, pack)
+    assert (leaves[2].grad - dape).abs().max().item() <= 1e-5, f"{label}: op dAPE"
+
+    runs = [_api_grads(pack, go, deterministic=True) for _ in range(2)]
+    for det in runs:
+        assert torch.equal(det[0], dkv) and torch.equal(det[1], dscore), (
+            f"{label}: deterministic dKV/dScore differ from the default mode")
+    assert torch.equal(runs[0][2].view(torch.int32), runs[1][2].view(torch.int32)), (
+        f"{label}: deterministic dAPE differs run to run")
+    assert (runs[0][2] - ref.dape).abs().max().item() <= DAPE_ATOL
+
+
+@pytest.mark.parametrize("ratio", NEW_RATIOS)
+def test_cuda_graph_replay(ratio):
+    """A captured forward + backward replays to the eager results, then to the reference on
+    new data copied into the same buffers (the segment layout changes with it)."""
+    from csagate.kernels import api
+    from csagate.reference import make_grad_out
+
+    coff, d = 2, 128
+    a = _pack((512, 256, 0), d, coff, ratio)  # the same T, N and B for both packs
+    b = _pack((384, 128, 256), d, coff, ratio, seed=99)
+    assert (a.n_tokens, a.n_rows, a.cu.shape) == (b.n_tokens, b.n_rows, b.cu.shape)
+    kv, score, ape, cu, cuc = (t.clone() for t in a.inputs())
+    go = make_grad_out(a.n_rows, d, device="cuda")
+    n = a.n_rows
+
+    def step():
+        out = api.forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n)
+        return (out, *api.backward(kv, score, ape, cu, cuc, go, ratio=ratio, coff=coff))
+
+    eager = step()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, x, y in zip(("out", "dKV", "dScore"), static[:3], eager[:3], strict=True):
+        assert torch.equal(x, y), f"r{ratio} replay {name} != eager"
+    for dst, src in ((kv, b.kv), (score, b.score), (ape, b.ape), (cu, b.cu), (cuc, b.cuc)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    from csagate.reference import backward
+
+    ref = backward(kv, score, ape, cu, cuc, go, ratio=ratio, coff=coff, precision="fp32")
+    for name, got, want in (("dKV", static[1], ref.dkv), ("dScore", static[2], ref.dscore)):
+        assert torch.equal(got, want), f"r{ratio} new-data replay: " + _mismatch(name, got, want)

@@ -1,0 +1,398 @@
+"""The small-ratio kernels of the CSA compressor (forward and backward, CuTe DSL): every
+power-of-two ratio in ``small_schedule.SMALL_RATIOS``, the ratio a compile-time parameter.
+
+Semantics and edge rules: docs/CONTRACT.md sections 1-2; designs: docs/KERNELS.md section 4.
+The whole window (``ratio * coff`` positions) of one output row lives in registers
+(kernels/small_schedule.py says how far that goes). dKV and dScore are bitwise equal to torch's
+fp32 eager autograd because every value is built with torch's expression tree and rounding
+sequence:
+
+* ``s_k = f32(score) + ape``; ``mx`` = serial max from ``s_0`` (strict ``>``);
+  ``e_k = exp(s_k - mx)`` with the accurate exp (bit-identical to ``torch.exp``);
+  ``den`` = serial ascending sum from 0; ``p_k = e_k / den`` (IEEE ``div.rn``);
+* forward: ``out = bf16(sum_k u_k * p_k)``, a serial ascending sum (not claimed bitwise);
+* backward: ``dp_k = go * u_k``; ``t_k = dp_k * p_k``; ``S`` = serial ascending sum of
+  ``t_k`` from 0; ``ds_k = fma(p_k, -S, t_k)`` (torch's softmax-backward epilogue);
+  ``dKV = bf16(go * p_k)``, ``dScore = bf16(ds_k)``, dAPE accumulates the fp32 ``ds_k``.
+
+Every product and sum that plain fp32 code could contract into an FMA is pinned with
+``mul.rn`` / ``add.rn`` / ``fma.rn``. Invalid window positions (the previous half of a
+segment's first block, coff=2) hold ``s = -inf, u = 0`` and so give ``e = p = 0``; they own
+no dKV/dScore slot, so nothing is stored for them and they add nothing to dAPE.
+
+Kernels take raw global pointers plus runtime Int32 sizes (T tokens, N rows, B segments);
+the row width ``W = coff * d`` is compile-time, so vector accesses stay provable. The segment
+of a row is found on the device by a binary search over ``cuc`` (no host sync). At ratio 4
+these are the production ratio=4 kernels, whose PTX the build tests pin (the drift check's
+anchor): the ratio-4 instance is instruction for instruction what it was before the ratio
+became a parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cuda.bindings.driver as cuda
+from csagate.kernels._dsl import compile_for, cute_modules, env_stream, fake_rows, fake_vec, sym
+from csagate.kernels.device import (
+    BF16,
+    F32,
+    I32,
+    NEG_INF,
+    add_rn,
+    fma_rn,
+    launch_zero_f32,
+    mul_rn,
+    red_add_f32,
+    segment_bits,
+    segment_search,
+    store_partial_f32,
+    zero_padding_tokens,
+    zero_short_segments,
+)
+from csagate.kernels.small_schedule import (
+    SmallSchedule,
+    check_config,
+    fwd_grid_y,
+    fwd_schedule,
+    small_schedule,
+)
+
+cutlass, cute = cute_modules()
+
+
+class SmallGeometry:
+    """The static geometry of one small-ratio kernel: every field is compile-time."""
+
+    def __init__(self, ratio: int, d: int, coff: int):
+        check_config(ratio, coff, d)
+        self.ratio, self.d, self.coff = ratio, d, coff
+        self.win = coff * ratio  # WIN: positions of one row's window
+
+    def window_slot(self, k: int):
+        """Static placement of window position k: (token offset from tok0, column offset, APE
+        row).
+
+        coff=1: token tok0+k, columns [0, d). coff=2: k < ratio is the previous block (token
+        tok0-ratio+k, columns [0, d)), k >= ratio the own block (token tok0+k-ratio, columns
+        [d, 2d)); both use APE row k mod ratio and the same column offset as kv/score.
+        """
+        if self.coff == 1:
+            return k, 0, k
+        return k - self.ratio, (self.d if k >= self.ratio else 0), k % self.ratio
+
+
+# ----------------------------------------------------------------------------------------
+# Forward: one CTA per (row, threads*vec columns); one thread per vec columns
+# ----------------------------------------------------------------------------------------
+
+
+def _fwd_load(mKV, mS, mApe, rS, rU, k, tok, ctile, ape_row, vec):
+    """Window position k of this thread's vec columns: s = f32(score) + ape, u = f32(kv)."""
+    sv = cute.local_tile(mS, (1, vec), (tok, ctile)).load().to(F32)
+    uv = cute.local_tile(mKV, (1, vec), (tok, ctile)).load().to(F32)
+    av = cute.local_tile(mApe, (1, vec), (ape_row, ctile)).load()
+    for e in range(vec):
+        rS[k, e] = add_rn(sv[e], av[e])
+        rU[k, e] = uv[e]
+
+
+def _fwd_invalid(rS, rU, k, vec):
+    """The previous half of a segment's first block (coff=2): score -inf, kv 0."""
+    for e in range(vec):
+        rS[k, e] = F32(NEG_INF)
+        rU[k, e] = F32(0.0)
+
+
+class SmallFwdKernel(SmallGeometry):
+    """The forward for one (ratio, d, coff); the schedule follows from them."""
+
+    def __init__(self, ratio: int, d: int, coff: int):
+        super().__init__(ratio, d, coff)
+        self.vec, self.threads = fwd_schedule(d, self.win)
+        self.gy = fwd_grid_y(d, self.win)
+
+    @cute.jit
+    def __call__(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
+                 mCuc: cute.Tensor, mOut: cute.Tensor, seg_bits: I32, stream: cuda.CUstream):
+        n_rows = mOut.shape[0]
+        n_seq = mCu.shape[0] - 1
+        self.kernel(mKV, mS, mApe, mCu, mCuc, mOut, n_seq, seg_bits).launch(
+            grid=(n_rows, self.gy, 1), block=(self.threads, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
+               mCuc: cute.Tensor, mOut: cute.Tensor, n_seq: I32, seg_bits: I32):
+        RATIO, WIN, VEC = self.ratio, self.win, self.vec
+        tx, _, _ = cute.arch.thread_idx()
+        row, by, _ = cute.arch.block_idx()
+        col = by * self.threads + tx  # this thread's column group: [col*VEC, col*VEC+VEC)
+        if col < self.d // VEC:
+            seg = segment_search(mCuc, row, n_seq, seg_bits)
+            blk = I32(0)  # block index in the segment; capacity padding rows: a first block
+            tok0 = I32(0)  # at token 0
+            if seg < n_seq:
+                blk = row - mCuc[seg]
+                tok0 = mCu[seg] + blk * RATIO
+
+            rS = cute.make_rmem_tensor((WIN, VEC), F32)
+            rU = cute.make_rmem_tensor((WIN, VEC), F32)
+            if cutlass.const_expr(self.coff == 2):
+                if blk > 0:
+                    for k in cutlass.range_constexpr(RATIO):
+                        _fwd_load(mKV, mS, mApe, rS, rU, k, tok0 - RATIO + k, col, k, VEC)
+                else:
+                    for k in cutlass.range_constexpr(RATIO):
+                        _fwd_invalid(rS, rU, k, VEC)
+            for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+                tok_off, col_off, ape_row = self.window_slot(k)
+                _fwd_load(mKV, mS, mApe, rS, rU, k, tok0 + tok_off, col + col_off // VEC,
+                          ape_row, VEC)
+            self.softmax_sum(rS, rU, mOut, row, col)
+
+    @cute.jit
+    def softmax_sum(self, rS: cute.Tensor, rU: cute.Tensor, mOut: cute.Tensor, row: I32,
+                    col: I32):
+        """out[row, col-group] = bf16(sum_k u_k * e_k / den), each column serially."""
+        WIN, VEC = self.win, self.vec
+        rOut = cute.make_rmem_tensor((1, VEC), F32)
+        for e in cutlass.range_constexpr(VEC):
+            mx = rS[0, e]
+            for k in cutlass.range_constexpr(1, WIN):
+                if rS[k, e] > mx:
+                    mx = rS[k, e]
+            den = F32(0.0)
+            for k in cutlass.range_constexpr(WIN):
+                ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
+                rS[k, e] = ek
+                den = add_rn(den, ek)
+            acc = F32(0.0)
+            for k in cutlass.range_constexpr(WIN):
+                pk = rS[k, e] / den
+                acc = add_rn(acc, mul_rn(rU[k, e], pk))
+            rOut[0, e] = acc
+        cute.local_tile(mOut, (1, VEC), (row, col)).store(rOut.load().to(BF16))
+
+
+# ----------------------------------------------------------------------------------------
+# Backward: one CTA per (rows_per_cta rows, threads columns); one thread per column
+# ----------------------------------------------------------------------------------------
+
+
+def _zero_token(mDKV, mDS, tok, j, d, coff):
+    """Exact zeros into every dKV/dScore slot of token tok owned by column j."""
+    for h in range(coff):
+        mDKV[tok, j + h * d] = BF16(0.0)
+        mDS[tok, j + h * d] = BF16(0.0)
+
+
+def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
+    """dKV/dScore of window position k into slot (tok, c); dAPE partial += fp32 ds_k."""
+    pk = rP[k]
+    ds = fma_rn(pk, -dot, rT[k])
+    mDKV[tok, c] = mul_rn(go, pk).to(BF16)
+    mDS[tok, c] = ds.to(BF16)
+    rG[k] = rG[k] + ds
+
+
+class SmallBwdKernel(SmallGeometry):
+    """The backward for one (ratio, d, coff, schedule): rows per CTA, threads, the APE hoisted
+    or re-read, the dAPE atomics or (deterministic) per-CTA partials."""
+
+    def __init__(self, ratio: int, d: int, coff: int, sched: SmallSchedule):
+        super().__init__(ratio, d, coff)
+        self.rows, self.threads = sched.rows_per_cta, sched.threads
+        self.det, self.ape_regs = sched.deterministic, sched.ape_regs
+
+    @cute.jit
+    def __call__(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
+                 mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
+                 mDApe: cute.Tensor, seg_bits: I32, zero_dape: I32, stream: cuda.CUstream):
+        # zero_dape != 0: dape is zeroed first (a fresh output); 0: accumulated into. DET's
+        # mDApe is a partials slice the kernel stores whole (kernels/reduce.py takes it there).
+        n_tok = mKV.shape[0]
+        n_rows = mGo.shape[0]
+        n_seq = mCu.shape[0] - 1
+        if cutlass.const_expr(not self.det):
+            if zero_dape != 0:
+                launch_zero_f32(mDApe, stream)
+        # The default mode launches as a programmatic dependent (PDL), as the r128 backward.
+        self.kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
+                    seg_bits, zero_dape).launch(
+            grid=(cute.ceil_div(n_rows, self.rows), -(-self.d // self.threads), 1),
+            block=(self.threads, 1, 1), stream=stream, use_pdl=not self.det)
+
+    @cute.kernel
+    def kernel(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
+               mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
+               mDApe: cute.Tensor, n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32,
+               zero_dape: I32):
+        D, COFF, WIN = self.d, self.coff, self.win
+        if cutlass.const_expr(not self.det):
+            # A programmatic dependent (PDL) of the kernel before it: behind the launch's dAPE
+            # zeroing it runs at once and waits before its atomics; else it waits here, first.
+            if zero_dape == 0:
+                cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(self.det):  # the dAPE reduction may be scheduled (PDL, reduce.py)
+            cute.arch.griddepcontrol_launch_dependents()
+        tx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        gdx, _, _ = cute.arch.grid_dim()
+        j = by * self.threads + tx  # this thread's column in [0, d)
+        if j < D:
+            # Zero classes (c) and (d): segment s belongs to CTA column bx == s mod gridDim.x;
+            # token-capacity padding [cu[B], T) is strided over gridDim.x.
+            zero = functools.partial(_zero_token, mDKV, mDS, j=j, d=D, coff=COFF)
+            zero_short_segments(mCu, mCuc, n_seq, bx, gdx, 0, 1, zero, 1)
+            zero_padding_tokens(mCu[n_seq] + bx, n_tok, gdx, zero, 1)
+
+            rA = cute.make_rmem_tensor((WIN if self.ape_regs else 1,), F32)  # APE, hoisted
+            rG = cute.make_rmem_tensor((WIN,), F32)  # dAPE partials over this CTA's rows
+            rS = cute.make_rmem_tensor((WIN,), F32)  # s_k, then e_k, then p_k
+            rU = cute.make_rmem_tensor((WIN,), F32)  # u_k, then t_k
+            for k in cutlass.range_constexpr(WIN):
+                if cutlass.const_expr(self.ape_regs):
+                    _, col_off, ape_row = self.window_slot(k)
+                    rA[k] = mApe[ape_row, j + col_off]
+                rG[k] = F32(0.0)
+
+            n_valid = cutlass.min(mCuc[n_seq], n_rows)  # capacity padding rows: ignored
+            for rr in cutlass.range(self.rows, unroll=1):
+                row = bx * self.rows + rr
+                if row < n_valid:
+                    self.row_grads(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, rA, rG, rS, rU,
+                                   row, n_seq, seg_bits, j)
+            self.dape_out(mDApe, rG, bx, j)
+
+    @cute.jit
+    def row_grads(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
+                  mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
+                  rA: cute.Tensor, rG: cute.Tensor, rS: cute.Tensor, rU: cute.Tensor,
+                  row: I32, n_seq: I32, seg_bits: I32, j: I32):
+        """dKV/dScore of one valid row's window in column j, its zero classes (a) and (b),
+        and its ds into the dAPE partials rG."""
+        RATIO, WIN = self.ratio, self.win
+        seg = segment_search(mCuc, row, n_seq, seg_bits)
+        blk = row - mCuc[seg]
+        tok0 = mCu[seg] + blk * RATIO
+        has_prev = blk > 0
+        if cutlass.const_expr(self.coff == 2):
+            if has_prev:
+                for k in cutlass.range_constexpr(RATIO):
+                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - RATIO + k, j)
+            else:
+                for k in cutlass.range_constexpr(RATIO):
+                    rS[k] = F32(NEG_INF)
+                    rU[k] = F32(0.0)
+        for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+            tok_off, col_off, _ = self.window_slot(k)
+            self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 + tok_off, j + col_off)
+
+        mx = rS[0]
+        for k in cutlass.range_constexpr(1, WIN):
+            if rS[k] > mx:
+                mx = rS[k]
+        den = F32(0.0)
+        for k in cutlass.range_constexpr(WIN):
+            ek = cute.math.exp(rS[k] - mx)  # invalid: exp(-inf) = +0
+            rS[k] = ek
+            den = add_rn(den, ek)
+        go = mGo[row, j].to(F32)
+        dot = F32(0.0)  # S = sum_k t_k
+        for k in cutlass.range_constexpr(WIN):
+            pk = rS[k] / den
+            tk = mul_rn(mul_rn(go, rU[k]), pk)
+            rS[k] = pk
+            rU[k] = tk
+            dot = add_rn(dot, tk)
+
+        if cutlass.const_expr(self.coff == 2):
+            if has_prev:
+                for k in cutlass.range_constexpr(RATIO):
+                    _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 - RATIO + k, j)
+        for k in cutlass.range_constexpr(WIN - RATIO, WIN):
+            tok_off, col_off, _ = self.window_slot(k)
+            _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 + tok_off, j + col_off)
+
+        if row + 1 == mCuc[seg + 1]:  # the segment's last block
+            if cutlass.const_expr(self.coff == 2):
+                # Zero class (b): columns [0, d) of the last block's own tokens.
+                for k in cutlass.range_constexpr(RATIO):
+                    mDKV[tok0 + k, j] = BF16(0.0)
+                    mDS[tok0 + k, j] = BF16(0.0)
+            # Zero class (a): the tail tokens after the last block, all columns.
+            for tok in cutlass.range(tok0 + RATIO, mCu[seg + 1], unroll=1):
+                _zero_token(mDKV, mDS, tok, j, self.d, self.coff)
+
+    def load(self, mKV, mS, mApe, rA, rS, rU, k, tok, c):
+        """Window position k of column c: s = f32(score) + ape (hoisted in rA, or re-read
+        from the APE: the same value), u = f32(kv)."""
+        if self.ape_regs:
+            rS[k] = add_rn(mS[tok, c].to(F32), rA[k])
+        else:
+            rS[k] = add_rn(mS[tok, c].to(F32), mApe[self.window_slot(k)[2], c])
+        rU[k] = mKV[tok, c].to(F32)
+
+    @cute.jit
+    def dape_out(self, mDApe: cute.Tensor, rG: cute.Tensor, bx: I32, j: I32):
+        """One fp32 atomic per (window position, column) per CTA. DET: the same values STORED
+        into CTA bx's slice of the (gx*ratio, W) partials buffer mDApe points at; the (by, tx,
+        k) of the CTAs (bx, *) cover every (APE row, column) once, so every slot of slice bx
+        is written once (zeros where no row ran)."""
+        if cutlass.const_expr(not self.det):
+            cute.arch.griddepcontrol_wait()  # the zeros land first (else already waited)
+        for k in cutlass.range_constexpr(self.win):
+            _, col_off, ape_row = self.window_slot(k)
+            if cutlass.const_expr(self.det):
+                store_partial_f32(mDApe, bx, (ape_row, j + col_off), rG, k)
+            else:
+                red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
+
+
+# ----------------------------------------------------------------------------------------
+# Build and launch (plain Python)
+# ----------------------------------------------------------------------------------------
+
+
+def _fake_io(ratio: int, d: int, coff: int, grads: bool) -> list:
+    """The compile-time tensors: T, B+1 and N symbolic, so one build serves every size."""
+    W = coff * d
+    T, B1, N = sym(), sym(), sym()
+    args = [fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, ratio, W),
+            fake_vec(I32, B1), fake_vec(I32, B1), fake_rows(BF16, N, d)]
+    if grads:
+        args += [fake_rows(BF16, T, W), fake_rows(BF16, T, W), fake_rows(F32, ratio, W)]
+    return args
+
+
+def build_fwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
+    """Compile the forward for (ratio, d, coff) on ``arch`` (no GPU needed); the schedule
+    follows from them (``small_schedule``), ``sched`` is taken for the uniform signature."""
+    kernel = SmallFwdKernel(ratio, d, coff)
+    return compile_for(arch, kernel, *_fake_io(ratio, d, coff, False), I32(1), env_stream())
+
+
+def build_bwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
+    """Compile the backward for (ratio, d, coff) on ``arch`` (no GPU needed); ``sched``
+    (default: ``small_schedule``) says the deterministic form (dAPE partials)."""
+    base = small_schedule("bwd", d, ratio=ratio, coff=coff)
+    det = sched is not None and sched.deterministic
+    sched = SmallSchedule(base.vec, base.threads, base.rows_per_cta, det, base.ape_regs)
+    fake = (*_fake_io(ratio, d, coff, True), I32(1), I32(0), env_stream())
+    return compile_for(arch, SmallBwdKernel(ratio, d, coff, sched), *fake)
+
+
+def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, sched=None) -> None:
+    """out[b] for every row b < out.shape[0] (capacity padding rows included), on torch's
+    current stream."""
+    if out.shape[0]:
+        fn(kv, score, ape, cu, cuc, out, segment_bits(cu.shape[0] - 1))
+
+
+def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+               sched=None, zero_dape: bool = False) -> None:
+    """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += partials
+    (``zero_dape``: dape zeroed inside the launch first, a fresh output)."""
+    if grad_out.shape[0]:
+        fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+           segment_bits(cu.shape[0] - 1), int(zero_dape))
