@@ -68,6 +68,14 @@ def fwd_noise_atol(window: int) -> float:
     return max(R4_FWD_NOISE_ATOL, 2 * (window - 1) * 2.0**-24 * KV_BOUND)
 
 
+def fwd_fraction(window: int) -> float:
+    """The share of forward elements allowed one bf16 step off the fp32 reference: 1e-4 up to
+    the ratio=4 window of 8 products, then in proportion to the window. Two fp32 orders of a
+    w-term sum differ by O(w) ulps, and the chance that the bf16 rounding of the result flips
+    grows with that difference (H200, 2026-12-01: 1.3e-4 of the elements at w = 64)."""
+    return limits.R4_FWD_FRACTION * max(1.0, window / 8)
+
+
 @dataclass(frozen=True)
 class Rule:
     """How G2 judges one tensor against the fp32 eager reference.
@@ -142,10 +150,11 @@ R128 = Contract(
 def small_contract(ratio: int, cases: tuple[Case, ...], deterministic: tuple[Case, ...]
                    ) -> Contract:
     """The ratio=4 contract at a small ratio: dKV/dScore bitwise, the forward a bf16 step off
-    on at most 1e-4 of the elements (noise floor for the coff=2 window), dAPE within 1e-3."""
+    on at most ``fwd_fraction`` of the elements (1e-4 up to ratio 4; count and noise floor
+    for the coff=2 window), dAPE within 1e-3."""
     return Contract(
         ratio=ratio, drift=DRIFT, cases=cases, hardening=(),
-        g2=(("out", Rule("bf16_steps", fraction=limits.R4_FWD_FRACTION,
+        g2=(("out", Rule("bf16_steps", fraction=fwd_fraction(2 * ratio),
                          noise_atol=fwd_noise_atol(2 * ratio))),
             ("dkv", Rule("bitwise")),
             ("dscore", Rule("bitwise")),
