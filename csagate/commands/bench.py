@@ -9,6 +9,7 @@ from rich.table import Table
 from csagate import console
 from csagate.commands.build import existing_parent
 from csagate.exitcodes import ExitCode
+from csagate.gates.contracts import CONTRACTS  # plain data: the families a ratio names
 from csagate.kernels import schedule as S
 
 
@@ -257,7 +258,7 @@ def host_tables(host: dict) -> list[Table]:
 
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
-@click.option("--ratio", type=click.Choice(["128", "2", "4", "8", "16", "32", "all"]),
+@click.option("--ratio", type=click.Choice([*(str(r) for r in CONTRACTS), "all"]),
               default="128", show_default=True,
               help="The family: 128 (its shape table, A/B and sweep), a small ratio (every "
                    "config at 8192 and 131072 tokens), or all.")
@@ -276,7 +277,8 @@ def host_tables(host: dict) -> list[Table]:
               help="Only these shapes, e.g. c1d128:8192 (repeatable).")
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(1),
               help="Timed launches per figure (cold figures use at least 60).")
-@click.option("--warmup", default=30, show_default=True, type=click.IntRange(0))
+@click.option("--warmup", default=30, show_default=True, type=click.IntRange(0),
+              help="Untimed launches before each timed series.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               callback=existing_parent, help="Also write every number to this JSON file.")
 def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path) -> None:
