@@ -199,7 +199,7 @@ class Csagate:
         from csagate.kernels._dsl import ARCHES, device_arch, dsl_available
 
         if device.type != "cuda" or not torch.cuda.is_available():
-            return "no CUDA GPU visible (the kernels run on an H200 or a B200)"
+            return "no CUDA GPU visible (the kernels run on an H200, B200 or B300)"
         arch = device_arch(device.index or 0)
         if arch not in ARCHES:
             return f"the csagate kernels are built for {', '.join(ARCHES)}, this GPU is {arch}"

@@ -70,7 +70,7 @@ class Supports:
         cc = "" if self.min_compute_capability is None else \
             ", cc >= {}.{}".format(*self.min_compute_capability)
         ratios = "any ratio" if self.ratios is None else \
-            "ratio " + "/".join(map(str, self.ratios))
+            "ratio " + "/".join(map(str, sorted(self.ratios)))
         return (f"{ratios}, coff "
                 f"{'/'.join(map(str, self.coffs))}, {dims}{cc}")
 

@@ -54,8 +54,15 @@ def rows() -> list[tuple[str, str, str, str, str]]:
                "not: a missing package, the compute capability). A local adapter is passed as "
                "--impl path/to/file.py:NAME or module:NAME.")
 def command() -> None:
+    out = console.out()
     table = console.new_table("implementations", ("name", "from", "provides", "envelope",
-                                                  "here"), marks=("name",))
-    for row in rows():
-        table.add_row(*row)
-    console.print_table(table, console.out())
+                                                  "here"), marks=("name", "from", "here"),
+                              compact=True)
+    found = rows()
+    for name, origin, provides, envelope, why in found:
+        table.add_row(name, origin, provides, console.prose(envelope),
+                      "yes" if why == "available" else "no")
+    console.print_table(table, out)
+    for name, _, _, _, why in found:   # the reasons as wrapped lines, never folded mid-word
+        if why != "available":
+            console.print_wrapped(out, f"{name}: {why}", indent="  ", hang="    ")
