@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 import textwrap
 from typing import NoReturn
@@ -16,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from csagate.exitcodes import ExitCode
+from csagate.gates.errors import one_line, short_error  # noqa: F401  (the CLI's, re-exported)
 
 _out: Console | None = None
 _err: Console | None = None
@@ -114,28 +114,6 @@ def reset(color: bool | None = None) -> None:
     global _out, _err, _force
     _out = _err = None
     _force = color
-
-
-_OOM = re.compile(r"CUDA out of memory\.")
-_OOM_SIZES = (re.compile(r"Tried to allocate [\d.]+ \w+"),
-              re.compile(r"GPU \d+ has a total capacity of [\d.]+ \w+ of which [\d.]+ \w+ is "
-                         r"free"))
-
-
-def short_error(text: str) -> str:
-    """An error message as a row or a line shows it: torch's many-sentence CUDA out-of-memory
-    message keeps its first sentence and the sizes; anything else is unchanged."""
-    found = _OOM.search(text)
-    if not found:
-        return text
-    sizes = [m.group(0) for pattern in _OOM_SIZES if (m := pattern.search(text))]
-    return text[:found.end()] + "".join(f" {size}." for size in sizes)
-
-
-def one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``: how an exception is shown in one line."""
-    text = str(exc).strip().splitlines()
-    return short_error(f"{type(exc).__name__}: {text[0]}") if text else type(exc).__name__
 
 
 class Aborted(click.exceptions.Exit):

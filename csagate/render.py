@@ -165,10 +165,6 @@ def drift_table(result: CaseResult) -> Table:
     return table
 
 
-def print_table(table: Table, console: Console) -> None:
-    _console.print_table(table, console)
-
-
 def print_lines(console: Console, text: str, style: str | None = None, *,
                 indent: str = "", hang: str = "") -> None:
     """``text`` wrapped at the console's width (never cut), continuation lines under ``hang``."""
@@ -177,17 +173,17 @@ def print_lines(console: Console, text: str, style: str | None = None, *,
 
 def print_verdict(verdict: Verdict, console: Console, *, verbose: bool = False) -> None:
     """The compact verdict, the detail table with ``verbose``, the headline, every reason."""
-    print_table(verdict_table(verdict), console)
+    _console.print_table(verdict_table(verdict), console)
     if verbose:
-        print_table(detail_table(verdict), console)
-        print_table(schedules_table(verdict), console)
+        _console.print_table(detail_table(verdict), console)
+        _console.print_table(schedules_table(verdict), console)
     print_lines(console, verdict.headline, "bold green" if verdict.ok else "bold red")
     for reason in verdict.reasons:
         print_lines(console, _console.short_error(reason), indent="  - ", hang="    ")
 
 
 def print_drift(result: CaseResult, console: Console) -> None:
-    print_table(drift_table(result), console)
+    _console.print_table(drift_table(result), console)
     print_lines(console, f"DRIFT {'PASS' if result.ok else 'FAIL'}",
                 "bold green" if result.ok else "bold red")
     for reason in result.reasons:

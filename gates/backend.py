@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from csagate.gates.errors import BuildError, one_line
 from csagate.gates.verdict import Selection
 
 if TYPE_CHECKING:
@@ -20,10 +21,6 @@ if TYPE_CHECKING:
 
 Target = tuple[int, int, int]                     # (ratio, coff, d): one build unit
 ProgressFn = Callable[[int, int, str], None]      # (done, total, label)
-
-
-class BuildError(RuntimeError):
-    """A kernel failed to build: nothing can be judged (exit 3, not a contract failure)."""
 
 
 class Backend(Protocol):
@@ -62,12 +59,6 @@ class Backend(Protocol):
         """Where the kernels run: device, arch, versions (for the report)."""
 
 
-def one_line(exc: BaseException) -> str:
-    """``Type: first line of the message`` (what a FAIL row or an exit-3 line shows)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _selection(direction: str, key) -> Selection | None:
     if key is None:
         return None
@@ -75,7 +66,8 @@ def _selection(direction: str, key) -> Selection | None:
 
 
 class KernelBackend:
-    """The real kernels through ``csagate.kernels.api`` on one CUDA device."""
+    """The real kernels through ``csagate.kernels.api`` on one CUDA device. Every launch runs
+    with ``check=True``: the gate's cu/cuc values are read and checked first."""
 
     def __init__(self, device_index: int = 0):
         import torch
@@ -122,20 +114,16 @@ class KernelBackend:
         from csagate.kernels import api  # launches on kv's device
 
         return _selection("fwd", api.run_forward(kv, score, ape, cu, cuc, out, ratio=ratio,
-                                                 coff=coff))
+                                                 coff=coff, check=True))
 
     def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
                  coff: int, deterministic: bool = False) -> Selection | None:
         from csagate.kernels import api  # launches on kv's device
 
         key = api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
-                               ratio=ratio, coff=coff, deterministic=bool(deterministic))
-        if key is not None and deterministic:  # the table entry it stands for (coverage)
-            import dataclasses
-
-            key = dataclasses.replace(key, schedule=dataclasses.replace(
-                key.schedule, deterministic=False))
-        return _selection("bwd", key)
+                               ratio=ratio, coff=coff, deterministic=bool(deterministic),
+                               check=True)
+        return _selection("bwd", key)  # a deterministic key's schedule is its table entry
 
     def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows: int, ratio: int,
                    coff: int):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from csagate.gates import checks
+from csagate.gates import comparators
 from csagate.gates.backend import one_line
 from csagate.gates.cases import Case
 from csagate.gates.implementation import has_backward
@@ -41,11 +41,11 @@ class CaseDiff:
 
 def _diff(name: str, a: torch.Tensor, b: torch.Tensor, eager: torch.Tensor,
           oracle: torch.Tensor) -> TensorDiff:
-    same = checks.tolerance(a, b, bound=0.0, allowed=0,
+    same = comparators.tolerance(a, b, bound=0.0, allowed=0,
                             mask=~(torch.isnan(a.float()) & torch.isnan(b.float())))
     return TensorDiff(name, a.numel(), same.max_abs, same.n_diff,
-                      checks.max_abs_error(a, oracle), checks.max_abs_error(b, oracle),
-                      checks.max_abs_error(a, eager), checks.max_abs_error(b, eager))
+                      comparators.max_abs_error(a, oracle), comparators.max_abs_error(b, oracle),
+                      comparators.max_abs_error(a, eager), comparators.max_abs_error(b, eager))
 
 
 def _run(impl, ins, go, n_rows: int, case: Case, grads: bool) -> dict[str, torch.Tensor]:

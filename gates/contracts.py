@@ -94,18 +94,18 @@ class Rule:
     noise_atol: float = 0.0
 
     def apply(self, fused, ref, *, scale: float = 1.0, mask=None):
-        from csagate.gates import checks  # torch: only when a gate judges tensors
+        from csagate.gates import comparators  # torch: only when a gate judges tensors
 
         if self.check == "bitwise":
-            return checks.tolerance(fused, ref, bound=0.0, allowed=0, mask=mask)
+            return comparators.tolerance(fused, ref, bound=0.0, allowed=0, mask=mask)
         if self.check == "bf16_steps":
-            return checks.bf16_steps(fused, ref, fraction=self.fraction or 0.0,
+            return comparators.bf16_steps(fused, ref, fraction=self.fraction or 0.0,
                                      noise_atol=self.noise_atol, mask=mask)
         if self.check == "tolerance":
             numel = fused.numel() if mask is None else int(mask.sum())
             allowed = None if self.fraction is None else \
                 limits.count_allowance(numel, self.fraction)
-            return checks.tolerance(fused, ref, bound=self.bound * scale ** self.scale_power,
+            return comparators.tolerance(fused, ref, bound=self.bound * scale ** self.scale_power,
                                     allowed=allowed, mask=mask)
         raise ValueError(f"unknown G2 rule {self.check!r}")
 

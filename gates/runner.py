@@ -38,7 +38,8 @@ from time import perf_counter
 from typing import Any
 
 import torch
-from csagate.gates import checks
+from csagate.gates import comparators, limits
+from csagate.gates import coverage as cov_checks
 from csagate.gates.backend import Backend, ProgressFn, Target, one_line
 from csagate.gates.cases import Case
 from csagate.gates.contracts import Contract
@@ -189,11 +190,11 @@ def run_drift(backend: Backend, drift: Case) -> CaseResult:
         eager = backward(*pack.inputs(), go, ratio=drift.ratio, coff=drift.coff,
                          precision="fp32")
         gates = [
-            _gate("drift", "dkv", checks.tolerance(dkv, eager.dkv, bound=0.0, allowed=0)),
+            _gate("drift", "dkv", comparators.tolerance(dkv, eager.dkv, bound=0.0, allowed=0)),
             _gate("drift", "dscore",
-                  checks.tolerance(dscore, eager.dscore, bound=0.0, allowed=0)),
+                  comparators.tolerance(dscore, eager.dscore, bound=0.0, allowed=0)),
             _gate("drift", "dape",
-                  checks.tolerance(dape, eager.dape, bound=checks.DAPE_MAX_ABS, allowed=None)),
+                  comparators.tolerance(dape, eager.dape, bound=limits.DAPE_MAX_ABS, allowed=None)),
         ]
         _sync(backend.device)
     except Exception as exc:  # a raising drift check is a failed one: nothing is trusted
@@ -282,10 +283,10 @@ def _through_op(backend: Backend, case: Case, ins, go, n_rows: int,
     atomics' order noise (1e-5, scaled like dScore). The op adds no numerics."""
     out, (dkv, dscore, dape) = backend.through_op(*ins, go, n_rows=n_rows, ratio=case.ratio,
                                                   coff=case.coff)
-    gates = [_gate("op", name, checks.bitwise_replay([first[name], t], allow_nan=True))
+    gates = [_gate("op", name, comparators.bitwise_replay([first[name], t], allow_nan=True))
              for name, t in (("out", out), ("dkv", dkv), ("dscore", dscore))]
     both_nan = torch.isnan(dape) & torch.isnan(first["dape"])  # NaN in one only still fails
-    gates.append(_gate("op", "dape", checks.tolerance(dape, first["dape"],
+    gates.append(_gate("op", "dape", comparators.tolerance(dape, first["dape"],
                                                       bound=OP_DAPE_NOISE * case.scale ** 2,
                                                       allowed=None, mask=~both_nan)))
     return gates
@@ -333,7 +334,7 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
     gates: list[GateResult] = []
     nan_ok = NAN_EXPECTED[case.inputs]
     for name in OUTPUTS + (("dape",) if case.deterministic else ()):
-        gates.append(_gate("G1", name, checks.bitwise_replay(fused[name],
+        gates.append(_gate("G1", name, comparators.bitwise_replay(fused[name],
                                                              allow_nan=name in nan_ok))
                      if name in fused else _na("G1", name))
 
@@ -383,16 +384,16 @@ def _recorded(case: Case, contract: Contract, pack, go, fused, eager_t, oracle_t
     recorded: dict[str, Any] = {
         "n_rows": pack.n_rows,
         "n_tokens": pack.n_tokens,
-        "bitwise_equal_to_eager": {n: checks.bitwise_equal(first[n], eager_t[n])
+        "bitwise_equal_to_eager": {n: comparators.bitwise_equal(first[n], eager_t[n])
                                    for n in OUTPUTS if n in first},
-        "err_fused": {n: checks.max_abs_error(first[n], oracle_t[n]) for n in fused},
-        "err_eager": {n: checks.max_abs_error(eager_t[n], oracle_t[n]) for n in TENSORS},
+        "err_fused": {n: comparators.max_abs_error(first[n], oracle_t[n]) for n in fused},
+        "err_eager": {n: comparators.max_abs_error(eager_t[n], oracle_t[n]) for n in TENSORS},
     }
     if "dape" in fused:
-        recorded["dape_replay_delta"] = checks.replay_delta(fused["dape"])
+        recorded["dape_replay_delta"] = comparators.replay_delta(fused["dape"])
     if contract.parity_ref != "fp32":
         recorded["parity_ref"] = contract.parity_ref
-        recorded["err_parity_ref"] = {n: checks.max_abs_error(parity_t[n], oracle_t[n])
+        recorded["err_parity_ref"] = {n: comparators.max_abs_error(parity_t[n], oracle_t[n])
                                       for n in TENSORS}
     if slots:
         recorded["nonfinite_slots"] = [{"tensor": t, "token": tok, "column": col,
@@ -414,7 +415,7 @@ def _gate(gate: str, tensor: str, check, status: str | None = None,
 
 def _zeros(name: str, runs: Sequence[torch.Tensor], mask: torch.Tensor) -> GateResult:
     """Exact zeros on ``mask`` in every run; the first failing run is the one reported."""
-    found = [checks.exact_zeros(run, mask) for run in runs]
+    found = [comparators.exact_zeros(run, mask) for run in runs]
     index = next((i for i, z in enumerate(found) if not z.ok), 0)
     z = found[index]
     numbers = {**asdict(z), "run": index + 1, "runs_checked": len(runs)}
@@ -446,7 +447,7 @@ def _g3(case: Case, fused, eager, oracle, masks=None) -> list[GateResult]:
             out.append(_na("G3", name))
             continue
         mask = None if masks is None else masks[name]
-        parity = checks.oracle_parity(fused[name], eager[name], oracle[name], mask=mask)
+        parity = comparators.oracle_parity(fused[name], eager[name], oracle[name], mask=mask)
         if name == "dape" and case.scale != 1.0:
             out.append(_gate("G3", name, parity, status=RECORDED,
                              reason="recorded, not gated on a scaled case (atomic-order "
@@ -462,7 +463,7 @@ def _finite_g2_g3(contract: Contract, case: Case, fused, eager, parity_ref,
     not NaN (an infinity, e.g. from a -inf kv a padding row reads, must be matched exactly)
     and G3 where eager is finite (docs/CONTRACT.md section 7.2)."""
     out = [_gate("G2", f"{name}[NaN mask]",
-                 checks.nan_mask(fused[name], eager[name], require_full=False))
+                 comparators.nan_mask(fused[name], eager[name], require_full=False))
            if name in fused else _na("G2", f"{name}[NaN mask]") for name in TENSORS]
     not_nan = {name: ~torch.isnan(eager[name]) for name in TENSORS}
     finite = {name: torch.isfinite(eager[name]) for name in TENSORS}
@@ -475,12 +476,12 @@ def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:
     finite and equal to the same pack's without them (dKV/dScore bitwise, as G1 makes them
     deterministic; dAPE, accumulated with atomics in another order, within G2's dAPE bound),
     and the reference keeps them out too (else the case is not what it claims)."""
-    out = [_gate("isolation", name, checks.tolerance(fused[name], clean[name], bound=0.0,
+    out = [_gate("isolation", name, comparators.tolerance(fused[name], clean[name], bound=0.0,
                                                      allowed=0))
            for name in GRADS]
-    out.append(_gate("isolation", "dape", checks.tolerance(
-        fused["dape"], clean["dape"], bound=checks.DAPE_MAX_ABS, allowed=None)))
-    same = {name: bool(torch.isfinite(eager[name]).all()) and checks.bitwise_equal(
+    out.append(_gate("isolation", "dape", comparators.tolerance(
+        fused["dape"], clean["dape"], bound=limits.DAPE_MAX_ABS, allowed=None)))
+    same = {name: bool(torch.isfinite(eager[name]).all()) and comparators.bitwise_equal(
         eager[name], clean_eager[name]) for name in ("dkv", "dscore", "dape")}
     ok = all(same.values())
     out.append(GateResult(
@@ -493,7 +494,7 @@ def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:
 
 def _overflow_g2_g3(fused, eager, oracle) -> list[GateResult]:
     """G2 = NaN-mask equality with full eager masks; G3 skipped once the oracle is finite."""
-    out = [_gate("G2", name, checks.nan_mask(fused[name], eager[name], require_full=True))
+    out = [_gate("G2", name, comparators.nan_mask(fused[name], eager[name], require_full=True))
            if name in fused else _na("G2", name) for name in TENSORS]
     for name in TENSORS:
         if name not in fused:
@@ -549,17 +550,17 @@ def coverage(backend: Backend, contract: Contract, results: Sequence[CaseResult]
                 if sel.direction == direction and sel not in seen:
                     seen.append(sel)
         selected[direction] = tuple(sorted(seen, key=_order))
-    table = {d: checks.table_coverage(d, {k: v for k, v in entries.items() if k[0] == d},
+    table = {d: cov_checks.table_coverage(d, {k: v for k, v in entries.items() if k[0] == d},
                                       selected[d]) for d in DIRECTIONS}
     expected = {d: tuple(sorted({v for k, v in entries.items() if k[0] == d}, key=_order))
                 for d in DIRECTIONS}
     edges = None
     if contract.edges:
-        probes = checks.edge_probes(contract.edges, checks.entry_configs(entries))
+        probes = cov_checks.edge_probes(contract.edges, cov_checks.entry_configs(entries))
         dispatched = {(direction, config, n): backend.dispatch(contract.ratio, direction,
                                                                config[0], config[1], n)
                       for direction, config, n, _ in probes}
-        edges = checks.bucket_edges(contract.edges, entries, dispatched)
+        edges = cov_checks.bucket_edges(contract.edges, entries, dispatched)
     if status is None:
         ok = all(t.ok for t in table.values()) and (edges is None or edges.ok)
         status = PASS if ok else FAIL

@@ -1,11 +1,12 @@
 """The one compile cache of the CSA compressor kernels.
 
-A kernel is named by a frozen :class:`~csagate.kernels.registry.KernelKey` ``(ratio,
-direction, d, coff, schedule, arch)``; every field is compile-time. The cache compiles a key on
-first use (no GPU needed: the DSL cross-compiles for ``arch``), keeps the compiled function for
-the life of the process and records, per entry, the compile seconds and whether a lookup was a
-hit. Lookups are lock-free once an entry exists; a miss takes the lock and checks again, so
-concurrent first calls compile once.
+A kernel is named by a frozen :class:`~csagate.kernels.registry.KernelKey` ``(ratio, direction,
+d, coff, schedule, arch, deterministic)``, the dAPE reduction by a
+:class:`~csagate.kernels.registry.ReduceKey` ``(arch, depths)``; every field is compile-time.
+The cache compiles a key on first use (no GPU needed: the DSL cross-compiles for ``arch``),
+keeps the compiled function for the life of the process and records, per entry, the compile
+seconds and whether a lookup was a hit. Lookups are lock-free once an entry exists; a miss
+takes the lock and checks again, so concurrent first calls compile once.
 
 A first compile while the current CUDA stream is capturing a graph is refused with a
 RuntimeError: compiling takes a fraction of a second of host work that a graph would not
@@ -30,10 +31,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from csagate.kernels.registry import KernelKey, keys_for, make_key, sort_keys
+from csagate.kernels.registry import KernelKey, ReduceKey, keys_for, make_key, sort_keys
 
-__all__ = ["CACHE", "BuildRecord", "KernelCache", "KernelKey", "compile_key", "keys_for",
-           "make_key"]
+__all__ = ["CACHE", "BuildRecord", "KernelCache", "KernelKey", "ReduceKey", "compile_key",
+           "keys_for", "make_key"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,10 @@ class BuildRecord:
     hit: bool
 
 
-def compile_key(key: KernelKey):
-    """Compile one kernel (no cache); its family's module builds it."""
-    return key.family.build(key)
+def compile_key(key: KernelKey | ReduceKey):
+    """Compile one kernel (no cache): a KernelKey's family module builds it, a ReduceKey's
+    kernels/reduce.py."""
+    return key.build()
 
 
 def _capturing() -> bool:
@@ -171,16 +173,13 @@ class KernelCache:
         }
 
 
-def disk_key(key: KernelKey) -> dict:
+def disk_key(key: KernelKey | ReduceKey) -> dict:
     """The disk cache's key of a kernel: the typed compile key's fields, the kernels package's
     source hash, and (added by the disk cache) the toolchain versions."""
-    import dataclasses
-
     from csagate.kernels import diskcache
 
-    fields = {"d": key.d, "coff": key.coff}
-    fields.update({f"sched.{k}": v for k, v in dataclasses.asdict(key.schedule).items()})
-    return diskcache.make_key(family=f"r{key.ratio}", direction=key.direction, fields=fields,
+    family, direction, fields = key.disk_fields()
+    return diskcache.make_key(family=family, direction=direction, fields=fields,
                               arch=key.arch, options="--enable-tvm-ffi",
                               sources=_kernel_sources())
 

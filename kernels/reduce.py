@@ -1,4 +1,4 @@
-"""The deterministic dAPE reduction (issue 12.3): ``dape += sum over b of partials[b]``, or
+"""The deterministic dAPE reduction: ``dape += sum over b of partials[b]``, or
 ``dape = 0 + sum`` for a fresh dAPE (the ``zero_dape`` flag: the caller need not zero it).
 
 A deterministic backward (``schedule.BwdSchedule.deterministic``,
@@ -23,16 +23,15 @@ pass short at the d=128 configs, where it is most of the deterministic mode's co
 elements per lane (instead of one) put four times the bytes in flight per load and a quarter
 of the CTAs in the grid (one wave at every shipped shape), with each element's sum in the same
 order, so the same bits (measured on the H200: docs/PERF_NOTES.md). Compiled once per arch
-(no GPU needed), cached per device.
+(no GPU needed) through the one compile cache (``registry.ReduceKey``).
 """
 
 from __future__ import annotations
 
-import threading
-
 import cuda.bindings.driver as cuda
 from csagate.kernels._dsl import compile_for, cute_modules, env_stream, fake_vec, sym
 from csagate.kernels.device import F32, I32, add_rn
+from csagate.kernels.registry import REDUCE_DEPTHS
 
 cutlass, cute = cute_modules()
 
@@ -41,7 +40,7 @@ LANES = 32          # lanes of a warp, each owning VEC consecutive elements
 VEC = 4             # elements per lane (one 16-byte load per slice)
 THREADS = WARPS * LANES
 SPAN = LANES * VEC  # elements per CTA
-DEPTHS = (4,)       # slice loads a lane issues together (groups of 8 then 4 measured slower)
+DEPTHS = REDUCE_DEPTHS  # slice loads a lane issues together (8 then 4 measured slower)
 
 
 @cute.kernel
@@ -121,28 +120,14 @@ def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS):
                        fake_vec(F32, sym(VEC), align=16), I32(0), env_stream(), tuple(depths))
 
 
-_lock = threading.Lock()
-_compiled: dict[str, object] = {}
-_loaded: set[int] = set()
-
-
 def executor(arch: str, device_index: int):
-    """The reduction for one device (compiled on first use per arch; the first use on a device
-    loads its module and must not be under CUDA graph capture: an eager step does it)."""
-    fn = _compiled.get(arch)
-    if fn is not None and device_index in _loaded:
-        return fn
-    with _lock:
-        import torch
+    """The reduction for one device, through the compile cache (``registry.ReduceKey``; the
+    disk cache included). The first use on a device loads its module and must not be under
+    CUDA graph capture: an eager step, or ``api.build()``, does it."""
+    from csagate.kernels.cache import CACHE
+    from csagate.kernels.registry import ReduceKey
 
-        if device_index not in _loaded and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("first deterministic backward under CUDA graph capture: "
-                               "the dAPE reduction is not loaded; run one eager step "
-                               "before capturing")
-        if arch not in _compiled:
-            _compiled[arch] = build_reduce(arch)
-        _loaded.add(device_index)
-        return _compiled[arch]
+    return CACHE.executor(ReduceKey(arch), device_index)
 
 
 def launch_reduce(fn, *, partials, dape, zero_dape: bool = False) -> None:

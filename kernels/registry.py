@@ -1,18 +1,21 @@
 """The kernel families: one table from (ratio, direction) to build, launch, schedules and dispatch.
 
-A kernel is named by a frozen :class:`KernelKey` (ratio, direction, d, coff, schedule, arch),
-every field compile-time: the typed compile key of the cache. A :class:`Family` says, for one
-(ratio, direction), which module builds and launches it, which head dims it is validated for,
-how a call's schedule is chosen (``select``) and which kernels a configuration can select
-(``selectable``). The host API and the compile cache dispatch through :data:`FAMILIES` alone,
-so adding a ratio family is one entry here. Pure Python: kernel modules (and so cutlass) are
-imported when a kernel is built or launched.
+A kernel is named by a frozen :class:`KernelKey` (ratio, direction, d, coff, schedule, arch,
+deterministic), every field compile-time: the typed compile key of the cache; the deterministic
+backward's dAPE reduction by a :class:`ReduceKey` (arch, load depths). A :class:`Family` says,
+for one (ratio, direction), which module builds and launches it, which head dims it is
+validated for, how a call's schedule is chosen (``select``) and which kernels a configuration
+can select (``selectable``). The host API and the compile cache dispatch through
+:data:`FAMILIES` alone, so adding a ratio family is one entry here. Pure Python: kernel modules
+(and so cutlass) are imported when a kernel is built or launched.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,11 +24,19 @@ from csagate.kernels import small_schedule as SS
 
 DIRECTIONS = ("fwd", "bwd")
 COFFS = S.COFFS  # both families serve coff 1 and 2
+# The dAPE reduction's load groups (kernels/reduce.py): slice loads a lane issues together.
+REDUCE_DEPTHS = (4,)
 
 
 @dataclass(frozen=True)
 class KernelKey:
-    """Everything compile-time about one kernel (the compile cache's key)."""
+    """Everything compile-time about one kernel (the compile cache's key).
+
+    ``schedule`` is a dispatch table's schedule; ``deterministic`` selects the backward's
+    per-CTA dAPE partials form of it (never a table entry: the api sets it). A schedule given
+    with its own ``deterministic`` flag set moves the flag onto the key, so both spellings name
+    one kernel.
+    """
 
     ratio: int
     direction: str
@@ -33,6 +44,16 @@ class KernelKey:
     coff: int
     schedule: object  # FwdSchedule | BwdSchedule | SmallSchedule
     arch: str
+    deterministic: bool = False
+
+    def __post_init__(self):
+        if getattr(self.schedule, "deterministic", False):
+            object.__setattr__(self, "schedule",
+                               dataclasses.replace(self.schedule, deterministic=False))
+            object.__setattr__(self, "deterministic", True)
+        if self.deterministic and self.direction != "bwd":
+            raise ValueError("deterministic is a backward mode (dAPE partials), got "
+                             f"direction={self.direction!r}")
 
     @property
     def kind(self) -> str:
@@ -49,12 +70,56 @@ class KernelKey:
 
     @property
     def tag(self) -> str:
-        """``fwd_c1d128_v2t8x32[_2ph][_fexp]``, ``bwd_..._fexp_gor``, ``r4fwd_c2d128_v2``."""
-        return f"{self.family.tag_prefix(self)}_{self.config}_{self.schedule.tag}"
+        """``fwd_c1d128_v2t8x32[_2ph][_fexp]``, ``bwd_..._fexp_gor[_det]``, ``r4fwd_c2d128_v2``."""
+        return (f"{self.family.tag_prefix(self)}_{self.config}_{self.schedule.tag}"
+                + ("_det" if self.deterministic else ""))
+
+    @property
+    def kernel_schedule(self):
+        """The schedule the kernel module builds from (it reads the mode from its schedule)."""
+        if not self.deterministic:
+            return self.schedule
+        return dataclasses.replace(self.schedule, deterministic=True)
+
+    def build(self):
+        """Compile this kernel (no cache, no GPU needed)."""
+        return self.family.build(self)
+
+    def disk_fields(self) -> tuple[str, str, dict]:
+        """(family, direction, fields) of the disk cache's key."""
+        fields = {"d": self.d, "coff": self.coff, "deterministic": self.deterministic}
+        fields.update({f"sched.{k}": v for k, v in dataclasses.asdict(self.schedule).items()})
+        return f"r{self.ratio}", self.direction, fields
 
 
-def make_key(direction: str, ratio: int, coff: int, d: int, sched, arch: str) -> KernelKey:
-    return KernelKey(ratio, direction, d, coff, sched, arch)
+def make_key(direction: str, ratio: int, coff: int, d: int, sched, arch: str,
+             deterministic: bool = False) -> KernelKey:
+    return KernelKey(ratio, direction, d, coff, sched, arch, deterministic)
+
+
+@dataclass(frozen=True)
+class ReduceKey:
+    """The deterministic backward's dAPE reduction (kernels/reduce.py) for one arch; ``depths``
+    is the reduction's load grouping (a tuning knob: the same bits for any value)."""
+
+    arch: str
+    depths: tuple[int, ...] = REDUCE_DEPTHS
+
+    @property
+    def kind(self) -> str:
+        return "reduce"
+
+    @property
+    def tag(self) -> str:
+        return "reduce_dape_g" + "x".join(str(d) for d in self.depths)
+
+    def build(self):
+        from csagate.kernels import reduce
+
+        return reduce.build_reduce(self.arch, self.depths)
+
+    def disk_fields(self) -> tuple[str, str, dict]:
+        return "reduce", "dape", {"depths": list(self.depths)}
 
 
 @dataclass(frozen=True)
@@ -72,6 +137,8 @@ class Family:
     takes_rows_per_cta: bool = False  # the launch has a rows_per_cta argument
     takes_ratio: bool = False       # the build has a ratio argument (one module, many ratios)
     check_config: Callable[[int, int], None] | None = None  # (coff, d): ValueError if refused
+    # the compiled function takes the segment search's depth (bits of B) after the tensors
+    takes_segment_bits: bool = False
 
     def _fn(self, verb: str):
         return getattr(importlib.import_module(self.module), f"{verb}_{self.direction}")
@@ -79,12 +146,12 @@ class Family:
     def build(self, key: KernelKey):
         """Compile ``key`` (no cache, no GPU needed)."""
         extra = {"ratio": key.ratio} if self.takes_ratio else {}
-        return self._fn("build")(d=key.d, coff=key.coff, sched=key.schedule, arch=key.arch,
-                                 **extra)
+        return self._fn("build")(d=key.d, coff=key.coff, sched=key.kernel_schedule,
+                                 arch=key.arch, **extra)
 
     def launch(self, fn, key: KernelKey, **tensors) -> None:
         """Launch the compiled ``fn`` of ``key`` on torch tensors (no validation)."""
-        self._fn("launch")(fn, sched=key.schedule, **tensors)
+        self._fn("launch")(fn, sched=key.kernel_schedule, **tensors)
 
     def check_head_dim(self, d: int) -> None:
         if self.head_dims is not None and d not in self.head_dims:
@@ -139,7 +206,7 @@ def _small(ratio: int, direction: str) -> Family:
         build_dims=SS.SMALL_HEAD_DIMS, select=select,
         selectable=lambda arch: {((c, d), select(c, d, 1, arch))
                                  for c, d in SS.build_configs(ratio)},
-        tag_prefix=lambda key: key.kind, takes_ratio=True,
+        tag_prefix=lambda key: key.kind, takes_ratio=True, takes_segment_bits=True,
         check_config=lambda coff, d: SS.check_config(ratio, coff, d))
 
 
@@ -162,16 +229,27 @@ FAMILIES: dict[tuple[int, str], Family] = {
 RATIOS = tuple(dict.fromkeys(ratio for ratio, _ in FAMILIES))
 
 
+def check_ratio(ratio) -> None:
+    """ValueError unless ``ratio`` is an int some family serves (the message lists them)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Integral):
+        raise ValueError(f"ratio must be an int, one of {list(RATIOS)}, got "
+                         f"{type(ratio).__name__} {ratio!r}")
+    if ratio not in RATIOS:
+        raise ValueError(f"ratio must be one of {list(RATIOS)}, got {ratio}")
+
+
 def family(ratio: int, direction: str) -> Family:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    check_ratio(ratio)
     if (ratio, direction) not in FAMILIES:
-        raise ValueError(f"kernels are validated for ratio in {{{', '.join(map(str, RATIOS))}}} "
-                         f"only, got {ratio}")
+        raise ValueError(f"ratio={ratio} has no {direction} kernel")
     return FAMILIES[ratio, direction]
 
 
-def _sort_key(key: KernelKey):
+def _sort_key(key: KernelKey | ReduceKey):
+    if isinstance(key, ReduceKey):
+        return (len(FAMILIES), 0, 0, key.tag, key.arch)
     return (list(FAMILIES).index((key.ratio, key.direction)), key.d, key.coff, key.tag,
             key.arch)
 

@@ -1,11 +1,14 @@
 """The mutation self-test: plant each catalogued bug in a copy of the tree and prove the gate
 catches it.
 
-    python mutants/run.py check [--arch sm_90a] [--jobs N] [NAME ...]   # CPU: applies + builds
+    python mutants/run.py check [--arch sm_90a] [--jobs N] [--sample] [NAME ...]  # CPU: builds
     python mutants/run.py gate  [--jobs N] [--report FILE] [NAME ...]     # GPU: the gate must fail
 
-``check`` (run by the CPU tests): every mutant's find-text occurs exactly once in its file,
-and the mutated tree's kernels of the mutant's ratio cross-compile for ``--arch``.
+``check``: every mutant's find-text occurs exactly once in its file, the mutated file still
+parses, and the mutated tree cross-compiles for ``--arch`` the kernels of the mutant's ratio
+that the file reaches (its family's, for a kernel module; all of the ratio's otherwise). With
+``--sample`` (the CPU tests) only the first mutant of each kernel source file is built; the
+others apply and parse.
 ``gate`` (on a GPU): runs ``csagate run --ratio R --json`` on every mutated tree, each with
 its own fresh compile cache, ``--jobs`` at a time (the builds are CPU work; the gates share the
 GPU); an out-of-contract mutant must exit 1 with its expected gate among the failed ones, an
@@ -110,18 +113,56 @@ def _run(args: list[str], mutant: Mutant, base: Path) -> subprocess.CompletedPro
                           env=env_for(mutant, base), capture_output=True, text=True)
 
 
-def build(mutant: Mutant, base: Path, arch: str | None) -> Outcome:
+# Run in a mutated tree: compile the kernels of a ratio on an arch that one source reaches (its
+# family's kernels when it is a family's module, else all of the ratio's); prints their count.
+_BUILD = """
+import sys
+from csagate.kernels import registry
+from csagate.kernels.cache import CACHE
+ratio, arch, module = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+keys = registry.keys_for(ratio, arch)
+modules = {f.module for f in registry.FAMILIES.values()}
+keys = [k for k in keys if module not in modules or k.family.module == module]
+CACHE.build(keys)
+print(len(keys))
+"""
+
+
+def parses(mutant: Mutant) -> None:
+    """SyntaxError unless the mutated file is still valid Python."""
+    path = ROOT / mutant.file
+    compile(apply(mutant, path.read_text()), str(path), "exec")
+
+
+def build(mutant: Mutant, base: Path, arch: str, compile_kernels: bool = True) -> Outcome:
     try:
+        parses(mutant)
+        if not compile_kernels:
+            return Outcome(mutant, True, "applies once; parses")
         make_tree(mutant, base)
-    except ValueError as exc:
+    except (ValueError, SyntaxError) as exc:
         return Outcome(mutant, False, str(exc))
-    args = ["build", "--ratio", str(mutant.ratio)] + (["--arch", arch] if arch else [])
-    proc = _run(args, mutant, base)
+    module = "csagate." + mutant.file.removesuffix(".py").replace("/", ".")
+    proc = subprocess.run([sys.executable, "-c", _BUILD, str(mutant.ratio), arch, module],
+                          cwd=base / mutant.name, env=env_for(mutant, base),
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
         return Outcome(mutant, False, f"build exit {proc.returncode}: {tail[0]}",
                        proc.returncode)
-    return Outcome(mutant, True, "applies once; kernels build")
+    return Outcome(mutant, True, f"applies once; {proc.stdout.strip()} kernel(s) build")
+
+
+def sampled(mutants: list[Mutant]) -> set[str]:
+    """One mutant of each kernel source file (kernels/*.py other than the pure-Python schedule
+    tables), the first of the smallest ratio (the quickest builds): the ones ``check --sample``
+    builds."""
+    firsts: dict[str, Mutant] = {}
+    for m in mutants:
+        if m.file.startswith("kernels/") and m.file != "kernels/schedule.py":
+            if m.file not in firsts or m.ratio < firsts[m.file].ratio:
+                firsts[m.file] = m
+    return {m.name for m in firsts.values()}
 
 
 def failed_gates(report: dict) -> tuple[str, ...]:
@@ -221,14 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--report", type=Path, help="gate: write the Markdown table here")
     ap.add_argument("--keep", action="store_true", help="keep the mutated trees")
+    ap.add_argument("--sample", action="store_true",
+                    help="check: build one mutant per kernel source file (the rest parse)")
     args = ap.parse_intermixed_args(argv)
     mutants = select(args.names)
     base = Path(tempfile.mkdtemp(prefix="csagate-mutants-"))
     try:
         if args.mode == "check":
+            chosen = sampled(mutants) if args.sample else {m.name for m in mutants}
             with ThreadPoolExecutor(args.jobs) as pool:
-                outcomes = list(pool.map(lambda m: build(m, base, args.arch or "sm_90a"),
-                                         mutants))
+                outcomes = list(pool.map(
+                    lambda m: build(m, base, args.arch or "sm_90a", m.name in chosen), mutants))
         else:  # each `csagate run` builds its own tree's kernels in its fresh cache
             def one(m: Mutant) -> Outcome:
                 try:

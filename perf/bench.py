@@ -444,7 +444,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
     current stream at each call. The backward keeps accumulating into its dape buffer.
     The buffers are on the launcher as ``.buffers``: ``(out,)`` or ``(dkv, dscore, dape)``.
     """
-    from csagate.kernels import api, registry
+    from csagate.kernels import api, registry, validate
 
     family = registry.family(pack.ratio, direction)
     if pack.ratio != S.RATIO:
@@ -453,13 +453,13 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
     if problems:
         raise ValueError(f"schedule {sched} cannot serve c{pack.coff}d{pack.d}: "
                          + "; ".join(problems))
-    api._require_cuda()
+    validate.require_cuda()
     kv, score, ape, cu, cuc = pack.inputs()
     api.check_support(kv, score, ape, cu, cuc, grad_out, ratio=pack.ratio, coff=pack.coff,
                       out_name="grad_out")
-    device = api._check_launchable({"kv": kv, "grad_out": grad_out}, None)
+    device = validate.check_launchable({"kv": kv, "grad_out": grad_out}, None)
     key = registry.make_key(direction, pack.ratio, pack.coff, pack.d, sched,
-                            api._device_arch(device.index))
+                            validate.device_arch(device.index))
     with torch.cuda.device(device):
         fn = api.CACHE.executor(key, device.index)
     inputs = dict(kv=kv, score=score, ape=ape, cu=cu, cuc=cuc)
@@ -543,10 +543,10 @@ class SweepRow:
 
 def _tolerance_ok(got: torch.Tensor, ref: torch.Tensor) -> bool:
     """G2's tolerance (out, dKV, dScore at scale 1): the gate's own check and numbers."""
-    from csagate.gates import checks
+    from csagate.gates import comparators, limits
 
-    return checks.tolerance(got, ref, bound=checks.MAX_ABS,
-                            allowed=checks.count_allowance(got.numel())).ok
+    return comparators.tolerance(got, ref, bound=limits.MAX_ABS,
+                            allowed=limits.count_allowance(got.numel())).ok
 
 
 def probe_problem(direction: str, coff: int, d: int, sched, arch: str, ptx_dir, ptxas: str

@@ -18,7 +18,7 @@ import torch
 from csagate.gates import contracts
 from csagate.gates.backend import BuildError
 from csagate.gates.cases import Case
-from csagate.gates.checks import BucketEdge
+from csagate.gates.limits import BucketEdge
 from csagate.gates.verdict import Selection
 from csagate.reference import backward, forward, never_consumed_mask
 from csagate.reference.compressor import _region, _row_geometry

@@ -1,4 +1,5 @@
-"""csagate.kernels.api on CPU: every check_support rule (meta tensors for the shape-only rules), the
+"""csagate.kernels.api on CPU: every check_support rule (meta tensors for the shape-only rules),
+the cu/cuc value rules of ``check=True`` (kernels/validate.check_values, on CPU tensors), the
 dispatch decision, and the guards that fire before anything launches.
 
 The upstream message fragments are matched, so callers can rely on them (upstream's
@@ -11,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from csagate.kernels import api
+from csagate.kernels import api, registry, validate
 from csagate.kernels import schedule as S
 
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
@@ -58,9 +59,22 @@ def test_ratio128_rejects_coff3():
         check(tensors(ratio=128, coff=3, d=128, T=1024, N=8), ratio=128, coff=3)
 
 
-def test_rejects_other_ratio():
-    with pytest.raises(ValueError, match=r"ratio in \{4, 128, 2, 8, 16, 32\}"):
-        check(tensors(ratio=64), ratio=64)
+def test_rejects_other_ratio_listing_the_served_ones():
+    served = sorted({ratio for ratio, _ in registry.FAMILIES})
+    assert list(api.RATIOS) == list(dict.fromkeys(r for r, _ in registry.FAMILIES))
+    unserved = max(served) + 1
+    with pytest.raises(ValueError, match=rf"ratio must be one of \[.*\], got {unserved}$") as e:
+        check(tensors(ratio=2), ratio=unserved)
+    assert all(str(r) in str(e.value) for r in served)
+
+
+@pytest.mark.parametrize("ratio", ["128", 4.0, None, True])
+def test_rejects_a_ratio_that_is_not_an_int(ratio):
+    with pytest.raises(ValueError, match="ratio must be an int") as e:
+        check(tensors(), ratio=ratio)
+    assert "\n" not in str(e.value) and repr(ratio) in str(e.value)
+    with pytest.raises(ValueError, match="ratio must be an int"):
+        api.kernel_for("fwd", ratio, 1, 128, 8, "sm_90a")
 
 
 @pytest.mark.parametrize("ratio", [2, 8, 16, 32])
@@ -179,7 +193,7 @@ def test_rejects_int32_flat_offsets_of_out():
 
 
 def test_rejects_head_dim_limit():
-    assert api.MAX_HEAD_DIM == 8388480
+    assert validate.MAX_HEAD_DIM == 8388480
     check(tensors(coff=1, d=8388480, T=4, N=1, ape=torch.empty(4, 8388480, dtype=F32,
                                                                  device="meta")), coff=1)
     with pytest.raises(ValueError, match="head_dim"):
@@ -222,7 +236,7 @@ def test_grad_buffers_checked():
     t = tensors()
     good = dict(dkv=torch.empty_like(t["kv"]), dscore=torch.empty_like(t["kv"]),
                 dape=torch.empty_like(t["ape"]))
-    api._check_grad_buffers(t["kv"], t["ape"], **good)
+    validate.check_grad_buffers(t["kv"], t["ape"], **good)
     for name, bad, match in (
         ("dkv", torch.empty(512, 256, dtype=F32, device="meta"), "dkv must be"),
         ("dscore", torch.empty(511, 256, dtype=BF16, device="meta"), "dscore shape"),
@@ -230,7 +244,7 @@ def test_grad_buffers_checked():
         ("dape", torch.empty(256, 4, dtype=F32, device="meta").t(), "dape must be contiguous"),
     ):
         with pytest.raises(ValueError, match=match):
-            api._check_grad_buffers(t["kv"], t["ape"], **{**good, name: bad})
+            validate.check_grad_buffers(t["kv"], t["ape"], **{**good, name: bad})
 
 
 # --- dispatch --------------------------------------------------------------------------
@@ -332,8 +346,61 @@ def test_importing_the_api_does_not_import_sympy():
     import subprocess
     import sys
 
-    code = ("import sys, torch; from csagate.kernels import api; "
+    code = ("import sys, torch; from csagate.kernels import api, validate; "
             "assert 'sympy' not in sys.modules, 'sympy imported'; "
-            "assert api._guard_or_false(True) and not api._guard_or_false(False)")
+            "assert validate.guard_or_false(True) and not validate.guard_or_false(False)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# --- check=True: the cu/cuc values (read on the host) ---------------------------------------
+
+
+def offsets(lens, ratio=4, **cuc_fix):
+    """cu, cuc (CPU int32) of segments ``lens``; ``cuc_fix`` {index: value} overrides cuc."""
+    cu = torch.tensor([0, *lens], dtype=I32).cumsum(0, dtype=I32)
+    cuc = torch.tensor([0, *(n // ratio for n in lens)], dtype=I32).cumsum(0, dtype=I32)
+    for i, v in cuc_fix.items():
+        cuc[int(i[1:])] = v
+    return cu, cuc
+
+
+def values(cu, cuc, *, ratio=4, T=None, N=None):
+    validate.check_values(cu, cuc, ratio=ratio, n_tokens=int(cu[-1]) if T is None else T,
+                          n_rows=N, out_name="out")
+
+
+@pytest.mark.parametrize("ratio,lens", [(4, (9, 0, 4, 3)), (128, (300, 128, 5)), (4, (0,))])
+def test_check_values_accepts_a_pack(ratio, lens):
+    cu, cuc = offsets(lens, ratio)
+    values(cu, cuc, ratio=ratio, N=int(cuc[-1]))
+    values(cu, cuc, ratio=ratio, T=int(cu[-1]) + 7, N=int(cuc[-1]) + 3)  # padding: fine
+
+
+def _bad_packs():
+    cu, cuc = offsets((8, 8))
+    yield r"cu_seqlens\[0\] must be 0, got 1", cu + 1, cuc, {}
+    yield r"cu_seqlens must be non-decreasing: cu_seqlens\[2\] = 4 < cu_seqlens\[1\] = 8", \
+        torch.tensor([0, 8, 4], dtype=I32), torch.tensor([0, 2, 2], dtype=I32), {}
+    yield r"cu_seqlens\[-1\] = 16 exceeds T = 15", cu, cuc, {"T": 15}
+    yield r"cu_seqlens_comp\[0\] must be 0, got 1", cu, offsets((8, 8), c0=1)[1], {}
+    yield (r"cu_seqlens_comp\[2\] - cu_seqlens_comp\[1\] = 3 must be "
+           r"\(cu_seqlens\[2\] - cu_seqlens\[1\]\) // ratio = 2"), cu, offsets((8, 8), c2=5)[1], {}
+    yield r"cu_seqlens_comp\[-1\] = 4 exceeds N = 3 \(out rows\)", cu, cuc, {"N": 3}
+
+
+@pytest.mark.parametrize("rule,cu,cuc,kw", list(_bad_packs()),
+                         ids=["cu0", "monotonic", "cu-T", "cuc0", "rows", "cuc-N"])
+def test_check_values_names_the_broken_rule(rule, cu, cuc, kw):
+    with pytest.raises(ValueError, match=rule) as e:
+        values(cu, cuc, **kw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
+def test_check_is_opt_in_on_every_launch():
+    """check defaults off (the values are the caller's promise) on the four launches."""
+    import inspect
+
+    for fn in (api.forward, api.backward, api.run_forward, api.run_backward):
+        assert inspect.signature(fn).parameters["check"].default is False, fn.__name__

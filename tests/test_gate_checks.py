@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from csagate.gates import checks
+from csagate.gates import comparators, coverage, limits
 from csagate.reference import backward, make_grad_out, make_pack, never_consumed_mask
 
 BF16 = torch.bfloat16
@@ -26,20 +26,20 @@ def step(t: torch.Tensor, index, steps: int = 1) -> torch.Tensor:
 @pytest.mark.parametrize("numel, allowed", [(1, 1), (999, 1), (1999, 1), (2000, 2),
                                             (4096, 4), (8192 * 128, 1048)])
 def test_count_allowance(numel, allowed):
-    assert checks.count_allowance(numel) == allowed
+    assert limits.count_allowance(numel) == allowed
 
 
 def test_tolerance_count_boundary():
     ref = torch.linspace(0.5, 1.5, 4000).to(BF16).reshape(40, 100)
-    allowed = checks.count_allowance(ref.numel())
+    allowed = limits.count_allowance(ref.numel())
     assert allowed == 4
     at = ref.clone()
     for i in range(allowed):
         at = step(at, (i, 3))
-    ok = checks.tolerance(at, ref, bound=checks.MAX_ABS, allowed=allowed)
+    ok = comparators.tolerance(at, ref, bound=limits.MAX_ABS, allowed=allowed)
     assert ok.ok and ok.n_diff == allowed and ok.max_abs <= 2 ** -7
     over = step(at, (allowed, 3))
-    bad = checks.tolerance(over, ref, bound=checks.MAX_ABS, allowed=allowed)
+    bad = comparators.tolerance(over, ref, bound=limits.MAX_ABS, allowed=allowed)
     assert not bad.ok and bad.n_diff == allowed + 1
     assert bad.first_index == (0, 3)
     assert bad.fused_value == float(over[0, 3]) and bad.ref_value == float(ref[0, 3])
@@ -51,8 +51,8 @@ def test_tolerance_max_abs_boundary_and_first_offender():
     fused = ref.clone()
     fused[2, 3] = 1e-3
     fused[7, 1] = 2.0 ** -5
-    assert checks.tolerance(fused, ref, bound=2.0 ** -5, allowed=2).ok   # <= is inclusive
-    bad = checks.tolerance(fused, ref, bound=1.6e-2, allowed=2)
+    assert comparators.tolerance(fused, ref, bound=2.0 ** -5, allowed=2).ok   # <= is inclusive
+    bad = comparators.tolerance(fused, ref, bound=1.6e-2, allowed=2)
     assert not bad.ok and bad.n_diff == 2
     assert bad.first_index == (7, 1)          # the first element beyond the bound
     assert bad.fused_value == 2.0 ** -5 and bad.ref_value == 0.0
@@ -63,19 +63,19 @@ def test_tolerance_nan_never_passes_and_no_count_mode():
     ref = torch.zeros(4, 4)
     fused = ref.clone()
     fused[1, 2] = math.nan
-    bad = checks.tolerance(fused, ref, bound=1.0, allowed=10)
+    bad = comparators.tolerance(fused, ref, bound=1.0, allowed=10)
     assert not bad.ok and bad.max_abs == math.inf and bad.first_index == (1, 2)
     many = ref + 1e-4
-    assert checks.tolerance(many, ref, bound=1e-3, allowed=None).ok  # dAPE: max_abs only
-    assert not checks.tolerance(ref + 2e-3, ref, bound=1e-3, allowed=None).ok
+    assert comparators.tolerance(many, ref, bound=1e-3, allowed=None).ok  # dAPE: max_abs only
+    assert not comparators.tolerance(ref + 2e-3, ref, bound=1e-3, allowed=None).ok
 
 
 def test_tolerance_as_bitwise_equal():
     a = torch.randn(8, 8).to(BF16)
-    assert checks.tolerance(a, a.clone(), bound=0.0, allowed=0).ok
-    bad = checks.tolerance(step(a, (4, 4)), a, bound=0.0, allowed=0)
+    assert comparators.tolerance(a, a.clone(), bound=0.0, allowed=0).ok
+    bad = comparators.tolerance(step(a, (4, 4)), a, bound=0.0, allowed=0)
     assert not bad.ok and bad.n_diff == 1 and bad.first_index == (4, 4)
-    assert checks.tolerance(-torch.zeros(3), torch.zeros(3), bound=0.0, allowed=0).ok
+    assert comparators.tolerance(-torch.zeros(3), torch.zeros(3), bound=0.0, allowed=0).ok
 
 
 # --- G3 oracle parity --------------------------------------------------------------------------
@@ -86,11 +86,11 @@ def test_oracle_parity_bound():
     eager = torch.tensor([0.0, 1e-3, 0.0, 0.0, 0.0])
     bound = 1e-3 * (1 + 1e-6) + 1e-4
     at = torch.tensor([0.0, 0.0, 0.0, 1e-3 + 1e-4, 0.0])
-    p = checks.oracle_parity(at, eager, oracle)
+    p = comparators.oracle_parity(at, eager, oracle)
     assert p.ok and p.bound == pytest.approx(bound)
     assert p.err_eager == pytest.approx(1e-3)
     over = torch.tensor([0.0, 0.0, 0.0, 1.2e-3, 0.0])
-    q = checks.oracle_parity(over, eager, oracle)
+    q = comparators.oracle_parity(over, eager, oracle)
     assert not q.ok and q.err_fused == pytest.approx(1.2e-3)
     assert "err_fused 1.200e-03 > bound" in q.summary()
 
@@ -98,8 +98,8 @@ def test_oracle_parity_bound():
 def test_oracle_parity_non_finite_fails():
     oracle = torch.zeros(3, dtype=torch.float64)
     nan = torch.tensor([0.0, math.nan, 0.0])
-    assert not checks.oracle_parity(nan, torch.zeros(3), oracle).ok
-    assert not checks.oracle_parity(torch.zeros(3), nan, oracle).ok  # no bound from NaN eager
+    assert not comparators.oracle_parity(nan, torch.zeros(3), oracle).ok
+    assert not comparators.oracle_parity(torch.zeros(3), nan, oracle).ok  # no bound from NaN eager
 
 
 # --- overflow: NaN masks ---------------------------------------------------------------------
@@ -107,11 +107,11 @@ def test_oracle_parity_non_finite_fails():
 
 def test_nan_mask_equal_and_full():
     full = torch.full((3, 4), math.nan)
-    m = checks.nan_mask(full.clone(), full)
+    m = comparators.nan_mask(full.clone(), full)
     assert m.ok and m.eager_full and m.n_mismatch == 0 and m.fused_nan == 12
     wrong = full.clone()
     wrong[2, 1] = 1.0
-    bad = checks.nan_mask(wrong, full)
+    bad = comparators.nan_mask(wrong, full)
     assert not bad.ok and bad.n_mismatch == 1 and bad.first_index == (2, 1)
     assert bad.fused_value == 1.0
 
@@ -119,11 +119,11 @@ def test_nan_mask_equal_and_full():
 def test_nan_mask_requires_a_full_eager_mask():
     partial = torch.full((2, 2), math.nan)
     partial[0, 0] = 0.0
-    equal_but_partial = checks.nan_mask(partial.clone(), partial)
+    equal_but_partial = comparators.nan_mask(partial.clone(), partial)
     assert equal_but_partial.n_mismatch == 0 and not equal_but_partial.eager_full
     assert not equal_but_partial.ok
     assert "eager mask not full (3/4 NaN)" in equal_but_partial.summary()
-    assert checks.nan_mask(partial.clone(), partial, require_full=False).ok
+    assert comparators.nan_mask(partial.clone(), partial, require_full=False).ok
 
 
 # --- G1 bitwise replay -------------------------------------------------------------------------
@@ -131,14 +131,14 @@ def test_nan_mask_requires_a_full_eager_mask():
 
 def test_replay_identical_runs():
     a = torch.randn(6, 6).to(BF16)
-    r = checks.bitwise_replay([a, a.clone(), a.clone()])
+    r = comparators.bitwise_replay([a, a.clone(), a.clone()])
     assert r.ok and r.n_diff == (0, 0) and r.first_run is None and r.nan_count == 0
 
 
 def test_replay_reports_first_run_index_and_bits():
     a = torch.randn(6, 6).to(BF16)
     b = step(a, (2, 5))
-    r = checks.bitwise_replay([a, a.clone(), b])
+    r = comparators.bitwise_replay([a, a.clone(), b])
     assert not r.ok and r.n_diff == (0, 1) and r.first_run == 3 and r.first_index == (2, 5)
     raw = int(a.view(torch.int16)[2, 5]) & 0xFFFF
     assert r.bits == (raw, raw, (raw + 1) & 0xFFFF)
@@ -146,11 +146,11 @@ def test_replay_reports_first_run_index_and_bits():
 
 def test_replay_compares_nan_bit_patterns():
     qnan = torch.full((4,), math.nan, dtype=torch.float32)
-    assert checks.bitwise_replay([qnan, qnan.clone()], allow_nan=True).ok
+    assert comparators.bitwise_replay([qnan, qnan.clone()], allow_nan=True).ok
     other = qnan.clone()
     other.view(torch.int32)[1] |= 1          # another NaN payload: still NaN, other bits
     assert bool(torch.isnan(other).all())
-    r = checks.bitwise_replay([qnan, other], allow_nan=True)
+    r = comparators.bitwise_replay([qnan, other], allow_nan=True)
     assert not r.ok and r.first_index == (1,)
 
 
@@ -158,19 +158,19 @@ def test_replay_forbids_nan_unless_allowed_and_sees_signed_zero():
     a = torch.zeros(4)
     nan = a.clone()
     nan[0] = math.nan
-    assert not checks.bitwise_replay([nan, nan.clone()]).ok
-    assert checks.bitwise_replay([nan, nan.clone()], allow_nan=True).ok
-    assert not checks.bitwise_replay([a, -a]).ok   # +0.0 and -0.0 differ in bits
+    assert not comparators.bitwise_replay([nan, nan.clone()]).ok
+    assert comparators.bitwise_replay([nan, nan.clone()], allow_nan=True).ok
+    assert not comparators.bitwise_replay([a, -a]).ok   # +0.0 and -0.0 differ in bits
     neg = torch.tensor([-1.5], dtype=BF16)
-    assert checks.bit_view(neg).dtype == torch.int16
+    assert comparators.bit_view(neg).dtype == torch.int16
 
 
 def test_replay_delta():
     a = torch.tensor([1.0, math.nan, math.inf])
     b = torch.tensor([1.0 + 2.0 ** -20, math.nan, math.inf])
-    assert checks.replay_delta([a, b]) == 2.0 ** -20
+    assert comparators.replay_delta([a, b]) == 2.0 ** -20
     c = torch.tensor([1.0, 0.0, math.inf])
-    assert checks.replay_delta([a, c]) == math.inf
+    assert comparators.replay_delta([a, c]) == math.inf
 
 
 # --- exact zeros ------------------------------------------------------------------------------
@@ -182,23 +182,23 @@ def test_exact_zeros():
     t = torch.ones(4, 3)
     t[2:] = 0.0
     t[3, 0] = -0.0
-    z = checks.exact_zeros(t, mask)
+    z = comparators.exact_zeros(t, mask)
     assert z.ok and z.n_masked == 6 and z.n_nonzero == 0
     t[3, 2] = 2.0 ** -100
-    bad = checks.exact_zeros(t, mask)
+    bad = comparators.exact_zeros(t, mask)
     assert not bad.ok and bad.n_nonzero == 1 and bad.first_index == (3, 2)
     t[3, 2] = math.nan
-    assert not checks.exact_zeros(t, mask).ok   # an unwritten NaN-prefilled slot
+    assert not comparators.exact_zeros(t, mask).ok   # an unwritten NaN-prefilled slot
 
 
 def test_bitwise_equal():
     a = torch.randn(3, 3).to(BF16)
-    assert checks.bitwise_equal(a, a.clone())
-    assert not checks.bitwise_equal(a, step(a, (0, 0)))
+    assert comparators.bitwise_equal(a, a.clone())
+    assert not comparators.bitwise_equal(a, step(a, (0, 0)))
     nan = torch.full((2,), math.nan)
-    assert checks.bitwise_equal(nan, nan.clone())
-    assert not checks.bitwise_equal(torch.zeros(2), -torch.zeros(2))
-    assert not checks.bitwise_equal(a, a.float())
+    assert comparators.bitwise_equal(nan, nan.clone())
+    assert not comparators.bitwise_equal(torch.zeros(2), -torch.zeros(2))
+    assert not comparators.bitwise_equal(a, a.float())
 
 
 # --- the reference the checks compare against ----------------------------------------------------
@@ -210,8 +210,8 @@ def test_eager_grads_are_exact_zeros_on_the_never_consumed_mask(coff):
     go = make_grad_out(pack.n_rows, 16, seed=11)
     res = backward(*pack.inputs(), go, ratio=8, coff=coff)
     mask = never_consumed_mask(pack.cu, ratio=8, coff=coff, d=16, n_tokens=pack.n_tokens)
-    assert checks.exact_zeros(res.dkv, mask).ok
-    assert checks.exact_zeros(res.dscore, mask).ok
+    assert comparators.exact_zeros(res.dkv, mask).ok
+    assert comparators.exact_zeros(res.dscore, mask).ok
     assert int(mask.sum()) > 0
 
 
@@ -225,16 +225,16 @@ def test_tolerance_and_parity_with_a_mask():
     ref_nan = ref.clone()
     ref_nan[3, 3] = float("nan")
     mask = torch.isfinite(ref_nan)
-    t = checks.tolerance(fused, ref_nan, bound=1e-3, allowed=0, mask=mask)
+    t = comparators.tolerance(fused, ref_nan, bound=1e-3, allowed=0, mask=mask)
     assert t.ok and t.numel == 99 and t.n_diff == 0
     fused[7, 2] += 0.5
-    bad = checks.tolerance(fused, ref_nan, bound=1e-3, allowed=0, mask=mask)
+    bad = comparators.tolerance(fused, ref_nan, bound=1e-3, allowed=0, mask=mask)
     assert not bad.ok and bad.first_index == (7, 2) and bad.n_diff == 1   # full-tensor index
     oracle = ref.double()
-    ok = checks.oracle_parity(ref, ref_nan, oracle, mask=mask)
+    ok = comparators.oracle_parity(ref, ref_nan, oracle, mask=mask)
     assert ok.ok and ok.err_fused == 0.0
-    assert not checks.oracle_parity(fused, ref_nan, oracle, mask=mask).ok
-    assert not checks.oracle_parity(ref, ref_nan, oracle).ok      # unmasked: NaN error
+    assert not comparators.oracle_parity(fused, ref_nan, oracle, mask=mask).ok
+    assert not comparators.oracle_parity(ref, ref_nan, oracle).ok      # unmasked: NaN error
 
 
 # --- ratio=4 forward: bf16 steps -----------------------------------------------------------------
@@ -242,34 +242,34 @@ def test_tolerance_and_parity_with_a_mask():
 
 def test_bf16_ordinal_is_monotone_across_zero():
     vals = torch.tensor([-2.0, -1.0, -2.0 ** -133, -0.0, 0.0, 2.0 ** -133, 1.0], dtype=BF16)
-    o = checks.bf16_ordinal(vals)
+    o = comparators.bf16_ordinal(vals)
     assert o.tolist() == sorted(o.tolist())
     assert o[3] == o[4] == 0 and o[5] - o[4] == 1 and o[4] - o[2] == 1
 
 
 def test_bf16_steps_count_steps_and_noise():
     ref = torch.linspace(0.5, 1.5, 20000).to(BF16)
-    allowed = checks.count_allowance(ref.numel(), checks.R4_FWD_FRACTION)
+    allowed = limits.count_allowance(ref.numel(), limits.R4_FWD_FRACTION)
     assert allowed == 2
     one = step(step(ref, 10), 20)
-    ok = checks.bf16_steps(one, ref)
+    ok = comparators.bf16_steps(one, ref)
     assert ok.ok and ok.n_diff == 2 and ok.max_steps == 1 and ok.n_beyond == 0
     three = step(one, 30)
-    bad = checks.bf16_steps(three, ref)
+    bad = comparators.bf16_steps(three, ref)
     assert not bad.ok and bad.n_diff == 3 and "3 differing > 2 allowed" in bad.summary()
     two = step(ref, 5, 2)
-    far = checks.bf16_steps(two, ref)
+    far = comparators.bf16_steps(two, ref)
     assert not far.ok and far.n_beyond == 1 and far.first_index == (5,)
     # near zero a few tiny steps are summation-order noise, within noise_atol
     tiny = torch.zeros(100, dtype=BF16)
     tiny[7] = 3e-6
-    strict = checks.bf16_steps(tiny, torch.zeros(100, dtype=BF16))
+    strict = comparators.bf16_steps(tiny, torch.zeros(100, dtype=BF16))
     assert not strict.ok and strict.max_steps > 1
-    loose = checks.bf16_steps(tiny, torch.zeros(100, dtype=BF16), noise_atol=8e-6)
+    loose = comparators.bf16_steps(tiny, torch.zeros(100, dtype=BF16), noise_atol=8e-6)
     assert loose.ok and loose.n_within_noise == 1 and "within 8e-06" in loose.summary()
     nan = tiny.clone()
     nan[9] = float("nan")
-    assert checks.bf16_steps(nan, tiny, noise_atol=1.0).n_beyond == 1
+    assert comparators.bf16_steps(nan, tiny, noise_atol=1.0).n_beyond == 1
 
 
 # --- coverage over table entries, pinned bucket edges -------------------------------------------
@@ -277,15 +277,15 @@ def test_bf16_steps_count_steps_and_noise():
 
 def test_table_coverage_counts_distinct_kernels_of_entries():
     entries = {("small", 1): "k1", ("default", 1): "k2", ("large", 1): "k2", ("default", 2): "k3"}
-    cov = checks.table_coverage("fwd", entries, ["k1", "k2", "k3"])
+    cov = coverage.table_coverage("fwd", entries, ["k1", "k2", "k3"])
     assert cov.ok and (cov.n_entries, cov.n_expected, cov.n_covered) == (4, 3, 3)
-    miss = checks.table_coverage("fwd", entries, ["k2", "k9"])
+    miss = coverage.table_coverage("fwd", entries, ["k2", "k9"])
     assert not miss.ok and miss.missing == ("k1", "k3") and miss.unexpected == ("k9",)
     assert "no case selects k1, k3" in miss.summary()
 
 
-EDGES = (checks.BucketEdge("fwd", "small", 128, upper=True),
-         checks.BucketEdge("fwd", "large", 1024, upper=False))
+EDGES = (limits.BucketEdge("fwd", "small", 128, upper=True),
+         limits.BucketEdge("fwd", "large", 1024, upper=False))
 ENTRIES = {("fwd", "small", (1, 128)): "S", ("fwd", "default", (1, 128)): "D",
            ("fwd", "large", (1, 128)): "L", ("fwd", "default", (1, 512)): "D5",
            ("fwd", "large", (1, 512)): "D5"}
@@ -293,7 +293,7 @@ ENTRIES = {("fwd", "small", (1, 128)): "S", ("fwd", "default", (1, 128)): "D",
 
 def _dispatch(small_max=128, large_min=1024, large_op=">="):
     out = {}
-    for direction, config, n, _ in checks.edge_probes(EDGES, checks.entry_configs(ENTRIES)):
+    for direction, config, n, _ in coverage.edge_probes(EDGES, coverage.entry_configs(ENTRIES)):
         large = n >= large_min if large_op == ">=" else n > large_min
         if n <= small_max and ("fwd", "small", config) in ENTRIES:
             bucket = "small"
@@ -306,7 +306,7 @@ def _dispatch(small_max=128, large_min=1024, large_op=">="):
 
 
 def test_bucket_edges_pass_and_count_blind_pairs():
-    e = checks.bucket_edges(EDGES, ENTRIES, _dispatch())
+    e = coverage.bucket_edges(EDGES, ENTRIES, _dispatch())
     assert e.ok and e.n_probes == 2 * 2 * 3 and e.n_mismatch == 0
     assert [p.n_rows for p in e.probes[:3]] == [127, 128, 129]
     # c1d512 has no small entry, and its default and large entries are one kernel
@@ -316,7 +316,7 @@ def test_bucket_edges_pass_and_count_blind_pairs():
 
 @pytest.mark.parametrize("moved", [{"large_op": ">"}, {"large_min": 1023}, {"small_max": 127}])
 def test_bucket_edges_fail_on_a_moved_edge(moved):
-    e = checks.bucket_edges(EDGES, ENTRIES, _dispatch(**moved))
+    e = coverage.bucket_edges(EDGES, ENTRIES, _dispatch(**moved))
     assert not e.ok and e.n_mismatch == 1
     p = e.first
     assert p.config == "c1d128" and not p.ok
@@ -326,5 +326,5 @@ def test_bucket_edges_fail_on_a_moved_edge(moved):
 
 def test_bucket_edges_fail_when_the_declared_bucket_has_no_default():
     entries = {k: v for k, v in ENTRIES.items() if k != ("fwd", "default", (1, 128))}
-    e = checks.bucket_edges(EDGES, entries, _dispatch())
+    e = coverage.bucket_edges(EDGES, entries, _dispatch())
     assert not e.ok and e.first.expected is None and e.first.n_rows == 129

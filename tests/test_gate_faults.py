@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from csagate.gates import checks
+from csagate.gates import limits
 from csagate.gates.runner import run_gate
 from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP
 from gate_backends import (
@@ -110,12 +110,12 @@ def test_every_case_runs_every_gate(clean):
 
 def test_scaled_case_bounds_and_recorded_dape_parity(clean):
     r = row(clean, "c2d16/1x64/x64")
-    assert r.result("G2", "out").numbers["bound"] == pytest.approx(checks.MAX_ABS * 64)
-    assert r.result("G2", "dkv").numbers["bound"] == pytest.approx(checks.MAX_ABS * 64)
-    assert r.result("G2", "dscore").numbers["bound"] == pytest.approx(checks.MAX_ABS * 4096)
-    assert r.result("G2", "dape").numbers["bound"] == pytest.approx(checks.DAPE_MAX_ABS * 4096)
+    assert r.result("G2", "out").numbers["bound"] == pytest.approx(limits.MAX_ABS * 64)
+    assert r.result("G2", "dkv").numbers["bound"] == pytest.approx(limits.MAX_ABS * 64)
+    assert r.result("G2", "dscore").numbers["bound"] == pytest.approx(limits.MAX_ABS * 4096)
+    assert r.result("G2", "dape").numbers["bound"] == pytest.approx(limits.DAPE_MAX_ABS * 4096)
     numel = r.result("G2", "dkv").numbers["numel"]
-    assert r.result("G2", "dkv").numbers["allowed"] == checks.count_allowance(numel)
+    assert r.result("G2", "dkv").numbers["allowed"] == limits.count_allowance(numel)
     assert r.result("G3", "dape").status == RECORDED
     assert r.result("G3", "dkv").status == PASS
     # unit-scale cases gate dAPE parity
@@ -174,7 +174,7 @@ def test_subset_run_does_not_assert_coverage():
 def test_off_by_one_step_beyond_the_count_fails_g2():
     name = "c1d16/1x256"
     case = case_named(name)
-    allowed = checks.count_allowance(case.tokens * case.coff * case.d)
+    allowed = limits.count_allowance(case.tokens * case.coff * case.d)
     v = faulted("count", name, n=allowed + 1)
     assert_only_case_failed(v, name)
     r = row(v, name)
@@ -189,7 +189,7 @@ def test_off_by_one_step_beyond_the_count_fails_g2():
 def test_off_by_one_step_at_the_count_passes():
     name = "c1d16/1x256"
     case = case_named(name)
-    allowed = checks.count_allowance(case.tokens * case.coff * case.d)
+    allowed = limits.count_allowance(case.tokens * case.coff * case.d)
     v = faulted("count", name, n=allowed)
     g2 = row(v, name).result("G2", "dkv")
     assert g2.status == PASS and g2.numbers["n_diff"] == allowed
@@ -483,24 +483,26 @@ def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
     backend = kernel_backend_without_gpu()
     seen = {}
 
-    def run_forward(kv, score, ape, cu, cuc, out, *, ratio, coff, stream=None):
+    def run_forward(kv, score, ape, cu, cuc, out, *, ratio, coff, stream=None, check=False):
         seen["fwd"] = (ratio, coff, tuple(out.shape))
+        seen["fwd_check"] = check
         return make_key("fwd", ratio, coff, out.shape[1],
                         select_fwd(coff, out.shape[1], out.shape[0], "sm_90a"), "sm_90a")
 
     def run_backward(kv, score, ape, cu, cuc, go, dkv, dscore, dape, *, ratio, coff,
-                     rows_per_cta=None, stream=None, deterministic=None):
+                     rows_per_cta=None, stream=None, deterministic=None, check=False):
         seen["bwd_deterministic"] = deterministic
+        seen["bwd_check"] = check
         sched = select_bwd(coff, go.shape[1], go.shape[0], "sm_90a")
-        if deterministic:
-            sched = replace(sched, deterministic=True)
-        return make_key("bwd", ratio, coff, go.shape[1], sched, "sm_90a")
+        return make_key("bwd", ratio, coff, go.shape[1], sched, "sm_90a",
+                        deterministic=bool(deterministic))
 
     monkeypatch.setattr(api, "run_forward", run_forward)
     monkeypatch.setattr(api, "run_backward", run_backward)
     out = torch.empty(1024, 128, dtype=torch.bfloat16)
     sel = backend.forward(None, None, None, None, None, out, ratio=128, coff=1)
     assert seen["fwd"] == (128, 1, (1024, 128))
+    assert seen["fwd_check"] is True  # the gate has the cu/cuc values checked
     entries = set(backend.entries(128, "fwd").values())
     assert sel in entries and sel.tag == select_fwd(1, 128, 1024, "sm_90a").tag
     assert sel == backend.dispatch(128, "fwd", 1, 128, 1024)
@@ -510,6 +512,7 @@ def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
     assert bsel in set(backend.entries(128, "bwd").values())
     assert bsel.name == f"bwd c2d128 {select_bwd(2, 128, 64, 'sm_90a').tag}"
     assert seen["bwd_deterministic"] is False   # the default mode, whatever torch's flag
+    assert seen["bwd_check"] is True
     det = backend.backward(None, None, None, None, None, go, None, None, None, ratio=128,
                            coff=2, deterministic=True)
     assert seen["bwd_deterministic"] is True and det == bsel   # coverage: the table entry
@@ -601,7 +604,7 @@ def test_padding_only_nonfinite_rules(clean):
         assert not r.result("G1", tensor).numbers["allow_nan"]
         iso = r.result("isolation", tensor).numbers
         assert iso["n_diff"] == 0 and iso["allowed"] == 0 and iso["bound"] == 0.0
-    assert r.result("isolation", "dape").numbers["bound"] == checks.DAPE_MAX_ABS
+    assert r.result("isolation", "dape").numbers["bound"] == limits.DAPE_MAX_ABS
     assert r.result("isolation", "eager").status == PASS
     assert r.recorded["pad_rows_grad_out_nonzero"] is True
 
@@ -665,9 +668,9 @@ def test_r4_unfaulted_passes_with_its_own_rules(clean_r4):
         g2 = r.result("G2", tensor).numbers
         assert (g2["allowed"], g2["bound"], g2["n_diff"]) == (0, 0.0, 0)
     out = r.result("G2", "out").numbers   # one bf16 step on at most 1e-4 of the elements
-    assert out["allowed"] == checks.count_allowance(out["numel"], checks.R4_FWD_FRACTION)
+    assert out["allowed"] == limits.count_allowance(out["numel"], limits.R4_FWD_FRACTION)
     assert out["noise_atol"] == 8e-6 and out["n_beyond"] == 0
-    assert r.result("G2", "dape").numbers["bound"] == checks.DAPE_MAX_ABS
+    assert r.result("G2", "dape").numbers["bound"] == limits.DAPE_MAX_ABS
     assert r.recorded["parity_ref"] == "upstream"      # TESTS.md 1.3: G3 vs upstream eager
     assert set(r.recorded["err_parity_ref"]) == {"out", "dkv", "dscore", "dape"}
     over = row(v, "r4/c1d16/overflow")
@@ -688,7 +691,7 @@ def test_r4_one_ulp_dkv_change_fails_bitwise():
 def test_r4_forward_count_and_step_boundaries():
     name = "r4/c1d32/1x64"
     case = case_named(name)
-    allowed = checks.count_allowance(case.rows * case.d, checks.R4_FWD_FRACTION)
+    allowed = limits.count_allowance(case.rows * case.d, limits.R4_FWD_FRACTION)
     at = r4_faulted("count_out", name, n=allowed)
     assert row(at, name).result("G2", "out").status == PASS
     over = r4_faulted("count_out", name, n=allowed + 1)

@@ -62,7 +62,27 @@ def test_failed_gates_reads_a_report():
     assert run.failed_gates({}) == ()
 
 
-def test_every_mutant_builds(dsl):
-    """Each mutated tree (a copy with its own compile cache) cross-compiles its ratio's
-    kernels for sm_90a: a mutant that no longer builds would test nothing on the GPU."""
-    assert run.main(["check", "--arch", "sm_90a", "--jobs", "2"]) == 0
+def test_every_mutated_file_parses_and_the_sample_is_one_per_kernel_file():
+    for mutant in catalog.MUTANTS:
+        run.parses(mutant)
+    chosen = run.sampled(list(catalog.MUTANTS))
+    files = {m.file for m in catalog.MUTANTS if m.name in chosen}
+    assert len(files) == len(chosen)
+    assert files == {m.file for m in catalog.MUTANTS
+                     if m.file.startswith("kernels/") and m.file != "kernels/schedule.py"}
+
+
+def test_a_mutant_that_breaks_the_build_is_reported(dsl, tmp_path):
+    """The build step fails on a mutated tree whose kernels no longer compile (here: every
+    compile raises)."""
+    bad = catalog.Mutant("raises", "kernels/cache.py", "    return key.build()\n",
+                         "    raise RuntimeError('planted')\n", 4, "G2", "every compile raises")
+    outcome = run.build(bad, tmp_path, "sm_90a")
+    assert not outcome.ok and "build exit" in outcome.detail, outcome.detail
+
+
+def test_one_mutant_per_kernel_file_builds(dsl):
+    """The first mutant of each kernel source file, in a copy of the tree with its own compile
+    cache, cross-compiles the kernels of its ratio that the file reaches for sm_90a (a mutant
+    that no longer builds would test nothing on the GPU); `make mutants` builds them all."""
+    assert run.main(["check", "--arch", "sm_90a", "--jobs", "2", "--sample"]) == 0

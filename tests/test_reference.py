@@ -209,7 +209,7 @@ def _multiply_by_zero_backward(kv, score, ape, cu, cuc, grad_out, *, ratio, coff
 
 
 def _bits(t):
-    from csagate.gates.checks import bit_view
+    from csagate.gates.comparators import bit_view
 
     return bit_view(t)
 

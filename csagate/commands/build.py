@@ -90,10 +90,6 @@ def kernels_doc(command: str, ratio: str, arch: str, kernels: list[dict], **extr
                        "arch": arch, **extra, "kernels": kernels})
 
 
-def print_table(table) -> None:
-    console.print_table(table)
-
-
 def progress_bar(total: int, what: str):
     """A rich progress bar on stderr when it is a terminal; otherwise one status line."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -155,7 +151,7 @@ def command(ratio: str, arch: str | None, as_json: bool) -> None:
             cache="cache_hit: loaded from the disk cache (or compiled earlier in this process)",
             compile_s=round(sum(rec.seconds for rec in compiled), 4)))
         return
-    print_table(build_table(records, arch))
+    console.print_table(build_table(records, arch))
     line = (f"{len(records)} kernels: {len(compiled)} compiled in "
             f"{sum(rec.seconds for rec in compiled):.1f} s")
     if len(compiled) < len(records):

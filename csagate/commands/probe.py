@@ -8,8 +8,6 @@ from csagate.commands.build import (
     existing_parent,
     kernel_json,
     kernels_doc,
-    one_line,
-    print_table,
     progress_bar,
     ratio_option,
     ratios_of,
@@ -66,7 +64,7 @@ def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -
         except PtxasNotFound as exc:
             console.abort(str(exc), ExitCode.COULD_NOT_EVALUATE)
         except Exception as exc:  # a compile error: nothing was probed to judge
-            console.abort(f"build failed: {one_line(exc)}", ExitCode.COULD_NOT_EVALUATE)
+            console.abort(f"build failed: {console.one_line(exc)}", ExitCode.COULD_NOT_EVALUATE)
 
     ok, line = summary(rows, arch)
     out = console.out()
@@ -79,7 +77,7 @@ def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -
              for key, r in zip(keys, rows, strict=True)],
             ok=ok, summary=line, ptxas=find_ptxas()))
     else:
-        print_table(probe_table(rows, arch))
+        console.print_table(probe_table(rows, arch))
         out.print(line, soft_wrap=True)
     if keep_ptx:
         console.err().print(f"PTX kept in {keep_ptx}")

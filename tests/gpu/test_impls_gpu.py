@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from csagate.gates import builtin_impls, checks
+from csagate.gates import builtin_impls, comparators, limits
 from csagate.gates.implementation import unavailable
 from csagate.reference import backward, make_grad_out, make_pack
 
@@ -51,10 +51,10 @@ def test_compiled_meets_g2_bounds(coff):
     out = impl.forward(*pack.inputs(), pack.n_rows, ratio=128, coff=coff)
     dkv, dscore, dape = impl.backward(*pack.inputs(), go, ratio=128, coff=coff)
     for got, want in ((out, ref.out), (dkv, ref.dkv), (dscore, ref.dscore)):
-        t = checks.tolerance(got, want, bound=checks.MAX_ABS,
-                             allowed=checks.count_allowance(want.numel()))
+        t = comparators.tolerance(got, want, bound=limits.MAX_ABS,
+                             allowed=limits.count_allowance(want.numel()))
         assert t.ok, t.summary()
-    assert checks.max_abs_error(dape, ref.dape) <= checks.DAPE_MAX_ABS
+    assert comparators.max_abs_error(dape, ref.dape) <= limits.DAPE_MAX_ABS
 
 
 def _cudnn_api():
