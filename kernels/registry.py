@@ -70,9 +70,9 @@ class KernelKey:
 
     @property
     def tag(self) -> str:
-        """``fwd_c1d128_v2t8x32[_2ph][_fexp]``, ``bwd_..._fexp_gor[_det]``, ``r4fwd_c2d128_v2``."""
+        """The family, the config and the schedule's tag, ``_deterministic`` for that mode."""
         return (f"{self.family.tag_prefix(self)}_{self.config}_{self.schedule.tag}"
-                + ("_det" if self.deterministic else ""))
+                + ("_deterministic" if self.deterministic else ""))
 
     @property
     def kernel_schedule(self):

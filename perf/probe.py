@@ -140,6 +140,19 @@ def ptxas_entries(report: str) -> dict[str, tuple[int | None, int | None, int | 
     return {parts[i]: parse_ptxas(parts[i + 1]) for i in range(1, len(parts) - 1, 2)}
 
 
+def assemble(ptx: str, arch: str, ptxas: str | None = None, path: Path | None = None
+             ) -> tuple[int, str]:
+    """``(return code, report)`` of ``ptxas -v -arch=<arch>`` on ``ptx`` (written to ``path``,
+    else to a temporary file); ``ptxas`` defaults to :func:`find_ptxas`."""
+    ptxas = ptxas or find_ptxas()
+    with tempfile.TemporaryDirectory(prefix="csagate-ptxas-") as tmp:
+        path = path or Path(tmp) / "kernel.ptx"
+        path.write_text(ptx)
+        proc = subprocess.run([ptxas, "-v", f"-arch={arch}", str(path), "-o", os.devnull],
+                              capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def _schedule_tuple(key: KernelKey) -> tuple:
     astuple = getattr(key.schedule, "astuple", None)
     return astuple() if astuple else tuple(key.schedule)
@@ -153,17 +166,13 @@ def probe_one(key: KernelKey, out_dir: Path, ptxas: str, cache: KernelCache = CA
     if ptx is None:
         return ProbeRow(key.tag, key.kind, sched, key.arch, None, None, None, None, None, None,
                         False, "skipped: no PTX retained (need CUTE_DSL_KEEP=ptx)")
-    path = out_dir / f"{key.tag}.{key.arch}.ptx"
-    path.write_text(ptx)
-    proc = subprocess.run([ptxas, "-v", f"-arch={key.arch}", str(path), "-o", os.devnull],
-                          capture_output=True, text=True)
-    report = proc.stdout + proc.stderr
+    rc, report = assemble(ptx, key.arch, ptxas, out_dir / f"{key.tag}.{key.arch}.ptx")
     regs, spill_st, spill_ld, stack = parse_ptxas(report)
     ex2 = len(_EX2.findall(ptx))
     problems = []
-    if proc.returncode:
+    if rc:
         last = report.strip().splitlines()[-1] if report.strip() else ""
-        problems.append(f"ptxas rc={proc.returncode}: {last}")
+        problems.append(f"ptxas rc={rc}: {last}")
     if None in (spill_st, spill_ld, stack):
         problems.append("ptxas -v report not parsed")
     else:
@@ -172,7 +181,7 @@ def probe_one(key: KernelKey, out_dir: Path, ptxas: str, cache: KernelCache = CA
         if stack:
             problems.append(f"stack {stack} B")
     return ProbeRow(key.tag, key.kind, sched, key.arch, regs, spill_st, spill_ld, stack, ex2,
-                    proc.returncode, not problems, "; ".join(problems) or "clean")
+                    rc, not problems, "; ".join(problems) or "clean")
 
 
 def probe(keys: Iterable[KernelKey], *, keep_dir: str | os.PathLike | None = None,

@@ -6,6 +6,7 @@ compile too, so the suite pays for each kernel once.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -17,15 +18,28 @@ from csagate.kernels import schedule as S
 from csagate.kernels.cache import KernelCache, keys_for
 
 
-def test_r128_keys_are_the_16_table_kernels():
-    keys = keys_for(128, "sm_100a")
-    assert Counter(k.kind for k in keys) == {"r128fwd": 10, "r128bwd": 6}
-    assert len(set(keys)) == 16 and len({k.tag for k in keys}) == 16
+@pytest.mark.parametrize("arch", S.ARCHES)
+def test_r128_keys_are_the_table_kernels(arch):
+    keys = keys_for(128, arch)
+    assert len(set(keys)) == len(keys)
     assert {((k.coff, k.d), k.schedule) for k in keys if k.direction == "fwd"} == \
-        S.selectable("fwd")
+        S.selectable("fwd", arch)
     assert {((k.coff, k.d), k.schedule) for k in keys if k.direction == "bwd"} == \
-        S.selectable("bwd")
-    assert all(k.arch == "sm_100a" and k.ratio == 128 for k in keys)
+        S.selectable("bwd", arch)
+    assert all(k.arch == arch and k.ratio == 128 and not k.deterministic for k in keys)
+
+
+def test_tags_are_injective():
+    """One tag per kernel over every ratio, direction, config and arch's tables, the
+    deterministic twins included (a tag names a kernel in the probe, build and cache tables)."""
+    from csagate.kernels.registry import RATIOS
+
+    for arch in S.ARCHES:
+        keys = {k for ratio in RATIOS for k in keys_for(ratio, arch)}
+        keys |= {dataclasses.replace(k, deterministic=True) for k in keys
+                 if k.direction == "bwd"}
+        tags = Counter(k.tag for k in keys)
+        assert len(tags) == len(keys), [t for t, n in tags.items() if n > 1]
 
 
 def test_r128_tags_read_like_the_upstream_probe():
@@ -37,17 +51,18 @@ def test_r128_tags_read_like_the_upstream_probe():
     assert "bwd_c1d128_v1t8x32_goreuse" in tags   # B1, vec=1 small bucket
 
 
-@pytest.mark.parametrize("coff,d,n_fwd,n_bwd", [(1, 128, 3, 2), (2, 128, 2, 2), (1, 512, 2, 1),
-                                                (2, 512, 3, 1)])
-def test_r128_keys_narrow_by_config(coff, d, n_fwd, n_bwd):
+@pytest.mark.parametrize("coff,d", S.CONFIGS)
+def test_r128_keys_narrow_by_config(coff, d):
+    every = keys_for(128, "sm_100a")
     keys = keys_for(128, "sm_100a", coff=coff, d=d)
-    assert Counter(k.direction for k in keys) == {"fwd": n_fwd, "bwd": n_bwd}
+    assert keys == [k for k in every if (k.coff, k.d) == (coff, d)]
+    assert {k.direction for k in keys} == {"fwd", "bwd"}
 
 
 def test_r128_keys_reject_other_head_dims():
     with pytest.raises(ValueError, match="ratio=128 is validated for head_dim"):
         keys_for(128, "sm_90a", d=96)
-    with pytest.raises(ValueError, match="ratio in"):
+    with pytest.raises(ValueError, match="ratio must be one of"):
         keys_for(64, "sm_90a")
 
 
@@ -64,8 +79,10 @@ def need_dsl():
 def test_r4_keys():
     need_dsl()
     keys = keys_for(4, "sm_90a")
-    assert len(keys) == len(set(keys)) == 12 and len({k.tag for k in keys}) == 12
-    assert {(k.coff, k.d) for k in keys} == {(c, d) for c in (1, 2) for d in (65, 128, 512)}
+    assert len(set(keys)) == len(keys) and len({k.tag for k in keys}) == len(keys)
+    # one forward and one backward per coff and build head dim
+    assert sorted((k.coff, k.d, k.direction) for k in keys) == sorted(
+        (c, d, direction) for c in S.COFFS for d in S.R4_HEAD_DIMS for direction in ("fwd", "bwd"))
     tags = {k.tag for k in keys}
     assert {"r4fwd_c2d128_v2", "r4fwd_c1d65_v1", "r4bwd_c2d128_v1r8"} <= tags
     assert [k.tag for k in keys_for(4, "sm_90a", coff=2, d=192)] == \
@@ -238,13 +255,23 @@ def test_missing_ptxas_fails_under_ci_and_skips_elsewhere(ci, outcome, tmp_path)
                           text=True, timeout=300)
     assert outcome in proc.stdout, proc.stdout + proc.stderr
     assert (proc.returncode != 0) == (ci == "true"), proc.stdout
-def test_sm_103a_builds_and_probes_the_table_kernels(ptxas):
-    """sm_103a (B300) selects the sm_100a tables; every table kernel of both ratios builds
-    for it and assembles with ptxas -arch=sm_103a, 0 spill / 0 stack."""
+@pytest.mark.parametrize("arch", S.ARCHES)
+def test_every_table_kernel_builds_and_probes_clean(ptxas, arch):
+    """Every kernel a dispatch table of either ratio can select on ``arch`` builds and
+    assembles with ptxas -arch=<arch>, 0 spill / 0 stack (compiled through the session's
+    cache: the other build tests reuse the entries)."""
+    from csagate.kernels.registry import RATIOS
     from csagate.perf.probe import probe, summary
 
-    keys = keys_for(128, "sm_103a") + keys_for(4, "sm_103a")
-    assert [(k.kind, k.config, k.schedule) for k in keys] == \
-        [(k.kind, k.config, k.schedule) for k in keys_for(128, "sm_100a") + keys_for(4, "sm_100a")]
+    keys = [k for ratio in RATIOS for k in keys_for(ratio, arch)]
     rows = probe(keys)
-    assert summary(rows, "sm_103a")[0], [r for r in rows if not r.clean]
+    assert [r.tag for r in rows] == [k.tag for k in keys]
+    assert summary(rows, arch)[0], [r for r in rows if not r.clean]
+
+
+def test_sm_103a_selects_the_sm_100a_tables():
+    """sm_103a (B300) selects the sm_100a tables: the same kernels, built for its own arch."""
+    from csagate.kernels.registry import RATIOS
+
+    same = lambda arch: [(k.kind, k.config, k.schedule) for r in RATIOS for k in keys_for(r, arch)]
+    assert same("sm_103a") == same("sm_100a")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from csagate.kernels import schedule as S
-from csagate.kernels._dsl import dsl_available, ptx_of
-from csagate.kernels.cache import compile_key, make_key
+from csagate.kernels._dsl import dsl_available
+from csagate.kernels.cache import CACHE, make_key
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
@@ -31,8 +31,7 @@ def _keys(arch: str):
 
 
 def _det(key):
-    return dataclasses.replace(key, schedule=dataclasses.replace(key.schedule,
-                                                                 deterministic=True))
+    return dataclasses.replace(key, deterministic=True)
 
 
 CASES = [(k, a) for a in S.ARCHES for k in _keys(a)]
@@ -40,20 +39,27 @@ CASES = [(k, a) for a in S.ARCHES for k in _keys(a)]
 
 def test_tag_suffix_and_default_off():
     for key, _ in CASES:
-        assert not key.schedule.deterministic and "_det" not in key.tag
-        assert _det(key).tag.startswith(key.tag + "_det")
+        assert not key.deterministic and not key.schedule.deterministic
+        assert "_det" not in key.tag and _det(key).tag == key.tag + "_deterministic"
+        # a schedule carrying the flag names the same kernel: the key holds the mode
+        sched_det = dataclasses.replace(key.schedule, deterministic=True)
+        assert dataclasses.replace(key, schedule=sched_det) == _det(key)
+        assert not _det(key).schedule.deterministic
+        assert _det(key).kernel_schedule == sched_det
     for direction in ("fwd", "bwd"):  # no dispatch table entry is deterministic
         for _, sched in S.selectable(direction):
             assert not getattr(sched, "deterministic", False)
 
 
 @pytest.mark.parametrize("key,arch", CASES, ids=[f"{k.tag}-{a}" for k, a in CASES])
-def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
+def test_deterministic_kernel_stores_instead_of_atomics(key, arch, ptxas):
     from csagate.perf import probe
 
-    default = probe.main_entry(ptx_of(compile_key(key)))  # not its dAPE zeroing kernel
+    # through the session's compile cache: each kernel compiles once (the probe below and the
+    # other build tests reuse it)
+    default = probe.main_entry(CACHE.ptx(key))  # not its dAPE zeroing kernel
     det_key = _det(key)
-    det = probe.main_entry(ptx_of(compile_key(det_key)))
+    det = probe.main_entry(CACHE.ptx(det_key))
     assert ATOMIC.search(default), f"{key.tag}: the default kernel's dAPE atomic is gone"
     assert not ATOMIC.search(det), f"{det_key.tag}: red./atom. in the deterministic kernel"
     # the deterministic kernel lets its reduction be scheduled early (PDL) and depends on
@@ -73,10 +79,6 @@ def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
     rolled = (getattr(key.schedule, "regwin", False) and key.coff == 1
               and 128 // key.schedule.tchunks * key.schedule.vec >= 32)
     assert n_st(det) - n_st(default) == (key.schedule.vec if rolled else n_red)
-    try:
-        ptxas = probe.find_ptxas()
-    except probe.PtxasNotFound:
-        pytest.skip("no ptxas")
     with tempfile.TemporaryDirectory() as tmp:
         row = probe.probe_one(det_key, Path(tmp), ptxas)
     assert row.clean and row.spill_st == 0 and row.spill_ld == 0 and row.stack == 0, row
@@ -84,9 +86,10 @@ def test_deterministic_kernel_stores_instead_of_atomics(key, arch):
 
 @pytest.mark.parametrize("arch", S.ARCHES)
 def test_reduce_kernel_builds(arch):
-    from csagate.kernels.reduce import DEPTHS, WARPS, build_reduce
+    from csagate.kernels.reduce import DEPTHS, WARPS
+    from csagate.kernels.registry import ReduceKey
 
-    ptx = ptx_of(build_reduce(arch))
+    ptx = CACHE.ptx(ReduceKey(arch))  # the reduction compiles through the one cache
     assert ptx and not ATOMIC.search(ptx)
     # 16-byte accesses only (VEC = 4 elements a lane): one slice load per lane for each
     # group size in DEPTHS (the groups' loads are issued together), one in the remainder
@@ -117,7 +120,7 @@ def test_sweep_refuses_a_candidate_whose_deterministic_form_spills(monkeypatch):
     sched = S.BwdSchedule(2, 8, 32, True, False, regwin=True, vsm=True)
 
     def fake_probe(key, ptx_dir, ptxas):
-        det = key.schedule.deterministic
+        det = key.deterministic
         return types.SimpleNamespace(clean=not det, note="spills 8/8 B" if det else "")
 
     monkeypatch.setattr(probe, "probe_one", fake_probe)

@@ -22,10 +22,14 @@ def test_normalize_drops_comments_and_names_entries_by_position():
     assert H.normalize(PTX.replace("csagatekernels", "csagateperf")) == text
 
 
-def test_kernel_keys_are_the_table_kernels():
+def test_kernel_keys_are_the_table_kernels_and_names_are_injective():
     from csagate.kernels.cache import keys_for
+    from csagate.kernels.schedule import ARCHES
 
-    keys = H.kernel_keys("sm_90a")
-    assert len(keys) == len(set(keys))
-    assert set(keys) == set(keys_for(128, "sm_90a") + keys_for(4, "sm_90a"))
-    assert H.name_of(keys[0]).endswith("@sm_90a")
+    for arch in ARCHES:
+        keys = H.kernel_keys(arch)
+        assert len(keys) == len(set(keys)), "a kernel listed twice"
+        assert set(keys) == set(keys_for(128, arch) + keys_for(4, arch))
+        names = [H.name_of(k) for k in keys]
+        assert len(set(names)) == len(keys), "two kernels under one hash-file name"
+        assert all(n.endswith(f"@{arch}") for n in names)

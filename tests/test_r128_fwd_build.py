@@ -13,8 +13,6 @@ twins (``perf.variants.fwd_twin``), the bitwise oracles of the GPU tests.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from collections import Counter
 
 import pytest
@@ -51,12 +49,10 @@ def ptx_for(arch: str, cfg: tuple[int, int], sched: FwdSchedule) -> str:
     return _PTX[key]
 
 
-def ptxas_report(arch: str, ptx: str, tmp_path) -> tuple[int, str]:
-    path = tmp_path / "k.ptx"
-    path.write_text(ptx)
-    r = subprocess.run(["ptxas", "-v", f"-arch={arch}", str(path), "-o", "/dev/null"],
-                       capture_output=True, text=True)
-    return r.returncode, r.stdout + r.stderr
+def ptxas_report(arch: str, ptx: str, ptxas: str) -> tuple[int, str]:
+    from csagate.perf.probe import assemble
+
+    return assemble(ptx, arch, ptxas)
 
 
 L2E_LO, L2E_HI = "0f32A57060", "0f3FB8AA3B"
@@ -206,11 +202,10 @@ def register_cap(cfg, sched) -> int:
     return cap + (4 * min(sched.unroll, g["sites"]) * sched.vec if g["prefetch"] else 0)
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
 @pytest.mark.parametrize("arch,cfg,sched", CASES, ids=IDS)
-def test_builds_without_spill_or_stack(arch, cfg, sched, tmp_path):
+def test_builds_without_spill_or_stack(arch, cfg, sched, ptxas):
     ptx = ptx_for(arch, cfg, sched)
-    rc, out = ptxas_report(arch, ptx, tmp_path)
+    rc, out = ptxas_report(arch, ptx, ptxas)
     assert rc == 0, f"ptxas failed:\n{out}"
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", out)]
     frame = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
-import subprocess
 
 import pytest
 from csagate.kernels import small_schedule as SS
-from csagate.kernels._dsl import dsl_available, ptx_of
+from csagate.kernels._dsl import dsl_available
 from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
 
 _DSL_OK, _DSL_WHY = dsl_available()
@@ -38,10 +36,12 @@ def _kid(k) -> str:
 
 @functools.cache
 def _ptx(kind: str, ratio: int, arch: str, coff: int, d: int) -> str:
-    from csagate.kernels import small
+    """Compiled through the session's cache (the table probe of test_cache_probe reuses it)."""
+    from csagate.kernels import registry
+    from csagate.kernels.cache import CACHE
 
-    build = small.build_fwd if kind == "fwd" else small.build_bwd
-    ptx = ptx_of(build(d=d, coff=coff, arch=arch, ratio=ratio))
+    sched = registry.family(ratio, kind).select(coff, d, 1, arch)
+    ptx = CACHE.ptx(registry.make_key(kind, ratio, coff, d, sched, arch))
     assert ptx, (f"r{ratio}{kind} c{coff}d{d} {arch}: no PTX retained (CUTE_DSL_KEEP must "
                  "include ptx)")
     return ptx
@@ -60,17 +60,12 @@ def _count(pattern: str, text: str) -> int:
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
-def test_ptxas_clean(kernel, tmp_path):
-    if shutil.which("ptxas") is None:
-        pytest.skip("ptxas is not on PATH: cannot check spills")
+def test_ptxas_clean(kernel, ptxas):
+    from csagate.perf.probe import ZERO_KERNEL, assemble, ptxas_entries
+
     kind, ratio, arch, coff, d = kernel
-    path = tmp_path / f"{_kid(kernel)}.ptx"
-    path.write_text(_ptx(*kernel))
-    res = subprocess.run(["ptxas", "-v", f"-arch={arch}", str(path), "-o", "/dev/null"],
-                         capture_output=True, text=True)
-    log = res.stdout + res.stderr
-    assert res.returncode == 0, f"ptxas failed on {_kid(kernel)}:\n{log}"
-    from csagate.perf.probe import ZERO_KERNEL, ptxas_entries
+    rc, log = assemble(_ptx(*kernel), arch, ptxas)
+    assert rc == 0, f"ptxas failed on {_kid(kernel)}:\n{log}"
 
     entries = ptxas_entries(log)
     zeroing = [name for name in entries if ZERO_KERNEL in name]
