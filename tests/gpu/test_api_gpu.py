@@ -434,3 +434,47 @@ def test_schedule_launcher_runs_the_given_schedule(coff, d, lens):
     bwd()
     torch.cuda.synchronize()
     assert_same_run(f"schedule_launcher c{coff}d{d}", (*fwd.buffers, *bwd.buffers), via_api)
+
+
+# --- check=True: the cu/cuc values -------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio,coff,d,lens", [(128, 1, 128, (300, 129, 0)), (4, 2, 128, (9, 3))])
+def test_check_passes_a_pack_and_refuses_bad_offsets_before_launching(ratio, coff, d, lens):
+    """check=True reads cu/cuc: a valid pack gives the unchecked call's bits; a cuc whose
+    segment row count is off, or a non-monotonic cu, is a one-line ValueError and nothing
+    launches (the NaN-filled out stays NaN)."""
+    A = api()
+    pack = cuda_pack(lens, ratio=ratio, coff=coff, d=d, pad_rows=1)
+    go = R.make_grad_out(pack.n_rows, d, device="cuda")
+    checked = fused(pack, go, check=True)
+    torch.cuda.synchronize()
+    assert_same_run("check=True", checked, fused(pack, go))
+    kv, score, ape, cu, cuc = pack.inputs()
+    bad_cuc = cuc.clone()
+    bad_cuc[1:] += 1  # one row too many in segment 0
+    bad_cu = cu.clone()
+    bad_cu[1] = cu[2] + 1  # cu[1] > cu[2]
+    for args, rule in (((kv, score, ape, cu, bad_cuc), "cu_seqlens_comp\\[1\\] - "),
+                       ((kv, score, ape, bad_cu, cuc), "non-decreasing")):
+        out = torch.full((pack.n_rows + 1, d), float("nan"), dtype=torch.bfloat16,
+                         device="cuda")
+        with pytest.raises(ValueError, match=rule):
+            A.run_forward(*args, out, ratio=ratio, coff=coff, check=True)
+        with pytest.raises(ValueError, match=rule):
+            A.backward(*args, go, ratio=ratio, coff=coff, check=True)
+        torch.cuda.synchronize()
+        assert torch.isnan(out.float()).all()
+
+
+def test_the_deterministic_reduction_is_a_compile_cache_entry():
+    """The dAPE reduction compiles through kernels/cache.py (one ReduceKey per arch)."""
+    from csagate.kernels._dsl import device_arch
+    from csagate.kernels.registry import ReduceKey
+
+    A = api()
+    pack = cuda_pack((512,), ratio=128, coff=1, d=128)
+    go = R.make_grad_out(pack.n_rows, 128, device="cuda")
+    A.backward(*pack.inputs(), go, ratio=128, coff=1, deterministic=True)
+    torch.cuda.synchronize()
+    assert A.CACHE.contains(ReduceKey(device_arch()))

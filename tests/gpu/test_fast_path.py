@@ -117,7 +117,7 @@ def test_explicit_rows_per_cta_is_not_remembered(api):
     api.run_backward(kv, score, ape, cu, cuc, go, dkv, dscore, dape.zero_(), ratio=128, coff=2)
     entry = api._FAST[_sig(api, "bwd", pack, kv)]
     want = rows_per_cta(pack.n_rows, 128, 2, key.schedule, sm_count(kv.get_device()))
-    assert entry[2] == (want,)
+    assert entry.tail == (want,)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
