@@ -33,7 +33,7 @@ from csagate.kernels import registry
 from csagate.kernels._dsl import sm_count
 from csagate.kernels.cache import CACHE, BuildRecord
 from csagate.kernels.registry import COFFS, RATIOS, KernelKey, ReduceKey, keys_for, make_key
-from csagate.kernels.schedule import ARCHES, R4_BWD_ROWS
+from csagate.kernels.schedule import ARCHES
 from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
 from csagate.kernels.validate import (
     ALIGN_BYTES,
@@ -269,9 +269,9 @@ def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_inde
     """(gx, rows_per_cta) of a backward launch: the CTAs along the rows (each owns one slice of
     the deterministic dAPE partials buffer) and the rows per CTA of a family that takes them
     (``schedule.rows_per_cta`` for N and the device's SMs unless given); None for the others,
-    whose rows per CTA are compile-time."""
+    whose rows per CTA are compile-time (their schedule's)."""
     if not key.family.takes_rows_per_cta:
-        return -(-n_rows // R4_BWD_ROWS), None
+        return -(-n_rows // key.schedule.rows_per_cta), None
     if rows_per_cta is None:
         rows_per_cta = _rows_per_cta(n_rows, key.d, key.coff, key.schedule,
                                      sm_count(device_index))

@@ -404,3 +404,80 @@ def test_check_is_opt_in_on_every_launch():
 
     for fn in (api.forward, api.backward, api.run_forward, api.run_backward):
         assert inspect.signature(fn).parameters["check"].default is False, fn.__name__
+
+
+# --- the one fast path (kernels/api._fast), with recording stand-ins for compiled functions ----
+
+
+@pytest.fixture
+def fast():
+    api._FAST.clear()
+    yield api._FAST
+    api._FAST.clear()
+    api.PARTIALS_FILL = None
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def _remembered(fast, kind, *, ratio=4, coff=2, d=128, n=8, tail=None, gx=None):
+    """A remembered signature of CPU tensors (get_device() == -1) with recording calls."""
+    key = object()
+    call, red = Recorder(), (Recorder() if gx else None)
+    if kind == "fwd":
+        tmpl = torch.empty((1, 1), dtype=BF16).expand(n, d)
+    elif gx:
+        tmpl = torch.empty((1, 1, 1)).expand(gx, ratio, coff * d)
+    else:
+        tmpl = None
+    fast[(kind, ratio, coff, coff * d, -1, n)] = api._Entry(key, call, tail, 10**6, tmpl, red)
+    return key, call, red
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU stand-ins for the compiled calls")
+def test_fast_path_forward_launches_and_allocates(fast):
+    t = tensors(device="cpu", N=8)
+    key, call, _ = _remembered(fast, "fwd")
+    inputs = (t["kv"], t["score"], t["ape"], t["cu"], t["cuc"])
+    assert api.run_forward(*inputs, t["out"], ratio=4, coff=2) is key
+    assert call.calls[-1][:6] == (*inputs, t["out"]) and call.calls[-1][6:] == (2,)  # B=2: 2 bits
+    out = api.forward(*inputs, ratio=4, coff=2, n_rows=8)
+    assert out.shape == (8, 128) and out.dtype == BF16 and out.is_contiguous()
+    assert call.calls[-1][5] is out and len(call.calls) == 2
+    # what the fast path cannot decide goes to the full path (no CUDA here: its first refusal)
+    for bad in ({"ratio": 4, "coff": 2, "check": True}, {"ratio": 4, "coff": 1}):
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            api.run_forward(*inputs, t["out"], **bad)
+    few = tensors(device="cpu", N=8, T=3)
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        api.run_forward(few["kv"], few["score"], few["ape"], few["cu"], few["cuc"], few["out"],
+                        ratio=4, coff=2)
+    assert len(call.calls) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU stand-ins for the compiled calls")
+def test_fast_path_backward_atomic_and_deterministic(fast):
+    t = tensors(device="cpu", N=8)
+    inputs = (t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], t["out"])
+    grads = (torch.empty_like(t["kv"]), torch.empty_like(t["score"]), torch.empty_like(t["ape"]))
+    key, call, _ = _remembered(fast, "bwd", tail=(5,))
+    assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=False) is key
+    assert call.calls[-1] == (*inputs, *grads, 5, 0)  # accumulate: the zero flag 0
+    dkv, dscore, dape = api.backward(*inputs, ratio=4, coff=2, deterministic=False)
+    assert call.calls[-1][6:9] == (dkv, dscore, dape) and call.calls[-1][9:] == (5, 1)
+    key, call, red = _remembered(fast, "bwd_det", gx=3)
+    api.PARTIALS_FILL = float("nan")
+    assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=True,
+                            accumulate=False) is key
+    args = call.calls[-1]
+    partials = args[8]
+    assert args[:8] == (*inputs, *grads[:2]) and args[9:] == (2, 0)  # segment bits, no zeroing
+    assert partials.shape == grads[2].shape and torch.isnan(partials).all()
+    flat, dape_flat, zero = red.calls[-1]
+    assert flat.numel() == 3 * grads[2].numel() and flat.data_ptr() == partials.data_ptr()
+    assert dape_flat.data_ptr() == grads[2].data_ptr() and zero == 1
