@@ -1,4 +1,4 @@
-"""CPU checks of the deterministic backward (issue 12.3): the ``_det`` kernels of every
+"""CPU checks of the deterministic backward: the ``_det`` kernels of every
 selectable backward schedule (r128: staged and regwin, both coffs; r4: both coffs) build for
 every target with 0 spill / 0 stack, their PTX has no ``red.``/``atom.`` (dAPE is stored per
 CTA) while the default kernels' does, and the reduction kernel builds atomic-free.

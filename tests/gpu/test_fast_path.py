@@ -1,4 +1,4 @@
-"""GPU: the launch fast path (kernels/api.py, issue 11.2).
+"""GPU: the launch fast path (kernels/api.py).
 
 A call whose signature has launched before skips the Python validation. These tests pin what
 that must not change: the same bits as the full path (dAPE bitwise in the deterministic
