@@ -275,3 +275,22 @@ def test_sm_103a_selects_the_sm_100a_tables():
 
     same = lambda arch: [(k.kind, k.config, k.schedule) for r in RATIOS for k in keys_for(r, arch)]
     assert same("sm_103a") == same("sm_100a")
+
+
+def test_disk_keys_tell_every_compile_time_input_apart():
+    """The deterministic mode and the dAPE reduction are compile-cache keys of their own, on
+    disk too (no compile: the keys only)."""
+    from csagate.kernels.diskcache import key_digest
+    from csagate.kernels.registry import ReduceKey
+
+    key = keys_for(128, "sm_90a", coff=1, d=128)[-1]
+    det = dataclasses.replace(key, deterministic=True)
+    reduce = ReduceKey("sm_90a")
+    digests = {key_digest(C.disk_key(k)) for k in (key, det, reduce, ReduceKey("sm_100a"),
+                                                  ReduceKey("sm_90a", depths=(8, 4)))}
+    assert len(digests) == 5
+    assert C.disk_key(det)["fields"]["deterministic"] is True
+    assert C.disk_key(reduce)["family"] == "reduce"
+    cache = KernelCache(lambda k: object())  # one cache for both kinds of key
+    cache.build([reduce, key])
+    assert list(cache.stats()["per_entry"]) == [f"{key.tag}@sm_90a", "reduce_dape_g4@sm_90a"]
