@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from csagate.gates.errors import BuildError, one_line
 from csagate.gates.verdict import Selection
+from csagate.kernels.schedule import config_name
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +90,7 @@ class KernelBackend:
         total, done = sum(counts), 0
         records: list = []
         for (ratio, coff, d), count in zip(targets, counts, strict=True):
-            label = f"ratio={ratio} c{coff}d{d} for {self.arch}"
+            label = f"ratio={ratio} {config_name(coff, d)} for {self.arch}"
             if progress:
                 progress(done, total, label)
 

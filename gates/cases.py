@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from csagate.kernels.schedule import config_name
 from csagate.reference.seeds import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_TOKEN_SEED
 
 RAGGED3 = (1023, 2048, 509)
@@ -54,7 +55,7 @@ class Case:
 
     @property
     def config(self) -> str:
-        return f"c{self.coff}d{self.d}"
+        return config_name(self.coff, self.d)
 
     @property
     def tokens(self) -> int:
@@ -80,11 +81,12 @@ def _pack_name(lens: tuple[int, ...]) -> str:
 
 
 def _union(coff: int, d: int, lens: tuple[int, ...], why: str) -> Case:
-    return Case(f"c{coff}d{d}/{_pack_name(lens)}", coff, d, lens, "union", why)
+    return Case(f"{config_name(coff, d)}/{_pack_name(lens)}", coff, d, lens, "union", why)
 
 
 def _padding(coff: int, d: int, rows: int, toks: int) -> Case:
-    return Case(f"c{coff}d{d}/ragged3+pad{rows}r{toks}t", coff, d, RAGGED3, "padding",
+    return Case(f"{config_name(coff, d)}/ragged3+pad{rows}r{toks}t", coff, d, RAGGED3,
+                "padding",
                 "capacity rows get nonzero grad_out on the fused side; token rows stay zero",
                 grad_seed=PAD_GRAD_SEED, pad_rows=rows, pad_tokens=toks)
 

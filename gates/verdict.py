@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from csagate.gates.cases import Case
+from csagate.kernels.schedule import config_name
 
 # Statuses. A GateResult is pass/fail/skip/recorded; a CaseResult pass/fail/error/untrusted;
 # coverage pass/fail/not asserted.
@@ -54,7 +55,7 @@ class Selection:
 
     @property
     def config(self) -> str:
-        return f"c{self.coff}d{self.d}"
+        return config_name(self.coff, self.d)
 
     @property
     def tag(self) -> str:
