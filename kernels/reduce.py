@@ -1,9 +1,8 @@
 """The deterministic dAPE reduction: ``dape += sum over b of partials[b]``, or
 ``dape = 0 + sum`` for a fresh dAPE (the ``zero_dape`` flag: the caller need not zero it).
 
-A deterministic backward (``schedule.BwdSchedule.deterministic``,
-``schedule.R4Schedule.deterministic``) stores each CTA's dAPE partial into its own slice
-``partials[bx]`` of a ``(gx, ratio, W)`` fp32 buffer, every slot written once. This kernel
+A deterministic backward (``KernelKey.deterministic``) stores each CTA's dAPE partial into
+its own slice ``partials[bx]`` of a ``(gx, ratio, W)`` fp32 buffer, every slot written once. This kernel
 then sums the gx slices of each element in an order fixed by the code, in round-to-nearest
 fp32, and adds the sum to ``dape`` (which keeps the backward's accumulate-into-dape contract)
 or, with ``zero_dape``, to +0.0 (the bits a zeroed dape would get, without zeroing it first):
@@ -14,7 +13,7 @@ or, with ``zero_dape``, to +0.0 (the bits a zeroed dape would get, without zeroi
   loads of ``DEPTHS[0]`` slices together before adding them in order;
 * the ``WARPS`` sums of an element are then added in ascending ``w`` through shared memory.
 
-The element count ``ratio * W`` is a multiple of 4 for both ratios, which the compiled
+The element count ``ratio * W`` is a multiple of 4 at every ratio served, which the compiled
 function requires (a symbolic extent divisible by 4), so every slice starts 16-byte aligned.
 
 The order depends on gx alone, not on scheduling, so dAPE is bitwise identical run to run.

@@ -32,12 +32,7 @@ CHECKS = {
 
 # Files outside PROSE that still match a check, per check: that check is xfail until they are
 # reworded (the docs stay guarded by the test above).
-PENDING: dict[str, tuple[str, ...]] = {
-    "tracker-number": ("kernels/diskcache.py", "kernels/schedule.py", "perf/bench.py",
-                       "perf/pdl_ab.py", "perf/profile.py", "tests/gpu/test_deterministic.py"),
-    "who-ran-it": ("tests/test_r128_fwd_build.py",),
-    "work-period": ("kernels/schedule.py", "perf/variants.py"),
-}
+PENDING: dict[str, tuple[str, ...]] = {}
 
 
 def tracked_text_files() -> list[str]:

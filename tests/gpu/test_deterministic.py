@@ -1,4 +1,4 @@
-"""GPU: the deterministic backward (issue 12.3, docs/CONTRACT.md section 7.5).
+"""GPU: the deterministic backward (docs/CONTRACT.md section 2.5).
 
 dAPE from per-CTA partials (every slot of the partials buffer written: it is NaN-prefilled
 here) summed in a fixed order: bitwise identical over runs; dKV and dScore bitwise equal to
