@@ -1,11 +1,12 @@
 """The deterministic dAPE reduction: ``dape += sum over b of partials[b]``, or
 ``dape = 0 + sum`` for a fresh dAPE (the ``zero_dape`` flag: the caller need not zero it).
 
-A deterministic backward (``KernelKey.deterministic``) stores each CTA's dAPE partial into
-its own slice ``partials[bx]`` of a ``(gx, ratio, W)`` fp32 buffer, every slot written once.
-This kernel then sums the gx slices of each element in an order fixed by the code, in
-round-to-nearest fp32, and adds the sum to ``dape`` (which keeps the backward's accumulate-into-dape contract)
-or, with ``zero_dape``, to +0.0 (the bits a zeroed dape would get, without zeroing it first):
+A deterministic backward (``KernelKey.deterministic``) stores each CTA's dAPE partial into its
+own slice ``partials[bx]`` of a ``(gx, ratio, W)`` fp32 buffer, every slot written once. This
+kernel then sums the gx slices of each element in an order fixed by the code, in round-to-
+nearest fp32, and adds the sum to ``dape`` (which keeps the backward's accumulate-into-dape
+contract) or, with ``zero_dape``, to +0.0 (the bits a zeroed dape would get, without zeroing it
+first):
 
 * a CTA owns ``LANES * VEC`` = 128 consecutive elements, ``VEC`` = 4 per lane; its warp ``w``
   (of ``WARPS``) sums the slices ``b = w, w + WARPS, w + 2*WARPS, ...`` in ascending order
