@@ -292,22 +292,28 @@ class ShapeRow:
         return copy / us if copy > 0 and us > 0 else 0.0
 
 
+def shape_buffers(ratio: int, coff: int, d: int, tokens: int, seed: int = 1234):
+    """One bench shape on the GPU: its pack (one segment of ``tokens``), grad_out and the
+    output buffers, ``(pack, go, out, dkv, dscore, dape)``."""
+    from csagate.reference import make_grad_out, make_pack
+
+    pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, seed=seed, device="cuda")
+    go = make_grad_out(pack.n_rows, d, device="cuda")
+    out = torch.empty(pack.n_rows, d, dtype=torch.bfloat16, device="cuda")
+    return (pack, go, out, torch.empty_like(pack.kv), torch.empty_like(pack.score),
+            torch.zeros_like(pack.ape))
+
+
 def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 100,
                 warmup: int = 30, eager_iters: int = 20, seed: int = 1234,
                 flush: L2Flush | None = None) -> ShapeRow:
     from csagate.kernels import api
     from csagate.reference import backward as ref_backward
     from csagate.reference import forward as ref_forward
-    from csagate.reference import make_grad_out, make_pack
 
     flush = flush or L2Flush()
-    pack = make_pack((tokens,), ratio=128, coff=coff, d=d, seed=seed, device="cuda")
+    pack, go, out, dkv, dscore, dape = shape_buffers(128, coff, d, tokens, seed)
     n = pack.n_rows
-    go = make_grad_out(n, d, device="cuda")
-    out = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
-    dkv = torch.empty_like(pack.kv)
-    dscore = torch.empty_like(pack.score)
-    dape = torch.zeros_like(pack.ape)
     args = pack.inputs()
     fwd = lambda: api.run_forward(*args, out, ratio=128, coff=coff)
     bwd_only = lambda: api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff)

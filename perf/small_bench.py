@@ -10,7 +10,6 @@ prints.
 
 from __future__ import annotations
 
-import torch
 from csagate.kernels import schedule as S
 from csagate.perf import bench
 
@@ -28,16 +27,10 @@ def bench_shape(ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
     """One small-ratio shape: forward and backward cold and in graph replay, the deterministic
     backward cold, and cold copies of the same bytes."""
     from csagate.kernels import api
-    from csagate.reference import make_grad_out, make_pack
 
     flush = flush or bench.L2Flush()
-    pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, seed=seed, device="cuda")
+    pack, go, out, dkv, dscore, dape = bench.shape_buffers(ratio, coff, d, tokens, seed)
     n = pack.n_rows
-    go = make_grad_out(n, d, device="cuda")
-    out = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
-    dkv = torch.empty_like(pack.kv)
-    dscore = torch.empty_like(pack.score)
-    dape = torch.zeros_like(pack.ape)
     args = pack.inputs()
     kw = {"ratio": ratio, "coff": coff}
 
