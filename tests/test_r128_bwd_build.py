@@ -79,9 +79,11 @@ def _built(coff: int, d: int, sched: BwdSchedule, arch: str) -> tuple[str, str, 
     compiled fn) of one launcher, compiled once. The module also holds the dAPE zeroing
     kernel (test_launcher_carries_the_dape_zeroing_kernel); the PTX facts below are the
     backward's own, so its entry alone is returned."""
-    from csagate.kernels.r128_bwd import build_bwd
+    from csagate.kernels.cache import CACHE
+    from csagate.kernels.registry import make_key
 
-    fn = build_bwd(d=d, coff=coff, sched=sched, arch=arch)
+    # through the session's compile cache: a table kernel another test built is not rebuilt
+    fn = CACHE.get(make_key("bwd", 128, coff, d, sched, arch))
     ptx = ptx_of(fn)
     assert ptx, f"no PTX retained for c{coff}d{d} {sched.tag} {arch} (CUTE_DSL_KEEP=ptx?)"
     try:  # the tests that read the log take the ptxas fixture (it skips, or fails under CI)

@@ -39,10 +39,11 @@ def ptx_for(arch: str, cfg: tuple[int, int], sched: FwdSchedule) -> str:
     key = (arch, cfg, sched)
     if key not in _PTX:
         from csagate.kernels._dsl import ptx_of
-        from csagate.kernels.r128_fwd import build_fwd
+        from csagate.kernels.cache import CACHE
+        from csagate.kernels.registry import make_key
 
         coff, d = cfg
-        fn = build_fwd(d=d, coff=coff, sched=sched, arch=arch)
+        fn = CACHE.get(make_key("fwd", 128, coff, d, sched, arch))  # the session's cache
         ptx = ptx_of(fn)
         assert ptx, f"no PTX retained for {key} (CUTE_DSL_KEEP must include ptx)"
         _PTX[key] = ptx
