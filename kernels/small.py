@@ -217,16 +217,16 @@ class SmallBwdKernel(SmallGeometry):
             if zero_dape != 0:
                 launch_zero_f32(mDApe, stream)
         # The default mode launches as a programmatic dependent (PDL), as the r128 backward.
-        self.kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
+        self.kernel((mKV, mS, mApe), (mCu, mCuc), mGo, (mDKV, mDS), mDApe, n_tok, n_rows, n_seq,
                     seg_bits, zero_dape).launch(
             grid=(cute.ceil_div(n_rows, self.rows), -(-self.d // self.threads), 1),
             block=(self.threads, 1, 1), stream=stream, use_pdl=not self.det)
 
     @cute.kernel
-    def kernel(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
-               mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
-               mDApe: cute.Tensor, n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32,
-               zero_dape: I32):
+    def kernel(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, mDApe: cute.Tensor,
+               n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32, zero_dape: I32):
+        # ins = (kv, score, ape), cu = (cu_seqlens, cu_compressed), outs = (dkv, dscore).
+        (_, _, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
         D, COFF, WIN = self.d, self.coff, self.win
         if cutlass.const_expr(not self.det):
             # A programmatic dependent (PDL) of the kernel before it: behind the launch's dAPE
@@ -260,17 +260,16 @@ class SmallBwdKernel(SmallGeometry):
             for rr in cutlass.range(self.rows, unroll=1):
                 row = bx * self.rows + rr
                 if row < n_valid:
-                    self.row_grads(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, rA, rG, rS, rU,
-                                   row, n_seq, seg_bits, j)
+                    self.row_grads(ins, cu, mGo, outs, (rA, rG, rS, rU), row, n_seq, seg_bits, j)
             self.dape_out(mDApe, rG, bx, j)
 
     @cute.jit
-    def row_grads(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
-                  mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
-                  rA: cute.Tensor, rG: cute.Tensor, rS: cute.Tensor, rU: cute.Tensor,
+    def row_grads(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, regs: tuple,
                   row: I32, n_seq: I32, seg_bits: I32, j: I32):
         """dKV/dScore of one valid row's window in column j, its zero classes (a) and (b),
-        and its ds into the dAPE partials rG."""
+        and its ds into the dAPE partials rG (regs = rA, rG, rS, rU)."""
+        (mKV, mS, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
+        rA, rG, rS, rU = regs
         RATIO, WIN = self.ratio, self.win
         seg = segment_search(mCuc, row, n_seq, seg_bits)
         blk = row - mCuc[seg]
