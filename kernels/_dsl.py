@@ -1,9 +1,6 @@
 """The one place that imports the CuTe DSL: environment, arch, compile (TVM-FFI), fake args.
-
-The DSL reads its ``CUTE_DSL_*`` variables once, when ``cutlass`` is first imported, so
-every kernel module imports cutlass through :func:`cute_modules` (or after calling it).
-PTX retention is always on: the register probe needs the PTX of every compiled kernel and
-the cost is a small text file per kernel in the dump directory.
+The DSL reads its ``CUTE_DSL_*`` variables at its first import, so every kernel module imports
+cutlass through :func:`cute_modules`; PTX retention is always on (the register probe reads it).
 """
 
 from __future__ import annotations
@@ -88,12 +85,8 @@ def sm_count(device_index: int) -> int:
 
 
 def compile_for(arch: str, jit_fn, *args):
-    """``cute.compile`` one host function for ``arch`` through TVM-FFI (no GPU needed).
-
-    ``args`` are fake tensors (:func:`fake_rows`, :func:`fake_vec`) with symbolic extents and
-    the environment stream (:func:`env_stream`): the result is called with plain torch tensors
-    on torch's current stream, and one compiled function serves every token/row count.
-    """
+    """``cute.compile`` one host function for ``arch`` through TVM-FFI (no GPU needed); with
+    symbolic fake tensors one compiled function serves every token/row count."""
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     _, cute = cute_modules()
@@ -139,13 +132,8 @@ def env_stream():
 
 
 def ptx_of(fn) -> str | None:
-    """The PTX text of a compiled function, or None when none was retained.
-
-    ``JitCompiledFunction.__ptx__`` is the documented accessor. With nvidia-cutlass-dsl
-    4.8.1 it holds the path of the dumped ``.ptx`` file rather than the text; both forms
-    are accepted. Anything else (None, an empty string, a path that does not exist) means
-    no PTX was retained.
-    """
+    """The PTX text of a compiled function, or None when none was retained
+    (``__ptx__`` holds the text or, in nvidia-cutlass-dsl 4.8.1, the dumped file's path)."""
     ptx = getattr(fn, "__ptx__", None)
     if not ptx:
         return None
