@@ -68,8 +68,7 @@ def dsl_version() -> str:
 
 
 def device_arch(device_index: int | None = None) -> str:
-    """The build target of a CUDA device: ``sm_90a`` for an H200, ``sm_100a`` for a B200,
-    ``sm_103a`` for a B300."""
+    """The build target of a CUDA device (``sm_90a`` H200, ``sm_100a`` B200, ``sm_103a`` B300)."""
     import torch
 
     major, minor = torch.cuda.get_device_capability(device_index)
@@ -100,8 +99,8 @@ ALIGN_INDEX = 4   # int32 offsets
 
 
 def sym(divisibility: int = 1):
-    """A fresh symbolic extent (a multiple of ``divisibility``: a contract the compiled
-    function checks at each call); the same object in two fake tensors ties their extents."""
+    """A fresh symbolic extent (a multiple of ``divisibility``, checked per call); the same
+    object in two fake tensors ties their extents."""
     _, cute = cute_modules()
     return cute.sym_int(divisibility=divisibility)
 
@@ -132,8 +131,7 @@ def env_stream():
 
 
 def ptx_of(fn) -> str | None:
-    """The PTX text of a compiled function, or None when none was retained
-    (``__ptx__`` holds the text or, in nvidia-cutlass-dsl 4.8.1, the dumped file's path)."""
+    """The PTX text of a compiled function (``__ptx__``: the text or the dumped file), or None."""
     ptx = getattr(fn, "__ptx__", None)
     if not ptx:
         return None

@@ -41,8 +41,7 @@ PARTIALS_FILL: float | None = None
 
 
 def _deterministic(flag: bool | None) -> bool:
-    """The backward's mode: ``deterministic`` as given, None follows torch's flag (warn-only
-    included)."""
+    """The backward's mode: ``deterministic``, or None: torch's flag (warn-only included)."""
     return torch.are_deterministic_algorithms_enabled() if flag is None else bool(flag)
 
 
@@ -85,9 +84,8 @@ def _build_arch(arch: str | None) -> tuple[str, int | None]:
 def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
           d: int | None = None, n_rows: int | None = None, progress=None
           ) -> list[BuildRecord]:
-    """Compile every kernel the configuration can select, or the bucket of ``n_rows`` only
-    (``arch``: the current device's, where they are also loaded); ``progress(record, i, n)``
-    after each kernel."""
+    """Compile every kernel the configuration can select (or the bucket of ``n_rows``); for the
+    current device they are also loaded."""
     if coff is not None:
         check_ratio_coff(ratio, coff)
     arch, load_on = _build_arch(arch)
@@ -127,10 +125,8 @@ def _warm(key: KernelKey, device: torch.device) -> None:
         key.family.launch(CACHE.executor(key, device.index), key, **tensors)
 
 
-# --- the launch fast path ------------------------------------------------------------------
-# A signature (kind, ratio, coff, width, device, N) launched before, with no explicit stream,
-# rows_per_cta or check, skips the Python validation: the compiled TVM-FFI function checks
-# dtypes, shapes, strides and device; the rules it cannot see are re-checked here per call.
+# --- the launch fast path: a signature launched before, with no explicit stream, rows_per_cta
+# or check, skips the Python validation (the compiled TVM-FFI function checks the tensors) ---
 
 _FAST: dict = {}
 _FAST_MAX = 4096  # signatures remembered (N varies little in training)
@@ -139,9 +135,8 @@ _NOT_FAST = (ValueError, TypeError, AttributeError)
 
 
 class _Entry:
-    """A remembered launch: ``call`` the tvm_ffi.Function, ``tail`` the arguments after the
-    tensors (None: the segment-search depth), ``template`` a view whose empty_like allocates
-    out or the partials, ``reduce`` the deterministic dAPE reduction."""
+    """A remembered launch: the tvm_ffi.Function, the arguments after the tensors, a template
+    view for empty_like, the deterministic dAPE reduction."""
 
     __slots__ = ("key", "call", "tail", "max_tokens", "template", "reduce")
 
@@ -151,9 +146,8 @@ class _Entry:
 
 
 def _fast(kind: str, ratio: int, coff: int, n_rows, inputs: tuple, outputs=None, zero=None):
-    """Launch a remembered signature through its entry, without Python validation; ``outputs``
-    None allocates them, ``zero`` is the backward's zero_dape flag. Returns ``(key, outputs)``,
-    or None: the call takes the full path."""
+    """Launch a remembered signature without Python validation: ``(key, outputs)``, or None
+    (the call takes the full path)."""
     try:
         kv, cu = inputs[0], inputs[3]
         t, w = kv.shape
@@ -264,8 +258,7 @@ def _prepare(direction: str, tensors: dict, stream, *, ratio: int, coff: int, ch
 def _launch(key: KernelKey, device, stream, tensors: dict, rows_per_cta=None,
             zero_dape: bool = False) -> None:
     """Load ``key`` onto ``device`` and launch it on ``stream`` (or the current one),
-    remembering a default launch for the fast path. A deterministic backward's per-CTA dAPE
-    partials go to a buffer on the launch stream that kernels/reduce.py then sums into dape."""
+    remembering a default launch for the fast path."""
     remember = stream is None and rows_per_cta is None
     args = {_LAUNCH_NAMES.get(name, name): t for name, t in tensors.items()}
     n_rows = args["out" if key.direction == "fwd" else "grad_out"].shape[0]
@@ -339,10 +332,8 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
                  deterministic: bool | None = None, accumulate: bool = True,
                  check: bool = False) -> KernelKey | None:
     """Write dkv and dscore (every slot) and accumulate into dape (the caller zeroes it), or
-    with ``accumulate=False`` write dape. ``rows_per_cta`` (families that take it) defaults to
-    ``schedule.rows_per_cta``. ``deterministic`` (None: torch's flag): dAPE from per-CTA partials
-    summed in a fixed order, bitwise identical run to run. ``check``: read and check the cu/cuc
-    values first (a device sync)."""
+    with ``accumulate=False`` write dape. ``deterministic`` (None: torch's flag): dAPE from
+    per-CTA partials summed in a fixed order. ``check``: check the cu/cuc values first (a sync)."""
     deterministic = _deterministic(deterministic)
     zero = 0 if accumulate else 1
     if stream is None and rows_per_cta is None and not check:

@@ -31,8 +31,7 @@ class BuildRecord:
 
 
 def compile_key(key: KernelKey | ReduceKey):
-    """Compile one kernel (no cache): a KernelKey's family module builds it, a ReduceKey's
-    kernels/reduce.py."""
+    """Compile one kernel (no cache) through its family module, or kernels/reduce.py."""
     return key.build()
 
 
@@ -97,8 +96,7 @@ class KernelCache:
         return entry.fn
 
     def executor(self, key: KernelKey, device_index: int):
-        """``key``'s function for a launch on one CUDA device (its module loads there at the
-        first call, refused under graph capture: ``api.build()`` warms it first)."""
+        """``key``'s function for a launch on one CUDA device (loaded there on first use)."""
         entry, hit = self._entry(key)
         if hit:
             entry.hits += 1
@@ -156,8 +154,7 @@ class KernelCache:
 
 
 def disk_key(key: KernelKey | ReduceKey) -> dict:
-    """The disk cache's key of a kernel: the typed compile key's fields, the kernels package's
-    source hash, and (added by the disk cache) the toolchain versions."""
+    """The disk cache's key of a kernel: the compile key's fields and the sources' hash."""
     from csagate.kernels import diskcache
 
     family, direction, fields = key.disk_fields()
@@ -174,8 +171,7 @@ def _kernel_sources() -> str:
 
 
 def default_disk_cache():
-    """The per-user disk cache (``CSAGATE_CACHE_DIR`` overrides the folder), or None when
-    ``CSAGATE_DISK_CACHE=0`` turns it off."""
+    """The per-user disk cache, or None when ``CSAGATE_DISK_CACHE=0`` turns it off."""
     if os.environ.get("CSAGATE_DISK_CACHE", "1") == "0":
         return None
     from csagate.kernels import diskcache

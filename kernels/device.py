@@ -57,8 +57,7 @@ def segment_bits(n_seq: int) -> int:
 
 @cute.jit
 def segment_search(mCuc: cute.Tensor, row, n_seq, seg_bits):
-    """The largest s in [0, n_seq] with cuc[s] <= row (binary lifting, seg_bits steps): the
-    row's segment, or n_seq for a capacity padding row."""
+    """The largest s in [0, n_seq] with cuc[s] <= row (binary lifting): n_seq for padding."""
     seg = I32(0)
     for it in cutlass.range(seg_bits, unroll=1):
         nxt = seg + (I32(1) << (seg_bits - 1 - it))
@@ -71,8 +70,7 @@ def segment_search(mCuc: cute.Tensor, row, n_seq, seg_bits):
 @cute.jit
 def segment_scan(mCuc: cute.Tensor, row, first, stop, offset: cutlass.Constexpr,
                  unroll: cutlass.Constexpr):
-    """The largest s = q + offset, q in [first, stop), with cuc[s] <= row; 0 if none (a
-    linear scan: every lane reads the same one or two cache lines)."""
+    """The largest s = q + offset, q in [first, stop), with cuc[s] <= row; 0 if none."""
     seg = I32(0)
     for q in cutlass.range(first, stop, 1, unroll=unroll):
         if mCuc[q + offset] <= row:
@@ -83,8 +81,7 @@ def segment_scan(mCuc: cute.Tensor, row, first, stop, offset: cutlass.Constexpr,
 @cute.jit
 def zero_short_segments(mCu: cute.Tensor, mCuc: cute.Tensor, n_seq, seg0, seg_step, lane,
                         lanes, zero_token: cutlass.Constexpr, unroll: cutlass.Constexpr):
-    """Zero class (c): every token of a segment with no block (len < ratio, empty included);
-    ``zero_token(t)`` writes this thread's zeros of token t."""
+    """Zero class (c): every token of a segment with no block (len < ratio, empty included)."""
     for s in cutlass.range(seg0, n_seq, seg_step, unroll=unroll):
         if mCuc[s + 1] == mCuc[s]:
             for t in cutlass.range(mCu[s] + lane, mCu[s + 1], lanes, unroll=unroll):
@@ -106,8 +103,7 @@ def red_add_f32(mDst: cute.Tensor, coord, src, src_coord):
 
 
 def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
-    """dst[part * size(dst) + coord] = src[src_coord]: a plain store into CTA ``part``'s slice
-    of a partials buffer (the deterministic dAPE path)."""
+    """dst[part * size(dst) + coord] = src[src_coord]: a store into CTA ``part``'s slice."""
     ptr = (mDst.iterator + part * cute.size(mDst.layout)
            + cute.crd2idx(coord, mDst.layout))
     cute.make_tensor(ptr, cute.make_layout(1))[0] = src[src_coord]
@@ -115,8 +111,7 @@ def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
 
 def cp_async_to_shared(sDst: cute.Tensor, dst_coord, mSrc: cute.Tensor, src_coord,
                        nbytes: int):
-    """Copy ``nbytes`` (4, 8 or 16, aligned) from global ``mSrc[src_coord]`` to shared
-    ``sDst[dst_coord]`` with ``cp.async.ca``; read it after ``cp_async_wait_group``."""
+    """``sDst[dst_coord] = mSrc[src_coord]`` (``nbytes`` 4, 8 or 16) by ``cp.async.ca``."""
     from cutlass._mlir.dialects import llvm
 
     if nbytes not in (4, 8, 16):
@@ -151,8 +146,7 @@ def _zero_f32_kernel(mVec: cute.Tensor, n_vec: I32):
 
 def launch_zero_f32(mDst: cute.Tensor, stream, pdl: bool = True):
     """Host side, in a ``@cute.jit`` launcher: a kernel writing +0.0 into the compact fp32
-    ``mDst`` (16-byte aligned, a multiple of 4 elements) ahead of the launcher's next kernel
-    (cheaper on the host than a torch ``zeros_like``); with ``pdl`` a programmatic dependent."""
+    ``mDst`` ahead of the launcher's next kernel (with ``pdl``: a programmatic dependent)."""
     n_vec = cute.size(mDst.layout) // ZERO_VEC
     vecs = cute.make_tensor(mDst.iterator, cute.make_layout((n_vec, ZERO_VEC),
                                                             stride=(ZERO_VEC, 1)))

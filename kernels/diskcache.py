@@ -269,8 +269,8 @@ class DiskCache:
 
     # the one entry point
     def get(self, key: dict, build):
-        """``build() -> compiled TVM-FFI function`` (called on a miss). Returns ``(fn, ptx,
-        Record)``; ``fn`` is always the object loaded from the entry's bytes."""
+        """``build()`` is called on a miss; returns ``(fn, ptx, Record)``, ``fn`` loaded from
+        the entry's bytes."""
         digest = key_digest(key)
         if not self.usable():
             t0 = time.perf_counter()
@@ -378,8 +378,7 @@ _RUNTIME_LIBS = []
 
 
 def load_object(obj: bytes):
-    """A ``tvm_ffi.Function`` from object-file bytes: the DSL's ``load_module`` path (JITLink
-    engine + the runtime libraries) without re-reading a file after it was verified."""
+    """A ``tvm_ffi.Function`` from verified object-file bytes (the DSL's ``load_module`` path)."""
     import ctypes
 
     import cutlass.cute.export  # noqa: F401  (sets ExternalBinaryModule.load_provider)

@@ -66,8 +66,7 @@ def _raw_word_f32(w, j: int, vec: int):
 
 
 def _opaque(x):
-    """A copy of the Int32 x the compiler cannot see through, so go * f32(kv) is recomputed
-    in the gradient pass instead of kept in fp32 registers."""
+    """The Int32 x, opaque to the compiler: go * f32(kv) is recomputed, not kept in fp32."""
     from cutlass._mlir.dialects import llvm
 
     return I32(llvm.inline_asm(I32.mlir_type, [x.ir_value()], "mov.b32 $0, $1;", "=r,r",
@@ -79,8 +78,7 @@ class Regs(SimpleNamespace):
 
 
 class _R128BwdBase(R128Geometry):
-    """What the staged and the register-window backward share: the launch, the row loop,
-    the merge, the gradients and the dAPE epilogue; every field is compile-time."""
+    """What the staged and the register-window backward share (every field compile-time)."""
 
     REGWIN = False
 
@@ -115,8 +113,7 @@ class _R128BwdBase(R128Geometry):
                  mCu: cute.Tensor, mCuc: cute.Tensor, mGO: cute.Tensor, mDKV: cute.Tensor,
                  mDScore: cute.Tensor, mDApe: cute.Tensor, rows_per_cta: cutlass.Int32,
                  zero_dape: cutlass.Int32, stream: cuda.CUstream):
-        # TVM-FFI: row-major; T, B+1 and N symbolic. zero_dape != 0: dape is zeroed first,
-        # else accumulated into (deterministic: a partials slice; kernels/reduce.py).
+        # TVM-FFI: row-major, T, B+1, N symbolic; zero_dape != 0: dape zeroed first.
         n_tokens = mKV.shape[0]
         n_rows = mGO.shape[0]
         n_seq = mCu.shape[0] - 1
@@ -138,8 +135,7 @@ class _R128BwdBase(R128Geometry):
         """Zero prologue, the rows (``_row``), the dAPE epilogue."""
         TCH, COFF = self.tchunks, self.coff
         if cutlass.const_expr(self.pdl_zero):
-            # PDL: behind this launch's dAPE zeroing it runs at once and waits before its
-            # atomics (_dape_epilogue); behind any other kernel it waits here.
+            # PDL: behind this launch's dAPE zeroing it waits before its atomics, else here.
             if zero_dape == 0:
                 cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.sched.deterministic):
@@ -184,8 +180,7 @@ class _R128BwdBase(R128Geometry):
         seg, blk, seg_end = self._row_segment(m, r, n_seq, bb)
         tok0 = m.cu[seg] + blk * RATIO
         tok_row0 = tok0 + g.k0 - (COFF - 1) * RATIO  # token of window position k0
-        # coff=2: the previous half of a segment's first block is invalid (coff=1: a Python
-        # True, the branches fold away).
+        # coff=2: the previous half of a segment's first block is invalid (coff=1: always valid)
         chunk_ok = (blk + g.half) > 0 if COFF == 2 else True
 
         self._pass_max(m, sh, g, r, tok_row0, chunk_ok, rr & 1)
@@ -211,8 +206,7 @@ class _R128BwdBase(R128Geometry):
         self._row_end()
 
     def _shared(self, smem):
-        """Shared arrays ((k, c) at k*COLS + c): the chunk partials and the per-column 1/den
-        and S (the forms add theirs)."""
+        """Shared arrays ((k, c) at k*COLS + c): chunk partials, per-column 1/den and S."""
         COLS = self.cols_pc
         part_layout = cute.make_layout((self.tchunks, COLS), stride=(COLS, 1))
         col_layout = cute.make_layout((COLS,), stride=(1,))
@@ -395,14 +389,13 @@ class _R128BwdBase(R128Geometry):
 
     @cute.jit
     def _dape_epilogue(self, m, g, rDApe):
-        """One fp32 atomic per (window position, column) (deterministic: a store into CTA
-        bx's partials slice). regwin: the barrier keeps the sums out of registers."""
+        """One fp32 atomic per (window position, column), or a store into CTA bx's partials
+        slice; regwin: the barrier keeps the sums out of registers."""
         if cutlass.const_expr(self.REGWIN):
             cute.arch.sync_threads()
         if cutlass.const_expr(self.sched.deterministic):
             bx, _, _ = cute.arch.block_idx()
-            # regwin at the register cap: rolled for coff=1, unrolled for coff=2 (the
-            # other form spills: PERF_NOTES section 6)
+            # at the register cap: rolled for coff=1, unrolled for coff=2 (PERF_NOTES section 6)
             if cutlass.const_expr(self.REGWIN and self.coff == 1
                                   and self.chunk * self.vec >= 32):
                 for kk in cutlass.range(self.chunk, unroll=1):
@@ -428,8 +421,7 @@ class _R128BwdBase(R128Geometry):
 
 
 class R128BwdStaged(_R128BwdBase):
-    """The staged backward: the row's window in shared memory, dAPE sums in registers;
-    4 barriers per row."""
+    """The staged backward: the window in shared memory, dAPE sums in registers; 4 barriers."""
 
     def _shared_window(self, smem, sh) -> None:
         win_layout = cute.make_layout((self.win, self.cols_pc), stride=(self.cols_pc, 1))
@@ -508,8 +500,8 @@ class R128BwdStaged(_R128BwdBase):
 
 
 class R128BwdRegwin(_R128BwdBase):
-    """The register-window backward: the next row's chunk fetched into registers during
-    the current row; dAPE sums in thread-private shared memory; 3 barriers per row."""
+    """The register-window backward: the next row's chunk fetched into registers during the
+    current row, dAPE sums in thread-private shared memory; 3 barriers per row."""
 
     REGWIN = True
 
@@ -522,14 +514,12 @@ class R128BwdRegwin(_R128BwdBase):
         return {"max_number_threads": (self.threads_x, self.tchunks * self.ctas_per_sm, 1)}
 
     def _shared_extra(self, smem, sh) -> None:
-            # thread-private dAPE sums: slot i of thread tid at (i % 4, tid, i // 4), moved
-            # as 16 B vectors (in registers they would cost C*VEC more each)
+            # thread-private dAPE sums: slot i of thread tid at (i % 4, tid, i // 4) (16 B moves)
         nt, cv = self.nthreads, self.chunk * self.vec
         sh.dape = smem.allocate_tensor(
             F32, cute.make_layout((4, nt, cv // 4), stride=(1, 4, 4 * nt)), byte_alignment=16)
         if self.gosm:
-            # grad_out words double-buffered by row parity (the next row's cp.async lands
-            # while the current one is read)
+            # grad_out words double-buffered by row parity
             sh.go = smem.allocate_tensor(
                 I32, cute.make_layout((2, nt), stride=(nt, 1)), byte_alignment=16)
         if self.apesm:
@@ -539,8 +529,7 @@ class R128BwdRegwin(_R128BwdBase):
                 byte_alignment=16)
 
     def _window_registers(self) -> Regs:
-        """Raw chunks of the next row as loaded (one register per position); the current
-        row's s (then e) in fp32, and dp = go * kv with keepdp, else the raw kv words."""
+        """Raw chunks of the next row as loaded; the current row's s (then e), dp (keepdp)."""
         VEC, C = self.vec, self.chunk
         raw = I32 if VEC == 2 else BF16
         sc = cute.make_rmem_tensor((C, VEC), F32)
@@ -566,8 +555,7 @@ class R128BwdRegwin(_R128BwdBase):
 
     @cute.jit
     def _prologue(self, m, sh, g, r, n_seq, row0, nb_valid):
-        """The first row's loads fly during the prologue; the thread's own APE values are
-        copied once (no barrier: only it reads them)."""
+        """The first row's loads fly during the prologue; the thread's own APE is copied once."""
         if row0 < nb_valid:
             self._fetch(m, sh, g, r, n_seq, row0, 0)
         if cutlass.const_expr(self.apesm):
@@ -636,8 +624,7 @@ class R128BwdRegwin(_R128BwdBase):
 
     @cute.jit
     def _max_window(self, m, sh, g, r, tok_row0, chunk_ok, slot):
-        """The fetched row taken over (go=shared: its grad_out word from slot ``slot``, once
-        its cp.async has landed): s into r.sc (dp into r.kv with keepdp), the chunk max."""
+        """The fetched row taken over (go=shared: from slot ``slot``): s into r.sc, the max."""
         VEC = self.vec
         rSc, rKv, rScN, rKvN, rGoN, rM, rGo = r.sc, r.kv, r.sc_next, r.kv_next, r.go_next, r.m, r.go
         if cutlass.const_expr(self.gopack and self.sched.goreuse):
@@ -720,8 +707,7 @@ def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
 def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv, dscore,
                dape, rows_per_cta: int | None = None, zero_dape: bool = False) -> None:
     """Launch a compiled r128 backward on torch's current stream, unvalidated (kernels/api.py
-    validates). ``rows_per_cta`` None: ``schedule.rows_per_cta``; ``zero_dape``: dape is zeroed
-    inside the launch first, else accumulated into."""
+    validates); ``zero_dape``: dape is zeroed inside the launch first, else accumulated into."""
     n_rows = grad_out.shape[0]
     if n_rows == 0:
         return

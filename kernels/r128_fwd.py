@@ -147,9 +147,8 @@ class R128FwdKernel(R128Geometry):
     @cute.jit
     def chunk_prefetch(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                        st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        """The online loop's slots in the same order, software-pipelined: a register ring
-        holds the raw loads of ``U = unroll`` slots, refilled with slot ``k + U``'s before
-        slot ``k``'s math (the last group, peeled, loads nothing past the chunk)."""
+        """The online loop software-pipelined: a register ring of ``U = unroll`` slots' raw
+        loads, refilled with slot ``k + U``'s before slot ``k``'s math."""
         VEC, U = self.vec, self.unroll
         groups = self.chunk // U
         rS = cute.make_rmem_tensor((U, VEC), cutlass.BFloat16)
@@ -193,10 +192,8 @@ class R128FwdKernel(R128Geometry):
         for j in cutlass.range_constexpr(self.vec):
             s = sv[j] + av[j]
             if cutlass.const_expr(self.oneexp):
-                # Same values as the two-exp form below, one exp: with x = s - m,
-                # exp(-|x|) is exp(m - s) (the rescale) when s > m and exp(s - m) (the
-                # weight) otherwise (x <= 0; exp(-0) = exp(+0) = 1). After a rescale the
-                # weight exp(s - s) is 1 for finite s and NaN for s = +inf: 1 + (s - s).
+                # One exp for the two-exp form's values: exp(-|x|), x = s - m, is the rescale
+                # when s > m, else the weight; after a rescale the weight is 1 + (s - s).
                 t = self.exp_loop(-cute.math.abs(s - st[0, j]))
                 e = t
                 if s > st[0, j]:
@@ -240,8 +237,7 @@ class R128FwdKernel(R128Geometry):
         for t in cutlass.range(1, self.tchunks, unroll=1):
             for j in cutlass.range_constexpr(VEC):
                 den_t = sD[t, tx * VEC + j]
-                # Skip only invalid chunks (den == 0): a NaN den (an overflowing s) is merged
-                # so NaN propagates as in eager (a valid chunk has den >= 1).
+                # skip only invalid chunks (den == 0): a NaN den is merged, so NaN propagates
                 if den_t != F32(0.0):
                     m_t = sM[t, tx * VEC + j]
                     acc_t = sA[t, tx * VEC + j]
@@ -275,7 +271,6 @@ def build_fwd(*, d: int, coff: int, sched: FwdSchedule, arch: str):
 
 
 def launch_fwd(fn, *, sched: FwdSchedule, kv, score, ape, cu, cuc, out) -> None:
-    """Run a compiled forward on torch's current stream, unvalidated (kernels/api.py
-    validates); ``sched`` is baked into ``fn``. Nothing launches when ``out`` is empty."""
+    """Run a compiled forward on torch's current stream, unvalidated (kernels/api.py does it)."""
     if out.shape[0]:
         fn(kv, score, ape, cu, cuc, out)

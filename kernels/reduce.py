@@ -77,8 +77,7 @@ def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
 @cute.jit
 def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream: cuda.CUstream,
                  depths: cutlass.Constexpr = DEPTHS):
-    # TVM-FFI: partials flattened to (gx * n,), dape flattened to (n,); both extents symbolic
-    # and divisible by VEC, both bases 16-byte aligned.
+    # TVM-FFI: partials (gx * n,), dape (n,), both symbolic, divisible by VEC, 16-byte aligned.
     n = mDApe.shape[0]
     n_parts = mPart.shape[0] // n
     mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((n_parts, n), stride=(n, 1)))
@@ -89,16 +88,13 @@ def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream:
 
 
 def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS):
-    """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups (a
-    tuning knob of the A/B tools; the same bits for any value)."""
+    """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups."""
     return compile_for(arch, _reduce_host, fake_vec(F32, sym(VEC), align=16),
                        fake_vec(F32, sym(VEC), align=16), I32(0), env_stream(), tuple(depths))
 
 
 def executor(arch: str, device_index: int):
-    """The reduction for one device, through the compile cache (``registry.ReduceKey``; the
-    disk cache included). The first use on a device loads its module and must not be under
-    CUDA graph capture: an eager step, or ``api.build()``, does it."""
+    """The reduction for one device, through the compile cache (``registry.ReduceKey``)."""
     from csagate.kernels.cache import CACHE
     from csagate.kernels.registry import ReduceKey
 
@@ -106,9 +102,8 @@ def executor(arch: str, device_index: int):
 
 
 def launch_reduce(fn, *, partials, dape, zero_dape: bool = False) -> None:
-    """dape += partials.sum(0) in ascending slice order (``zero_dape``: dape = +0.0 + the sum,
-    whatever it held), on torch's current stream; ``partials`` is (gx, *dape.shape), both
-    contiguous."""
+    """dape += partials.sum(0) in ascending slice order (``zero_dape``: dape = +0.0 + the sum),
+    on torch's current stream; ``partials`` is (gx, *dape.shape), both contiguous."""
     if dape.numel() == 0 or partials.shape[0] == 0:
         if zero_dape:
             dape.zero_()

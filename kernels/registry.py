@@ -23,8 +23,7 @@ REDUCE_DEPTHS = (4,)
 
 @dataclass(frozen=True)
 class KernelKey:
-    """Everything compile-time about one kernel (the compile cache's key); ``deterministic``
-    is set by the api, never by a table (a schedule's own flag moves onto the key)."""
+    """Everything compile-time about one kernel (the compile cache's key)."""
 
     ratio: int
     direction: str
@@ -182,8 +181,7 @@ def _serves(check: Callable[[int, int], None], coff: int, d: int) -> bool:
 
 
 def _small(ratio: int, direction: str) -> Family:
-    """One ratio of the small-ratio family (kernels/small.py): one module, the ratio a
-    compile-time parameter; the schedule follows from (ratio, coff, d), no buckets."""
+    """One ratio of the small-ratio family (kernels/small.py): no buckets."""
     def select(coff, d, n_rows, arch):
         return SS.small_schedule(direction, d, ratio=ratio, coff=coff)
 
@@ -241,8 +239,7 @@ def _sort_key(key: KernelKey | ReduceKey):
 
 def keys_for(ratio: int, arch: str, coff: int | None = None, d: int | None = None
              ) -> list[KernelKey]:
-    """Every kernel a configuration can select, sorted; ``coff``/``d`` narrow the set (ratio
-    128: what the dispatch tables select; small ratios: both coffs x ``SMALL_HEAD_DIMS``)."""
+    """Every kernel a configuration can select, sorted; ``coff``/``d`` narrow the set."""
     keys: set[KernelKey] = set()
     for direction in DIRECTIONS:
         keys |= family(ratio, direction).keys(arch, coff, d)

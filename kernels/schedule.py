@@ -62,8 +62,7 @@ GEOMETRY = ("vec", "tchunks", "threads_x")  # the tag's v<vec>t<tchunks>x<thread
 
 
 def schedule_tag(sched) -> str:
-    """The tag from the fields: the geometry, then each field off its default (a flag by
-    name, an enum as name_value, an int as name<value>)."""
+    """The tag: the geometry, then each field off its default (flag, name_value, name<n>)."""
     parts = ["v{}t{}x{}".format(*(getattr(sched, g) for g in GEOMETRY))]
     for f in fields(sched):
         value = getattr(sched, f.name)
@@ -148,8 +147,8 @@ class R128Geometry:
 
 
 def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
-    """Shared memory of the backward: the window tiles (staged) or the thread-private dAPE
-    sums and copies (regwin), plus the chunk partials, 1/den and S, and 64 B slack."""
+    """Shared memory of the backward: window tiles (staged) or thread-private dAPE sums and
+    copies (regwin), plus the chunk partials, 1/den, S and 64 B slack."""
     cols = sched.threads_x * sched.vec
     win = window(coff, ratio)
     if sched.regwin:
@@ -164,9 +163,7 @@ def fwd_smem_bytes(sched: FwdSchedule) -> int:
     return 3 * sched.tchunks * sched.threads_x * sched.vec * 4
 
 
-# --- the rule set ----------------------------------------------------------------------
-# SPACE: each field's values; NEEDS: where an option may leave its default. config_problems
-# applies both and the geometric limits; everything else derives from it.
+# --- the rule set: SPACE, each field's values; NEEDS, where an option may leave its default ---
 
 _BOOL = (False, True)
 FWD_SPACE = {"vec": (1, 2, 4), "tchunks": (4, 8, 16), "fastexp": _BOOL,
@@ -382,8 +379,7 @@ BWD_DEFAULT_H200 = {
 }
 
 UPSTREAM_ARCH = "sm_100a"
-# The build targets, each with the arch whose tables it selects from: sm_103a (B300/GB300) has
-# no measurements of its own and takes the sm_100a (B200) tables.
+# Build targets -> the arch whose tables they select (sm_103a has no measurements of its own).
 ARCH_TABLES = {"sm_90a": "sm_90a", "sm_100a": "sm_100a", "sm_103a": "sm_100a"}
 ARCHES = tuple(ARCH_TABLES)
 TABLE_ARCHES = ("sm_100a", "sm_90a")  # the arches with tables of their own
@@ -457,10 +453,7 @@ def selectable_any(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | B
     return set().union(*(selectable(direction, arch) for arch in TABLE_ARCHES))
 
 
-# Backward rows per CTA (docs/KERNELS.md section 2, "rows_per_cta", from the upstream design):
-# the staged kernel's resident CTAs per SM, limited by its shared memory (c2: 105 KB tiles) and
-# registers; R is capped so a CTA's row loop stays short (1.16 waves measured 1.5x slower than
-# one, c2d512 at 65k tokens, which is what the cap's wave fit avoids at large N).
+# Staged backward rows per CTA (docs/KERNELS.md section 2): resident CTAs per SM, R capped.
 STAGED_CTAS_PER_SM_COFF2 = 2
 STAGED_CTAS_PER_SM_COFF1 = 4         # coff=1 with tchunks <= STAGED_NARROW_TCHUNKS
 STAGED_CTAS_PER_SM_COFF1_WIDE = 3    # coff=1 with more chunks (tchunks 8)
@@ -472,9 +465,7 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
     """Backward rows per CTA, chosen at launch so the grid fits one resident wave."""
     gy = -(-(d // sched.vec) // sched.threads_x)
     if sched.regwin:
-        # The smallest R whose grid fits one wave, rounded per column slice (ceil(N/R)*gy CTAs
-        # never exceed the slots), and no cap: a CTA pipelines its rows (only its first fetch
-        # is exposed) and fewer CTAs issue fewer dAPE atomics.
+        # one wave, no cap: a CTA pipelines its rows, fewer CTAs issue fewer dAPE atomics
         per_sm = max(1, REGWIN_THREADS_PER_SM // (sched.threads_x * sched.tchunks))
         ctas_per_slice = max(1, per_sm * sm_count // gy)
         return max(1, -(-n_rows // ctas_per_slice))
@@ -488,9 +479,7 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
     return max(1, min(STAGED_MAX_ROWS_PER_CTA, want))
 
 
-# --- ratio=4 -------------------------------------------------------------------------------
-# The ratio=4 kernels are the small-ratio family's (kernels/small.py); its schedules live in
-# kernels/small_schedule.py. The names below are that module's, under their ratio=4 names.
+# --- ratio=4: the small-ratio family's schedules (kernels/small_schedule.py) under ratio=4 names
 
 from csagate.kernels import small_schedule as _small  # noqa: E402  (pure Python too)
 

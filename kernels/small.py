@@ -165,8 +165,7 @@ def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
 
 
 class SmallBwdKernel(SmallGeometry):
-    """The backward for one (ratio, d, coff, schedule): rows per CTA, threads, the APE hoisted
-    or re-read, the dAPE atomics or (deterministic) per-CTA partials."""
+    """The backward for one (ratio, d, coff, schedule)."""
 
     def __init__(self, ratio: int, d: int, coff: int, sched: SmallSchedule):
         super().__init__(ratio, d, coff)
@@ -177,8 +176,7 @@ class SmallBwdKernel(SmallGeometry):
     def __call__(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
                  mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
                  mDApe: cute.Tensor, seg_bits: I32, zero_dape: I32, stream: cuda.CUstream):
-        # zero_dape != 0: dape is zeroed first, else accumulated into (deterministic: a
-        # partials slice, kernels/reduce.py).
+        # zero_dape != 0: dape is zeroed first, else accumulated into (or a partials slice).
         n_tok = mKV.shape[0]
         n_rows = mGo.shape[0]
         n_seq = mCu.shape[0] - 1
@@ -234,7 +232,7 @@ class SmallBwdKernel(SmallGeometry):
     def row_grads(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, regs: tuple,
                   row: I32, n_seq: I32, seg_bits: I32, j: I32):
         """dKV/dScore of one valid row's window in column j, its zero classes (a) and (b),
-        and its ds into the dAPE partials rG (regs = rA, rG, rS, rU)."""
+        and its ds into the dAPE partials rG."""
         (mKV, mS, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
         rA, rG, rS, rU = regs
         RATIO, WIN = self.ratio, self.win
@@ -327,15 +325,13 @@ def _fake_io(ratio: int, d: int, coff: int, grads: bool) -> list:
 
 
 def build_fwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
-    """Compile the forward for (ratio, d, coff) on ``arch`` (no GPU needed); ``sched`` is
-    taken for the uniform signature (the schedule follows from ratio and d)."""
+    """Compile the forward for (ratio, d, coff) on ``arch`` (``sched``: uniform signature)."""
     kernel = SmallFwdKernel(ratio, d, coff)
     return compile_for(arch, kernel, *_fake_io(ratio, d, coff, False), I32(1), env_stream())
 
 
 def build_bwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
-    """Compile the backward for (ratio, d, coff) on ``arch`` (no GPU needed); ``sched``
-    (default: ``small_schedule``) may set the deterministic form."""
+    """Compile the backward for (ratio, d, coff) on ``arch``; ``sched`` may be deterministic."""
     base = small_schedule("bwd", d, ratio=ratio, coff=coff)
     det = sched is not None and sched.deterministic
     sched = SmallSchedule(base.vec, base.threads, base.rows_per_cta, det, base.ape_regs)

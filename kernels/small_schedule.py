@@ -55,8 +55,7 @@ def config_problems(ratio: int, coff: int, d: int) -> list[str]:
         out.append(f"a window of ratio*coff = {ratio * coff} positions exceeds the "
                    f"{MAX_WINDOW} a thread holds in registers")
     if ratio * coff * d % 4:
-        # dAPE (ratio, coff*d) fp32 is zeroed and (deterministic mode) reduced in 16-byte
-        # vectors: its element count must be a multiple of 4 (ratio 2 with odd coff*d).
+        # dAPE is zeroed and reduced in 16-byte vectors: ratio*coff*d must be a multiple of 4.
         out.append(f"ratio*coff*head_dim = {ratio * coff * d} is not a multiple of 4 (dAPE is "
                    "zeroed and reduced in 16-byte vectors): use an even coff*head_dim")
     return out
