@@ -1,9 +1,6 @@
 """The one place that imports the CuTe DSL: environment, arch, compile (TVM-FFI), fake args.
-
-The DSL reads its ``CUTE_DSL_*`` variables once, when ``cutlass`` is first imported, so
-every kernel module imports cutlass through :func:`cute_modules` (or after calling it).
-PTX retention is always on: the register probe needs the PTX of every compiled kernel and
-the cost is a small text file per kernel in the dump directory.
+The DSL reads its ``CUTE_DSL_*`` variables at its first import, so every kernel module imports
+cutlass through :func:`cute_modules`; PTX retention is always on (the register probe reads it).
 """
 
 from __future__ import annotations
@@ -71,8 +68,7 @@ def dsl_version() -> str:
 
 
 def device_arch(device_index: int | None = None) -> str:
-    """The build target of a CUDA device: ``sm_90a`` for an H200, ``sm_100a`` for a B200,
-    ``sm_103a`` for a B300."""
+    """The build target of a CUDA device (``sm_90a`` H200, ``sm_100a`` B200, ``sm_103a`` B300)."""
     import torch
 
     major, minor = torch.cuda.get_device_capability(device_index)
@@ -88,12 +84,8 @@ def sm_count(device_index: int) -> int:
 
 
 def compile_for(arch: str, jit_fn, *args):
-    """``cute.compile`` one host function for ``arch`` through TVM-FFI (no GPU needed).
-
-    ``args`` are fake tensors (:func:`fake_rows`, :func:`fake_vec`) with symbolic extents and
-    the environment stream (:func:`env_stream`): the result is called with plain torch tensors
-    on torch's current stream, and one compiled function serves every token/row count.
-    """
+    """``cute.compile`` one host function for ``arch`` through TVM-FFI (no GPU needed); with
+    symbolic fake tensors one compiled function serves every token/row count."""
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     _, cute = cute_modules()
@@ -107,8 +99,8 @@ ALIGN_INDEX = 4   # int32 offsets
 
 
 def sym(divisibility: int = 1):
-    """A fresh symbolic extent (a multiple of ``divisibility``: a contract the compiled
-    function checks at each call); the same object in two fake tensors ties their extents."""
+    """A fresh symbolic extent (a multiple of ``divisibility``, checked per call); the same
+    object in two fake tensors ties their extents."""
     _, cute = cute_modules()
     return cute.sym_int(divisibility=divisibility)
 
@@ -139,13 +131,7 @@ def env_stream():
 
 
 def ptx_of(fn) -> str | None:
-    """The PTX text of a compiled function, or None when none was retained.
-
-    ``JitCompiledFunction.__ptx__`` is the documented accessor. With nvidia-cutlass-dsl
-    4.8.1 it holds the path of the dumped ``.ptx`` file rather than the text; both forms
-    are accepted. Anything else (None, an empty string, a path that does not exist) means
-    no PTX was retained.
-    """
+    """The PTX text of a compiled function (``__ptx__``: the text or the dumped file), or None."""
     ptx = getattr(fn, "__ptx__", None)
     if not ptx:
         return None

@@ -1,26 +1,11 @@
 """Host API of the CSA compressor kernels: dispatch, allocation, launch.
 
-Used by the gate and by library users. Tensors follow docs/CONTRACT.md section 1:
-
-    kv, score (T, coff*d) bf16;  ape (ratio, coff*d) fp32;  cu, cuc (B+1,) int32;
-    out / grad_out (N, d) bf16 with N >= cuc[B] (rows past cuc[B] are capacity padding);
-    dkv, dscore (T, coff*d) bf16;  dape (ratio, coff*d) fp32.
-
-* :func:`check_support` (kernels/validate.py) raises ValueError naming the offending argument
-  for every rule of the envelope; meta tensors are accepted for shape-only checks.
-* :func:`forward` / :func:`backward` allocate their outputs; :func:`run_forward` /
-  :func:`run_backward` write into caller buffers and return the :class:`KernelKey` they
-  launched (None when N == 0: nothing is launched).
-* :func:`build` compiles every kernel a configuration can select (or one bucket), so a
-  CUDA-graph capture finds them compiled; :func:`kernel_for` is the dispatch decision alone.
-
-Valid ``cu``/``cuc`` values (cu[0] == 0, non-decreasing, one row per full block, within T and
-N) are the caller's promise; ``check=True`` reads and checks them first (a device sync).
-Launches go to the given torch stream, else the current stream of ``kv``'s device, and are
-anchored to that device. N is the static row count of ``out``/``grad_out``; the kernels read
-segment boundaries from ``cu``/``cuc`` on the device, so no call here synchronizes, except
-:func:`forward` without ``n_rows`` (it reads ``cuc[-1]``; pass ``n_rows`` under capture) and
-``check=True``.
+Tensors follow docs/CONTRACT.md section 1 (kv, score (T, coff*d) bf16; ape (ratio, coff*d)
+fp32; cu, cuc (B+1,) int32; out / grad_out (N, d) bf16, N >= cuc[B]). :func:`forward` /
+:func:`backward` allocate their outputs, :func:`run_forward` / :func:`run_backward` write into
+caller buffers; :func:`build` compiles what a configuration can select (before a CUDA-graph
+capture). No call synchronizes except ``check=True`` and :func:`forward` without ``n_rows``.
+Design: docs/KERNELS.md section 5.
 """
 
 from __future__ import annotations
@@ -51,14 +36,12 @@ from csagate.kernels.validate import (
 __all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support", "forward",
            "kernel_for", "run_backward", "run_forward"]
 
-# Test hook: when not None, the deterministic path fills its dAPE partials buffer with this
-# value before the launch (NaN proves that the kernel writes every slot).
+# Test hook: a value (NaN) the deterministic path fills its partials with before the launch.
 PARTIALS_FILL: float | None = None
 
 
 def _deterministic(flag: bool | None) -> bool:
-    """The backward's mode: ``deterministic`` as given, None follows torch's flag
-    (``torch.use_deterministic_algorithms``, warn-only included: the mode is deterministic)."""
+    """The backward's mode: ``deterministic``, or None: torch's flag (warn-only included)."""
     return torch.are_deterministic_algorithms_enabled() if flag is None else bool(flag)
 
 
@@ -101,12 +84,8 @@ def _build_arch(arch: str | None) -> tuple[str, int | None]:
 def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
           d: int | None = None, n_rows: int | None = None, progress=None
           ) -> list[BuildRecord]:
-    """Compile every kernel the configuration can select, or the bucket of ``n_rows`` only.
-
-    ``arch`` defaults to the current CUDA device's. When the kernels are for the current
-    device, they are also loaded onto it, so a later CUDA-graph capture does no loading.
-    ``progress(record, i, n)`` is called after each kernel.
-    """
+    """Compile every kernel the configuration can select (or the bucket of ``n_rows``); for the
+    current device they are also loaded."""
     if coff is not None:
         check_ratio_coff(ratio, coff)
     arch, load_on = _build_arch(arch)
@@ -129,8 +108,7 @@ def build(ratio: int, *, arch: str | None = None, coff: int | None = None,
 
 
 def _warm(key: KernelKey, device: torch.device) -> None:
-    """One tiny launch of ``key`` on ``device`` (one block, zero inputs): the kernel's module
-    is then loaded there, so a CUDA-graph capture later finds it ready."""
+    """One tiny launch of ``key`` on ``device``, so its module is loaded before a capture."""
     ratio, width, d = key.ratio, key.coff * key.d, key.d
     bf16 = dict(dtype=torch.bfloat16, device=device)
     with torch.cuda.device(device):
@@ -147,30 +125,18 @@ def _warm(key: KernelKey, device: torch.device) -> None:
         key.family.launch(CACHE.executor(key, device.index), key, **tensors)
 
 
-# --- the launch fast path ------------------------------------------------------------------
-# A call whose signature (kind, ratio, coff, width, device, N) has launched before, with no
-# explicit stream, no explicit rows_per_cta and no check, skips the Python validation: the
-# compiled TVM-FFI function checks dtypes, shapes, strides, alignment and the device itself
-# (and switches to the tensors' device), and the rules it cannot see (B + 1 >= 2,
-# ratio <= T, T*width < 2^31) are re-checked here per call. Anything unusual (a new
-# signature, an explicit stream, a refused argument) takes the full path, whose errors are
-# the api's one-line messages. The deterministic backward has entries of its own (kind
-# "bwd_det"). A backward launch takes the zero_dape flag last (1: the launcher zeroes dape
-# first, or the reduction stores into it).
+# --- the launch fast path: a signature launched before, with no explicit stream, rows_per_cta
+# or check, skips the Python validation (the compiled TVM-FFI function checks the tensors) ---
 
 _FAST: dict = {}
 _FAST_MAX = 4096  # signatures remembered (N varies little in training)
-# What sends a call from the fast path to the full one: a refused argument (the compiled
-# function checks before it launches), a tensor of another rank, or not a tensor at all.
+# What sends a call to the full path: a refused argument, another rank, not a tensor.
 _NOT_FAST = (ValueError, TypeError, AttributeError)
 
 
 class _Entry:
-    """A remembered launch. ``call``: the tvm_ffi.Function itself; ``tail``: the launch
-    arguments after the tensors (None: the segment-search depth, from B at each call);
-    ``template``: an expanded view of one element whose empty_like is the cheapest contiguous
-    allocation of the forward's (N, d) out or the deterministic backward's (gx, ratio, W)
-    partials; ``reduce``: the deterministic backward's dAPE reduction (on flat views)."""
+    """A remembered launch: the tvm_ffi.Function, the arguments after the tensors, a template
+    view for empty_like, the deterministic dAPE reduction."""
 
     __slots__ = ("key", "call", "tail", "max_tokens", "template", "reduce")
 
@@ -180,12 +146,8 @@ class _Entry:
 
 
 def _fast(kind: str, ratio: int, coff: int, n_rows, inputs: tuple, outputs=None, zero=None):
-    """Launch a remembered signature's call through its entry, without Python validation.
-
-    ``inputs``: (kv, score, ape, cu, cuc[, grad_out]); ``outputs``: (out,) or (dkv, dscore,
-    dape), None to allocate them here; ``n_rows`` None: the rows of out / grad_out; ``zero``:
-    the backward's zero_dape flag (None for the forward). Returns ``(key, outputs)``, or None:
-    the call takes the full path."""
+    """Launch a remembered signature without Python validation: ``(key, outputs)``, or None
+    (the call takes the full path)."""
     try:
         kv, cu = inputs[0], inputs[3]
         t, w = kv.shape
@@ -229,8 +191,7 @@ def _raw_call(fn):
 
 def _remember(key: KernelKey, kv, n_rows: int, fn, rows_per_cta, partials=None,
               reduce_fn=None) -> None:
-    """Add the fast-path entry of a launch that took the full path (``partials`` and
-    ``reduce_fn``: the deterministic backward's buffer, as a shape to allocate, and reduction)."""
+    """Add the fast-path entry of a launch that took the full path."""
     if len(_FAST) >= _FAST_MAX:
         return
     width = kv.shape[1]
@@ -257,8 +218,7 @@ def _launch_stream(device: torch.device, stream):
 
 
 def _keep_alive(stream, device: torch.device, tensors) -> None:
-    """On a stream other than the current one, tell the allocator the tensors are in use there
-    (so freeing them on the current stream cannot recycle memory the kernel still reads)."""
+    """On a stream other than the current one, tell the allocator the tensors are in use there."""
     if stream != torch.cuda.current_stream(device):
         for t in tensors:
             t.record_stream(stream)
@@ -266,10 +226,8 @@ def _keep_alive(stream, device: torch.device, tensors) -> None:
 
 def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_index: int
               ) -> tuple[int, int | None]:
-    """(gx, rows_per_cta) of a backward launch: the CTAs along the rows (each owns one slice of
-    the deterministic dAPE partials buffer) and the rows per CTA of a family that takes them
-    (``schedule.rows_per_cta`` for N and the device's SMs unless given); None for the others,
-    whose rows per CTA are compile-time (their schedule's)."""
+    """(gx, rows_per_cta) of a backward launch: the CTAs along the rows and, for a family that
+    takes it, the rows per CTA (``schedule.rows_per_cta`` unless given); else None."""
     if not key.family.takes_rows_per_cta:
         return -(-n_rows // key.schedule.rows_per_cta), None
     if rows_per_cta is None:
@@ -299,12 +257,8 @@ def _prepare(direction: str, tensors: dict, stream, *, ratio: int, coff: int, ch
 
 def _launch(key: KernelKey, device, stream, tensors: dict, rows_per_cta=None,
             zero_dape: bool = False) -> None:
-    """Load ``key`` onto ``device`` and launch it on ``stream`` (or the current one); a
-    launch on the current stream with the default rows per CTA is remembered for the fast
-    path. A deterministic backward stores per-CTA dAPE partials into a (gx, ratio, W) fp32
-    buffer (allocated on the launch stream: the caching allocator serves it under CUDA graph
-    capture too), then kernels/reduce.py adds their sum, in ascending CTA order, to dape (to
-    +0.0 with ``zero_dape``)."""
+    """Load ``key`` onto ``device`` and launch it on ``stream`` (or the current one),
+    remembering a default launch for the fast path."""
     remember = stream is None and rows_per_cta is None
     args = {_LAUNCH_NAMES.get(name, name): t for name, t in tensors.items()}
     n_rows = args["out" if key.direction == "fwd" else "grad_out"].shape[0]
@@ -325,8 +279,7 @@ def _launch(key: KernelKey, device, stream, tensors: dict, rows_per_cta=None,
                 partials = torch.empty((gx, *dape.shape), dtype=torch.float32, device=device)
                 if PARTIALS_FILL is not None:
                     partials.fill_(PARTIALS_FILL)
-                # partials[0] has dape's shape and the buffer's base: the kernel reaches its
-                # CTA's slice bx by a pointer offset (device.store_partial_f32)
+                # partials[0]: dape's shape at the buffer's base (slice bx by pointer offset)
                 args["dape"] = partials[0]
         _keep_alive(stream, device, tensors.values())
         with torch.cuda.stream(stream):  # the compiled functions launch on the current one
@@ -379,15 +332,8 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
                  deterministic: bool | None = None, accumulate: bool = True,
                  check: bool = False) -> KernelKey | None:
     """Write dkv and dscore (every slot) and accumulate into dape (the caller zeroes it), or
-    with ``accumulate=False`` write dape (the launch zeroes it first: any buffer will do).
-
-    ``rows_per_cta`` (families that take it) defaults to ``schedule.rows_per_cta`` for N and
-    the device's SM count. ``deterministic`` (None: follow
-    ``torch.are_deterministic_algorithms_enabled()``): dAPE from per-CTA partials summed in a
-    fixed order, bitwise identical run to run; out, dKV and dScore are the same either way.
-    Otherwise dAPE is accumulated with fp32 atomics. ``check``: read and check the cu/cuc
-    values first (a device sync).
-    """
+    with ``accumulate=False`` write dape. ``deterministic`` (None: torch's flag): dAPE from
+    per-CTA partials summed in a fixed order. ``check``: check the cu/cuc values first (a sync)."""
     deterministic = _deterministic(deterministic)
     zero = 0 if accumulate else 1
     if stream is None and rows_per_cta is None and not check:
@@ -403,12 +349,8 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
 
 def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,
             stream=None, check: bool = False) -> torch.Tensor:
-    """The compressor output (N, d) bf16, N = ``n_rows`` (default ``cuc[-1]``).
-
-    The default reads ``cuc[-1]`` on the host, a device sync that a CUDA graph cannot
-    capture: pass ``n_rows`` (the static capacity) when capturing. ``check`` as in
-    :func:`run_forward`.
-    """
+    """The compressor output (N, d) bf16, N = ``n_rows``; the default ``cuc[-1]`` is a device
+    sync a CUDA graph cannot capture. ``check`` as in :func:`run_forward`."""
     if stream is None and n_rows is not None and not check:
         hit = _fast("fwd", ratio, coff, n_rows, (kv, score, ape, cu, cuc))
         if hit is not None:
@@ -434,13 +376,8 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
 def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream=None,
              deterministic: bool | None = None, check: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dkv, dscore, dape) for ``grad_out`` (its capacity padding rows are ignored).
-
-    dkv/dscore/dape are allocated uninitialized on the launch stream (the kernel writes every
-    dkv/dscore slot and the launch zeroes dape before the kernel adds into it; zeros when
-    N == 0, where nothing launches). ``deterministic`` and ``check`` as in
-    :func:`run_backward`.
-    """
+    """(dkv, dscore, dape) for ``grad_out`` (padding rows ignored), allocated uninitialized on
+    the launch stream. ``deterministic`` and ``check`` as in :func:`run_backward`."""
     deterministic = _deterministic(deterministic)
     if stream is None and not check:
         hit = _fast("bwd_det" if deterministic else "bwd", ratio, coff, None,

@@ -1,24 +1,8 @@
-"""The one compile cache of the CSA compressor kernels.
-
-A kernel is named by a frozen :class:`~csagate.kernels.registry.KernelKey` ``(ratio, direction,
-d, coff, schedule, arch, deterministic)``, the dAPE reduction by a
-:class:`~csagate.kernels.registry.ReduceKey` ``(arch, depths)``; every field is compile-time.
-The cache compiles a key on first use (no GPU needed: the DSL cross-compiles for ``arch``),
-keeps the compiled function for the life of the process and records, per entry, the compile
-seconds and whether a lookup was a hit. Lookups are lock-free once an entry exists; a miss
-takes the lock and checks again, so concurrent first calls compile once.
-
-A first compile while the current CUDA stream is capturing a graph is refused with a
-RuntimeError: compiling takes a fraction of a second of host work that a graph would not
-replay, so capture must find every kernel it needs already built
-(``csagate.kernels.api.build()`` or one eager step).
-
-Behind it sits the disk cache (:mod:`csagate.kernels.diskcache`, on unless
-``CSAGATE_DISK_CACHE=0``): a compiled kernel is stored once per user, keyed by the kernel
-sources, the compile key and the toolchain, and a later process loads it instead of compiling
-(a lookup that loads from disk counts as a hit).
-
-Importing this module does not import cutlass or torch.
+"""The one compile cache of the CSA compressor kernels: compiled functions by typed key
+(``registry.KernelKey``, ``registry.ReduceKey``), compiled once per process (lock-free hits,
+a miss locks and checks again), backed by the disk cache (kernels/diskcache.py). A first
+compile under CUDA graph capture is refused. Design: docs/KERNELS.md section 5.3. Importing
+this module imports neither cutlass nor torch.
 """
 
 from __future__ import annotations
@@ -47,8 +31,7 @@ class BuildRecord:
 
 
 def compile_key(key: KernelKey | ReduceKey):
-    """Compile one kernel (no cache): a KernelKey's family module builds it, a ReduceKey's
-    kernels/reduce.py."""
+    """Compile one kernel (no cache) through its family module, or kernels/reduce.py."""
     return key.build()
 
 
@@ -113,10 +96,7 @@ class KernelCache:
         return entry.fn
 
     def executor(self, key: KernelKey, device_index: int):
-        """``key``'s function for a launch on one CUDA device. The TVM-FFI function loads its
-        module onto a device at the first call there; under CUDA graph capture that first call
-        is refused (loading is no stream work a graph can hold): ``api.build()`` warms every
-        kernel on the device first, and so does one eager step."""
+        """``key``'s function for a launch on one CUDA device (loaded there on first use)."""
         entry, hit = self._entry(key)
         if hit:
             entry.hits += 1
@@ -174,8 +154,7 @@ class KernelCache:
 
 
 def disk_key(key: KernelKey | ReduceKey) -> dict:
-    """The disk cache's key of a kernel: the typed compile key's fields, the kernels package's
-    source hash, and (added by the disk cache) the toolchain versions."""
+    """The disk cache's key of a kernel: the compile key's fields and the sources' hash."""
     from csagate.kernels import diskcache
 
     family, direction, fields = key.disk_fields()
@@ -192,8 +171,7 @@ def _kernel_sources() -> str:
 
 
 def default_disk_cache():
-    """The per-user disk cache (``CSAGATE_CACHE_DIR`` overrides the folder), or None when
-    ``CSAGATE_DISK_CACHE=0`` turns it off."""
+    """The per-user disk cache, or None when ``CSAGATE_DISK_CACHE=0`` turns it off."""
     if os.environ.get("CSAGATE_DISK_CACHE", "1") == "0":
         return None
     from csagate.kernels import diskcache

@@ -1,9 +1,6 @@
 """Device helpers shared by the kernels: types, pinned arithmetic, exp, segments, zero classes.
-
-Each ``@cute.jit`` helper is traced inline where a kernel calls it (it adds no call and no
-symbol), so a kernel that uses a helper emits the same code as one that spells it out.
-Semantics: docs/CONTRACT.md sections 1-2; the exp forms: docs/KERNELS.md section 1.
-"""
+Each ``@cute.jit`` helper is traced inline (no call, no symbol). Semantics: docs/CONTRACT.md
+sections 1-2; the exp forms: docs/KERNELS.md section 1."""
 
 from __future__ import annotations
 
@@ -60,11 +57,7 @@ def segment_bits(n_seq: int) -> int:
 
 @cute.jit
 def segment_search(mCuc: cute.Tensor, row, n_seq, seg_bits):
-    """The largest s in [0, n_seq] with cuc[s] <= row, by binary lifting (seg_bits steps).
-
-    For row < cuc[n_seq] this is the segment holding the row, skipping empty segments
-    (cuc[s] == cuc[s+1]); for a capacity padding row (row >= cuc[n_seq]) it is n_seq.
-    """
+    """The largest s in [0, n_seq] with cuc[s] <= row (binary lifting): n_seq for padding."""
     seg = I32(0)
     for it in cutlass.range(seg_bits, unroll=1):
         nxt = seg + (I32(1) << (seg_bits - 1 - it))
@@ -77,11 +70,7 @@ def segment_search(mCuc: cute.Tensor, row, n_seq, seg_bits):
 @cute.jit
 def segment_scan(mCuc: cute.Tensor, row, first, stop, offset: cutlass.Constexpr,
                  unroll: cutlass.Constexpr):
-    """The largest s = q + offset, q in [first, stop), with cuc[s] <= row; 0 if none.
-
-    A linear scan (every lane reads the same one or two cache lines): the forward passes
-    (1, n_seq, 0), the backward (0, n_seq, 1): both are the last s >= 1 with cuc[s] <= row.
-    """
+    """The largest s = q + offset, q in [first, stop), with cuc[s] <= row; 0 if none."""
     seg = I32(0)
     for q in cutlass.range(first, stop, 1, unroll=unroll):
         if mCuc[q + offset] <= row:
@@ -92,11 +81,7 @@ def segment_scan(mCuc: cute.Tensor, row, first, stop, offset: cutlass.Constexpr,
 @cute.jit
 def zero_short_segments(mCu: cute.Tensor, mCuc: cute.Tensor, n_seq, seg0, seg_step, lane,
                         lanes, zero_token: cutlass.Constexpr, unroll: cutlass.Constexpr):
-    """Zero class (c): every token of a segment with no block (len < ratio, empty included).
-
-    Segments seg0, seg0 + seg_step, ...; within one, tokens lane, lane + lanes, ...
-    ``zero_token(t)`` writes exact zeros into this thread's dKV/dScore slots of token t.
-    """
+    """Zero class (c): every token of a segment with no block (len < ratio, empty included)."""
     for s in cutlass.range(seg0, n_seq, seg_step, unroll=unroll):
         if mCuc[s + 1] == mCuc[s]:
             for t in cutlass.range(mCu[s] + lane, mCu[s + 1], lanes, unroll=unroll):
@@ -118,9 +103,7 @@ def red_add_f32(mDst: cute.Tensor, coord, src, src_coord):
 
 
 def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
-    """dst[part * size(dst) + coord] = src[src_coord]: a plain store into CTA ``part``'s own
-    slice of a partials buffer laid out as ``part`` copies of ``mDst`` back to back (the
-    deterministic dAPE path; kernels/reduce.py sums the slices in a fixed order)."""
+    """dst[part * size(dst) + coord] = src[src_coord]: a store into CTA ``part``'s slice."""
     ptr = (mDst.iterator + part * cute.size(mDst.layout)
            + cute.crd2idx(coord, mDst.layout))
     cute.make_tensor(ptr, cute.make_layout(1))[0] = src[src_coord]
@@ -128,10 +111,7 @@ def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
 
 def cp_async_to_shared(sDst: cute.Tensor, dst_coord, mSrc: cute.Tensor, src_coord,
                        nbytes: int):
-    """Copy ``nbytes`` (4, 8 or 16, aligned) from global ``mSrc[src_coord]`` to shared
-    ``sDst[dst_coord]`` with ``cp.async.ca``: no register holds the data on its way, so nothing
-    waits for the load where it is issued. The issuing thread reads the destination only after
-    ``cute.arch.cp_async_wait_group`` (its copies complete in order of their commit groups)."""
+    """``sDst[dst_coord] = mSrc[src_coord]`` (``nbytes`` 4, 8 or 16) by ``cp.async.ca``."""
     from cutlass._mlir.dialects import llvm
 
     if nbytes not in (4, 8, 16):
@@ -151,10 +131,7 @@ ZERO_STORES = 4  # stores per thread: a c2d512 dAPE (131072 fp32) takes 32 CTAs
 
 @cute.kernel
 def _zero_f32_kernel(mVec: cute.Tensor, n_vec: I32):
-    # Launched as a programmatic dependent (PDL) of the kernel before it, its CTAs may be
-    # resident early: they wait until that kernel has finished (so the buffer, fresh from the
-    # allocator, is free), then let the backward that follows (this kernel's own dependent)
-    # start, which waits for these stores only before its atomics. Without PDL both are no-ops.
+    # PDL: wait for the kernel before (the buffer is free), then let the backward after start.
     cute.arch.griddepcontrol_wait()
     cute.arch.griddepcontrol_launch_dependents()
     tx, _, _ = cute.arch.thread_idx()
@@ -168,14 +145,8 @@ def _zero_f32_kernel(mVec: cute.Tensor, n_vec: I32):
 
 
 def launch_zero_f32(mDst: cute.Tensor, stream, pdl: bool = True):
-    """Host side, inside a ``@cute.jit`` launcher: a kernel that writes +0.0 into every
-    element of the compact fp32 tensor ``mDst`` (the backward's dAPE: 16-byte aligned, a
-    multiple of 4 elements), launched on ``stream`` ahead of the launcher's next kernel, so
-    that kernel's atomics add into zeros. One more launch inside the same TVM-FFI call is
-    cheaper on the host than a torch ``zeros_like``. With ``pdl`` the kernel is launched as a
-    programmatic dependent of the kernel before it (it waits for it before anything else). The
-    next kernel may be launched with ``use_pdl=True``: it then starts while this one stores and
-    must execute ``griddepcontrol.wait`` before it touches ``mDst``."""
+    """Host side, in a ``@cute.jit`` launcher: a kernel writing +0.0 into the compact fp32
+    ``mDst`` ahead of the launcher's next kernel (with ``pdl``: a programmatic dependent)."""
     n_vec = cute.size(mDst.layout) // ZERO_VEC
     vecs = cute.make_tensor(mDst.iterator, cute.make_layout((n_vec, ZERO_VEC),
                                                             stride=(ZERO_VEC, 1)))

@@ -1,44 +1,6 @@
-"""A compile cache on disk for the TVM-FFI kernels.
-
-Why not the DSL's own file cache (nvidia-cutlass-dsl 4.8.1, ``cutlass/base_dsl/
-cache_helpers.py`` + ``compile_backend.py``): ``cute.compile`` passes ``compile_only``, which
-forces ``no_cache`` (so is ``CUTE_DSL_KEEP=ptx``), so that cache is never used by our builds;
-it is keyed by a hash of the *traced* IR (the Python tracing, most of a compile, still runs),
-lives in ``/tmp/$USER/cutlass_python_cache`` created with the umask's mode, has no owner or
-permission check, and stores MLIR bytecode (+CRC32), not a loadable binary.
-
-What this cache stores: the TVM-FFI object file that ``export_to_c`` writes (host launcher +
-embedded cubin), loaded back with the DSL's JITLink engine (``cute.runtime.load_module``'s
-path) as a ``tvm_ffi.Function`` that takes plain torch tensors. A cold build compiles,
-exports, writes the entry and then loads it like a hit, so both paths run the same object.
-
-Entry file ``<root>/kernels/<sha256(key)[:40]>.cso``::
-
-    MAGIC (8 B) | header length (4 B, little endian) | header JSON | payload
-    header: {"format", "key": {...the full key...}, "payload_sha256", "payload_len",
-             "ptx_len", "function", "compile_s", "created"}
-    payload: the object file, then the PTX text (UTF-8; for the register probe)
-
-Rules:
-* root = ``$CSAGATE_CACHE_DIR`` or ``$XDG_CACHE_HOME/csagate`` or ``~/.cache/csagate``; it and
-  ``kernels/`` are created 0700; an existing one is used only if it is a real directory (not a
-  symlink) owned by the current user and not group/other-writable, else the disk cache is off
-  for the process (one :class:`CacheWarning`, which the CLI prints as one line; kernels are
-  compiled in memory). :func:`root_problem` says why without creating anything.
-* an entry is used only if it is a regular file (opened with O_NOFOLLOW, checked with fstat
-  on the open descriptor: no check/use race) owned by the current user, not group/other-
-  writable, its magic/format/lengths/sha256 check out and its header key equals the
-  requested key exactly. Anything else is a miss that rebuilds and atomically replaces it.
-* writes: ``mkstemp`` in ``kernels/`` (0600), write, fsync, ``os.replace`` onto the final name.
-  Concurrent builders of one key each write a complete file; the last rename wins; a reader
-  sees the old or the new file, never a partial one.
-* the size is bounded: after a write, the least recently used entries (a hit refreshes an
-  entry's mtime) go until at most ``MAX_ENTRIES`` entries and ``MAX_BYTES`` bytes remain;
-  :meth:`DiskCache.prune` applies any bound on demand (``csagate cache prune``).
-* the key holds everything that changes the binary: the kernel sources' hash, the typed
-  compile key (family, direction, d, coff, schedule fields, arch), the DSL, its libs, the
-  CUDA bindings and TVM-FFI versions, the DSL's compile-affecting environment, the compile
-  options, the Python version and machine, and this file's FORMAT.
+"""A compile cache on disk for the TVM-FFI kernels: one verified file per kernel (the exported
+object file, then its PTX), loaded back as a ``tvm_ffi.Function``; the folder, entry and key
+rules and the entry format: docs/KERNELS.md section 5.3.
 """
 
 from __future__ import annotations
@@ -178,9 +140,7 @@ def _ensure_private_dir(path: Path) -> None:
 
 
 def root_problem(root: Path) -> str | None:
-    """Why ``root`` cannot hold the cache (or None), without creating anything: a file or a
-    symlink where the folder should be, a parent that is not a directory, a folder of another
-    user or writable by group/others, or a folder that cannot be created."""
+    """Why ``root`` cannot hold the cache (or None), without creating anything."""
     root = Path(root)
     for path in (root, root / "kernels"):
         if os.path.lexists(path):
@@ -309,8 +269,8 @@ class DiskCache:
 
     # the one entry point
     def get(self, key: dict, build):
-        """``build() -> compiled TVM-FFI function`` (called on a miss). Returns ``(fn, ptx,
-        Record)``; ``fn`` is always the object loaded from the entry's bytes."""
+        """``build()`` is called on a miss; returns ``(fn, ptx, Record)``, ``fn`` loaded from
+        the entry's bytes."""
         digest = key_digest(key)
         if not self.usable():
             t0 = time.perf_counter()
@@ -349,8 +309,7 @@ class DiskCache:
         return sorted(p for p in self.dir.glob("*" + _SUFFIX) if not p.name.startswith("."))
 
     def info(self) -> dict:
-        """Where the cache is, whether it can be used, what it holds: read-only (creates
-        nothing; ``usable`` is the verdict of :func:`root_problem`)."""
+        """Where the cache is, whether it can be used, what it holds (creates nothing)."""
         problem = root_problem(self.root)
         entries = self._entries() if problem is None else []
         return {"root": str(self.root), "exists": self.dir.is_dir(), "usable": problem is None,
@@ -360,8 +319,8 @@ class DiskCache:
 
     def prune(self, max_bytes: int = MAX_BYTES, max_entries: int = MAX_ENTRIES, *,
               keep: Path | None = None) -> tuple[int, int]:
-        """Remove the least recently used entries until at most ``max_entries`` entries and
-        ``max_bytes`` bytes remain (``keep`` stays); returns (entries removed, bytes freed)."""
+        """Remove the least recently used entries (``keep`` stays) down to the bounds; returns
+        (entries removed, bytes freed)."""
         if root_problem(self.root) is not None or not self.dir.is_dir():
             return 0, 0
         stats = []
@@ -419,8 +378,7 @@ _RUNTIME_LIBS = []
 
 
 def load_object(obj: bytes):
-    """A ``tvm_ffi.Function`` from object-file bytes: the DSL's ``load_module`` path (JITLink
-    engine + the runtime libraries) without re-reading a file after it was verified."""
+    """A ``tvm_ffi.Function`` from verified object-file bytes (the DSL's ``load_module`` path)."""
     import ctypes
 
     import cutlass.cute.export  # noqa: F401  (sets ExternalBinaryModule.load_provider)

@@ -1,28 +1,10 @@
-"""The dedicated ratio=128 backward kernel (docs/KERNELS.md section 2, docs/CONTRACT.md section 2).
+"""The dedicated ratio=128 backward kernel (design: docs/KERNELS.md section 2; semantics:
+docs/CONTRACT.md section 2).
 
-One CTA handles R consecutive output rows (R = ``rows_per_cta``, a runtime argument) for one
-slice of ``cols_pc = threads_x * vec`` head-dim columns. Thread (tx, ty) owns the column group
-``col = by * threads_x + tx`` and the window chunk ``[ty * C, ty * C + C)``, C = win / tchunks.
-Per row: 1. s = f32(score) + ape and the chunk max; 2. e = exp(s - max), chunk partials den'
-and S' = sum dp*e; 3. one thread per column merges them: 1/den and S = S'/den (IEEE
-divisions); 4. p = e/den, dKV = bf16(go * p), dScore = bf16(fma(p, -S, dp * p)), fp32 dScore
-summed per (k, column) for dAPE; the last block's zeros. After the row loop every thread adds
-its C * vec dAPE sums with fp32 ``red.add`` (deterministic: stores them into its CTA's slice).
-
-Two classes share that body (``_R128BwdBase``): ``R128BwdStaged`` stages the row's window in
-shared memory (4 barriers per row); ``R128BwdRegwin`` holds it in registers, the next row's
-chunk fetched after the current row's max barrier so it flies during the row (3 barriers,
-REGWIN_THREADS_PER_SM resident threads per SM, 128 registers each through ``.maxntid``). Its
-options (none changes a bit): ``keepdp`` holds dp = go * kv in fp32 from pass 1; ``vsm``
-moves the per-row shared values as vec-wide vectors; ``ape`` shared/async copies the APE
-values into thread-private shared memory once per CTA; ``go`` packed holds the fetched
-grad_out word until used, shared fetches it by cp.async into a shared slot per row parity.
-
-Window position k maps to (token, column, ape row): coff=1: (tok0 + k, col, k); coff=2:
-(tok0 - 128 + k, h * d + col, k - 128 h), h = k // 128. Every (token, column) slot of
-dKV/dScore is written exactly once (consumed slots by their row, the never-consumed ones of
-docs/CONTRACT.md section 2.4 with exact zeros), so the gradient buffers may start
-uninitialized. The schedule fields, d and coff are compile-time.
+``_R128BwdBase`` holds what both forms share: the launch, the row loop, the merge, the
+gradients and the dAPE epilogue. ``R128BwdStaged`` stages the row's window in shared memory;
+``R128BwdRegwin`` holds it in registers and fetches the next row during the current one.
+The schedule fields, d and coff are compile-time.
 """
 
 from __future__ import annotations
@@ -84,9 +66,7 @@ def _raw_word_f32(w, j: int, vec: int):
 
 
 def _opaque(x):
-    """A copy of the Int32 x that the compiler cannot see through. The gradient pass converts
-    its kv words through it, so go * f32(kv) is recomputed there rather than kept in fp32
-    registers from the S' pass (two registers per word instead of one)."""
+    """The Int32 x, opaque to the compiler: go * f32(kv) is recomputed, not kept in fp32."""
     from cutlass._mlir.dialects import llvm
 
     return I32(llvm.inline_asm(I32.mlir_type, [x.ir_value()], "mov.b32 $0, $1;", "=r,r",
@@ -94,13 +74,11 @@ def _opaque(x):
 
 
 class Regs(SimpleNamespace):
-    """The thread's register arrays by name (None where a form has none); written inside
-    dynamic control flow through local names (the tracer carries those, not this object)."""
+    """The thread's register arrays by name (None where a form has none)."""
 
 
 class _R128BwdBase(R128Geometry):
-    """What the staged and the register-window backward share: the launch, the row loop,
-    the merge, the gradients and the dAPE epilogue; every field is compile-time."""
+    """What the staged and the register-window backward share (every field compile-time)."""
 
     REGWIN = False
 
@@ -117,8 +95,7 @@ class _R128BwdBase(R128Geometry):
         self.gopack = sched.go is GradOut.PACKED
         self.gosm = sched.go is GradOut.SHARED
         self.fast = sched.fastexp
-        # The default-mode kernel and the launch's dAPE zeroing are launched as programmatic
-        # dependents (PDL): the kernel overlaps the zeroing and waits only before its atomics.
+        # default mode: the kernel and the dAPE zeroing launch as programmatic dependents (PDL)
         self.pdl_zero = not sched.deterministic
         self.cols_pc = sched.threads_x * sched.vec
         self.nthreads = sched.threads_x * sched.tchunks
@@ -136,10 +113,7 @@ class _R128BwdBase(R128Geometry):
                  mCu: cute.Tensor, mCuc: cute.Tensor, mGO: cute.Tensor, mDKV: cute.Tensor,
                  mDScore: cute.Tensor, mDApe: cute.Tensor, rows_per_cta: cutlass.Int32,
                  zero_dape: cutlass.Int32, stream: cuda.CUstream):
-        # TVM-FFI: kv/score/dkv/dscore (T, W), ape/dape (128, W), cu/cuc (B+1,), grad_out
-        # (N, d), all row-major; T, B+1 and N symbolic. zero_dape != 0: dape is zeroed first
-        # (a fresh output); 0: the kernel accumulates into it. The deterministic schedule's
-        # mDApe is a partials slice the kernel stores whole: kernels/reduce.py takes the flag.
+        # TVM-FFI: row-major, T, B+1, N symbolic; zero_dape != 0: dape zeroed first.
         n_tokens = mKV.shape[0]
         n_rows = mGO.shape[0]
         n_seq = mCu.shape[0] - 1
@@ -158,25 +132,19 @@ class _R128BwdBase(R128Geometry):
                mCu: cute.Tensor, mCuc: cute.Tensor, mGO: cute.Tensor, mDKV: cute.Tensor,
                mDScore: cute.Tensor, mDApe: cute.Tensor, n_tokens: cutlass.Int32,
                n_seq: cutlass.Int32, rows_per_cta: cutlass.Int32, zero_dape: cutlass.Int32):
-        """Zero prologue, the rows (``_row``), the dAPE epilogue. Each shared array is rewritten
-        by the next row only after a barrier that follows its last read."""
+        """Zero prologue, the rows (``_row``), the dAPE epilogue."""
         TCH, COFF = self.tchunks, self.coff
         if cutlass.const_expr(self.pdl_zero):
-            # Launched as a programmatic dependent (PDL) of the kernel before it on the stream.
-            # Behind this launch's dAPE zeroing (which releases it only after everything before
-            # the zeroing has finished) it runs at once and waits before its atomics
-            # (_dape_epilogue); behind any other kernel it waits here, before it reads anything.
+            # PDL: behind this launch's dAPE zeroing it waits before its atomics, else here.
             if zero_dape == 0:
                 cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.sched.deterministic):
-            # the dAPE reduction that follows may be scheduled now (PDL); it waits for this
-            # whole grid to finish before it reads the partials
+            # the dAPE reduction that follows may be scheduled now (PDL)
             cute.arch.griddepcontrol_launch_dependents()
         tx, ty, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         gdx, _, _ = cute.arch.grid_dim()
-        # The chunk's half (coff=2: chunks never straddle the half boundary), the column group
-        # it reads in a W-wide row, and its first APE row.
+        # The chunk's half (chunks never straddle it), column group and first APE row.
         tid = ty * self.threads_x + tx
         col = by * self.threads_x + tx  # column group: columns [col*VEC, col*VEC + VEC)
         k0 = ty * self.chunk  # first window position of this thread's chunk
@@ -200,8 +168,7 @@ class _R128BwdBase(R128Geometry):
 
         for rr in cutlass.range(rows_per_cta):
             bb = bx * rows_per_cta + rr
-            # bb depends on (bx, rr) only: the whole CTA agrees, so the barriers below are
-            # reached by every thread or by none.
+            # bb depends on (bx, rr) only: every thread or none reaches the barriers below.
             if bb < nb_valid:
                 self._row(m, sh, g, r, n_seq, nb_valid, rows_per_cta, rr, bb, zero)
         self._dape_epilogue(m, g, r.dape)
@@ -213,8 +180,7 @@ class _R128BwdBase(R128Geometry):
         seg, blk, seg_end = self._row_segment(m, r, n_seq, bb)
         tok0 = m.cu[seg] + blk * RATIO
         tok_row0 = tok0 + g.k0 - (COFF - 1) * RATIO  # token of window position k0
-        # coff=2: the previous half of a segment's first block is invalid; coff=1 chunks are
-        # always valid (a Python True: the branches below fold away).
+        # coff=2: the previous half of a segment's first block is invalid (coff=1: always valid)
         chunk_ok = (blk + g.half) > 0 if COFF == 2 else True
 
         self._pass_max(m, sh, g, r, tok_row0, chunk_ok, rr & 1)
@@ -226,8 +192,7 @@ class _R128BwdBase(R128Geometry):
         cute.arch.sync_threads()
         self._gradients(m, sh, g, r, bb, tok_row0, chunk_ok)
         if bb + 1 == m.cuc[seg + 1]:  # the segment's last block
-            # regwin re-derives the block's first token and re-reads cu[s+1] here (its
-            # register budget); staged holds both from the row's start.
+            # regwin re-derives tok0 and cu[s+1] here (register budget); staged holds both.
             first = (tok_row0 - g.k0 + (COFF - 1) * RATIO
                      if cutlass.const_expr(self.REGWIN) else tok0)
             if cutlass.const_expr(COFF == 2):
@@ -241,8 +206,7 @@ class _R128BwdBase(R128Geometry):
         self._row_end()
 
     def _shared(self, smem):
-        """Shared arrays; element (k, c) at k*COLS + c, c = tx*vec + j: the chunk partials and
-        the per-column 1/den and S (the forms add theirs: ``_shared_window``)."""
+        """Shared arrays ((k, c) at k*COLS + c): chunk partials, per-column 1/den and S."""
         COLS = self.cols_pc
         part_layout = cute.make_layout((self.tchunks, COLS), stride=(COLS, 1))
         col_layout = cute.make_layout((COLS,), stride=(1,))
@@ -319,8 +283,7 @@ class _R128BwdBase(R128Geometry):
 
     @cute.jit
     def _pass_partials(self, m, sh, g, r, bb, chunk_ok):
-        """2. e = exp(s - max) and the chunk partials den' and S' = sum dp*e
-        (``_partials_window``)."""
+        """2. e = exp(s - max) and the chunk partials den' and S' = sum dp*e."""
         VEC = self.vec
         rM, rDen, rSp, rGo = r.m, r.den, r.sp, r.go
         gov = self._row_grad_out(m, g, bb)
@@ -381,8 +344,7 @@ class _R128BwdBase(R128Geometry):
             for j in cutlass.range_constexpr(VEC):
                 rGo[j] = gov2[j]
         elif cutlass.const_expr(self.gopack):
-            # converted again from the held grad_out word (one register through the row, not
-            # vec fp32 ones), opaque so that the compiler does not keep the fp32 pair instead
+            # reconverted from the held grad_out word, opaque so one register lives, not vec
             w = _opaque(r.go_next[1]) if VEC == 2 else r.go_next[1]
             for j in cutlass.range_constexpr(VEC):
                 rGo[j] = _raw_word_f32(w, j, VEC)
@@ -427,17 +389,13 @@ class _R128BwdBase(R128Geometry):
 
     @cute.jit
     def _dape_epilogue(self, m, g, rDApe):
-        """One fp32 atomic per (window position, column), 0 from chunks that never ran; the
-        deterministic form stores the same values into CTA bx's slice of the partials buffer
-        (the CTAs (bx, *) cover each slot once). regwin: the barrier keeps the compiler from
-        carrying the thread-private sums in registers through the row loop."""
+        """One fp32 atomic per (window position, column), or a store into CTA bx's partials
+        slice; regwin: the barrier keeps the sums out of registers."""
         if cutlass.const_expr(self.REGWIN):
             cute.arch.sync_threads()
         if cutlass.const_expr(self.sched.deterministic):
             bx, _, _ = cute.arch.block_idx()
-            # regwin at the 128-register cap (C*vec = 32; sums in shared memory): a loop over
-            # the window positions, rolled for coff=1 and unrolled for coff=2 (ptxas spilled
-            # 8-24 B in the other form of each: c1d512, c2d*; measured, both arches)
+            # at the register cap: rolled for coff=1, unrolled for coff=2 (PERF_NOTES section 6)
             if cutlass.const_expr(self.REGWIN and self.coff == 1
                                   and self.chunk * self.vec >= 32):
                 for kk in cutlass.range(self.chunk, unroll=1):
@@ -447,8 +405,7 @@ class _R128BwdBase(R128Geometry):
                     self._store_partials(m, g, rDApe, bx, kk)
         else:
             if cutlass.const_expr(self.pdl_zero):
-                # behind the zeroing kernel: its zeros must land first (a no-op when the
-                # kernel already waited at its start)
+                # behind the zeroing kernel its zeros land first (no-op if already waited)
                 cute.arch.griddepcontrol_wait()
             for kk in cutlass.range_constexpr(self.chunk):
                 for j in cutlass.range_constexpr(self.vec):
@@ -464,8 +421,7 @@ class _R128BwdBase(R128Geometry):
 
 
 class R128BwdStaged(_R128BwdBase):
-    """The staged backward: the row's window in shared memory (s then e in fp32, kv in
-    bf16), the dAPE sums in registers; 4 barriers per row."""
+    """The staged backward: the window in shared memory, dAPE sums in registers; 4 barriers."""
 
     def _shared_window(self, smem, sh) -> None:
         win_layout = cute.make_layout((self.win, self.cols_pc), stride=(self.cols_pc, 1))
@@ -544,44 +500,36 @@ class R128BwdStaged(_R128BwdBase):
 
 
 class R128BwdRegwin(_R128BwdBase):
-    """The register-window backward: the next row's window chunk fetched into registers
-    during the current row; the dAPE sums (and the ape/go copies) in thread-private shared
-    memory; 3 barriers per row, REGWIN_THREADS_PER_SM resident threads per SM."""
+    """The register-window backward: the next row's chunk fetched into registers during the
+    current row, dAPE sums in thread-private shared memory; 3 barriers per row."""
 
     REGWIN = True
 
     def __init__(self, d: int, coff: int, sched: BwdSchedule):
         super().__init__(d, coff, sched)
-        # ptxas caps registers at 65536 / REGWIN_THREADS_PER_SM = 128 per thread through
-        # .maxntid (schedule.rows_per_cta assumes the same residency).
+        # .maxntid caps registers at 65536 / REGWIN_THREADS_PER_SM = 128 per thread.
         self.ctas_per_sm = REGWIN_THREADS_PER_SM // self.nthreads
 
     def _launch_bounds(self) -> dict:
         return {"max_number_threads": (self.threads_x, self.tchunks * self.ctas_per_sm, 1)}
 
     def _shared_extra(self, smem, sh) -> None:
-        # fp32 dScore sums for dAPE, thread-private (no barrier): slot i = kk*VEC + j of
-        # thread tid at (i % 4, tid, i // 4), so a thread's slots move as 16 B vectors and
-        # a warp's vectors are contiguous. In registers they would cost C*VEC more each.
+            # thread-private dAPE sums: slot i of thread tid at (i % 4, tid, i // 4) (16 B moves)
         nt, cv = self.nthreads, self.chunk * self.vec
         sh.dape = smem.allocate_tensor(
             F32, cute.make_layout((4, nt, cv // 4), stride=(1, 4, 4 * nt)), byte_alignment=16)
         if self.gosm:
-            # grad_out words, double-buffered by row parity: the next row's arrives (cp.async)
-            # while the current row's may still be read
+            # grad_out words double-buffered by row parity
             sh.go = smem.allocate_tensor(
                 I32, cute.make_layout((2, nt), stride=(nt, 1)), byte_alignment=16)
         if self.apesm:
-            # APE values: (kk, j) of thread tid at row kk*nt + tid, column j, so a warp reads
-            # 32 consecutive vec-wide vectors per window position
+            # APE (kk, j) of thread tid at row kk*nt + tid: a warp reads contiguous vectors
             sh.ape = smem.allocate_tensor(
                 F32, cute.make_layout((self.chunk * nt, self.vec), stride=(self.vec, 1)),
                 byte_alignment=16)
 
     def _window_registers(self) -> Regs:
-        """Raw chunks, one register per window position, of the next row as loaded (packed
-        bf16 pairs for vec 2, bf16 for vec 1); the current row's s (then e) in fp32, and
-        dp = go * kv in fp32 with keepdp, else the raw kv words."""
+        """Raw chunks of the next row as loaded; the current row's s (then e), dp (keepdp)."""
         VEC, C = self.vec, self.chunk
         raw = I32 if VEC == 2 else BF16
         sc = cute.make_rmem_tensor((C, VEC), F32)
@@ -592,8 +540,7 @@ class R128BwdRegwin(_R128BwdBase):
         if self.gosm:
             go_next = None  # grad_out goes to shared memory (sh.go)
         elif self.gopack:
-            # grad_out as loaded: [0] the next row's, fetched with its window; [1] the current
-            # row's, held for the gradient pass (goreuse); unpacked only where used
+            # grad_out as loaded: [0] the next row's, [1] the current row's (goreuse)
             go_next = cute.make_rmem_tensor((2,), raw)
         else:
             go_next = cute.make_rmem_tensor((VEC,), BF16)
@@ -608,8 +555,7 @@ class R128BwdRegwin(_R128BwdBase):
 
     @cute.jit
     def _prologue(self, m, sh, g, r, n_seq, row0, nb_valid):
-        """The first row's loads fly during the prologue; the thread's own C*vec APE values
-        are copied once (only this thread reads them: no barrier)."""
+        """The first row's loads fly during the prologue; the thread's own APE is copied once."""
         if row0 < nb_valid:
             self._fetch(m, sh, g, r, n_seq, row0, 0)
         if cutlass.const_expr(self.apesm):
@@ -636,16 +582,14 @@ class R128BwdRegwin(_R128BwdBase):
 
     @cute.jit
     def _after_max(self, m, sh, g, r, n_seq, nb_valid, rows_per_cta, rr, bb):
-        # The next row's loads fly during this row's passes, merge and stores (issued after
-        # the barrier, they cannot be hoisted above the take-over).
+        # The next row's loads fly during this row (issued after the barrier: not hoisted).
         if rr + 1 < rows_per_cta:
             if bb + 1 < nb_valid:
                 self._fetch(m, sh, g, r, n_seq, bb + 1, (rr + 1) & 1)
 
     @cute.jit
     def _fetch(self, m, sh, g, r, n_seq, bb, slot):
-        """Issue row bb's loads: its grad_out vec and this thread's C score and C kv vecs,
-        all independent of each other, so they are in flight together."""
+        """Issue row bb's loads (grad_out, C score and C kv vecs), in flight together."""
         VEC = self.vec
         rScN, rKvN, rGoN = r.sc_next, r.kv_next, r.go_next  # written through these names
         seg = segment_scan(m.cuc, bb, 0, n_seq, 1, 0)
@@ -680,8 +624,7 @@ class R128BwdRegwin(_R128BwdBase):
 
     @cute.jit
     def _max_window(self, m, sh, g, r, tok_row0, chunk_ok, slot):
-        """The fetched row taken over (go=shared: its grad_out word from slot ``slot``, once
-        its cp.async has landed): s into r.sc (dp into r.kv with keepdp), the chunk max."""
+        """The fetched row taken over (go=shared: from slot ``slot``): s into r.sc, the max."""
         VEC = self.vec
         rSc, rKv, rScN, rKvN, rGoN, rM, rGo = r.sc, r.kv, r.sc_next, r.kv_next, r.go_next, r.m, r.go
         if cutlass.const_expr(self.gopack and self.sched.goreuse):
@@ -726,8 +669,7 @@ class R128BwdRegwin(_R128BwdBase):
                         dp = mul_rn(rGo[j], self._raw_f32(rKv, kk, j))
                     rSp[j] = fma_rn(dp, e, rSp[j])
         else:
-            # What the staged kernel's C steps over (e = 0, kv = 0) leave: den' = +0,
-            # S' = fma(go * 0, 0, +0) (+0, or NaN for a non-finite grad_out).
+            # what the staged kernel's skipped steps leave: den' = +0, S' = fma(go * 0, 0, +0)
             for j in cutlass.range_constexpr(VEC):
                 rSp[j] = fma_rn(mul_rn(rGo[j], F32(0.0)), F32(0.0), F32(0.0))
 
@@ -764,13 +706,8 @@ def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
 
 def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv, dscore,
                dape, rows_per_cta: int | None = None, zero_dape: bool = False) -> None:
-    """Launch a compiled r128 backward on torch's current stream; no validation
-    (kernels/api.py validates; the compiled function checks dtypes, shapes, strides, device
-    and alignment). ``rows_per_cta`` None derives R from N and the device's SM count
-    (``schedule.rows_per_cta``). ``zero_dape``: dape is zeroed inside the launch first (a
-    fresh output), else accumulated into (ignored by deterministic schedules, whose dape is a
-    partials slice). Launches nothing when grad_out has no rows.
-    """
+    """Launch a compiled r128 backward on torch's current stream, unvalidated (kernels/api.py
+    validates); ``zero_dape``: dape is zeroed inside the launch first, else accumulated into."""
     n_rows = grad_out.shape[0]
     if n_rows == 0:
         return

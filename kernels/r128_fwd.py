@@ -1,26 +1,10 @@
 """Dedicated ratio=128 forward of the CSA compressor (CuTe DSL), streaming the window.
 
-One CTA per output row ``b``, grid ``(N, gy)``, block ``(threads_x, tchunks)``. Thread
-``(tx, ty)`` owns the column group ``col = by*threads_x + tx`` (columns ``[col*vec, col*vec +
-vec)``) and the window chunk ``[ty*C, (ty+1)*C)``, ``C = coff*128/tchunks``, and keeps
-``(m, den, acc)`` per column in fp32 registers while it streams the chunk. The chunk partials
-of a column are merged through shared memory by the ``ty == 0`` thread, in chunk order, then
-``out = bf16_rn(acc / den)``.
-
-Window of row ``b`` (segment ``s``, block ``i = b - cuc[s]``, ``tok0 = cu[s] + 128*i``):
-coff=1: slot ``k`` reads token ``tok0 + k``, columns ``[0, d)``, APE row ``k``; coff=2: token
-``tok0 - 128 + k``, APE row ``k mod 128``, columns ``[0, d)`` for ``k < 128`` (the previous
-block; skipped, partial ``(-inf, 0, 0)``, when ``i == 0``) and ``[d, 2d)`` for ``k >= 128``.
-Capacity padding rows (``b >= cuc[B]``) are computed as a first block at token 0.
-
-Numerics (docs/KERNELS.md section 1): ``s = f32(score) + ape``; ``form`` online (strict
-``s > m`` rescales den/acc by ``exp(m - s)``; oneexp: the same values with one exp per slot)
-or twophase (exact chunk max, then one ascending pass); ``den`` by ``add.rn``, ``acc`` by
-``fma.rn``; the merge uses the exact exp, ``fastexp`` the fast one in the chunk loop. Fixed
-chunks, a fixed merge order and no atomics: bitwise run-to-run deterministic. ``vec``,
-``unroll`` and ``prefetch`` (the next unroll group's loads in flight, online forms) change no
-bit. Saturation of the un-normalized partials: docs/CONTRACT.md section 6; a bf16 ``-inf``
-score at a chunk's first slot gives NaN where eager gives weight 0 (inputs are finite).
+One CTA per output row and column slice; a thread keeps ``(m, den, acc)`` per column in fp32
+registers over its window chunk, and the ``ty == 0`` thread merges the chunk partials in chunk
+order: ``out = bf16_rn(acc / den)``, bitwise run-to-run deterministic. Grid, window and
+numerics: docs/KERNELS.md section 1. A bf16 ``-inf`` score at a chunk's first slot gives NaN
+where eager gives weight 0 (inputs are finite).
 """
 
 from __future__ import annotations
@@ -163,14 +147,8 @@ class R128FwdKernel(R128Geometry):
     @cute.jit
     def chunk_prefetch(self, mKV: cute.Tensor, mScore: cute.Tensor, mApe: cute.Tensor,
                        st: cute.Tensor, tok_start: I32, ape_row0: I32, cblk: I32):
-        """The online loop's slots in the same order, software-pipelined.
-
-        A register ring holds the raw loads (bf16 score, bf16 kv, fp32 APE) of ``U =
-        unroll`` slots. The prologue fills it; at slot ``k`` the ring entry of ``k`` is taken
-        into registers, refilled with the loads of slot ``k + U``, and only then is slot
-        ``k``'s math issued, so the loads of slots ``k+1 .. k+U`` are in flight during it.
-        The last group (peeled) loads nothing, so no load leaves the chunk.
-        """
+        """The online loop software-pipelined: a register ring of ``U = unroll`` slots' raw
+        loads, refilled with slot ``k + U``'s before slot ``k``'s math."""
         VEC, U = self.vec, self.unroll
         groups = self.chunk // U
         rS = cute.make_rmem_tensor((U, VEC), cutlass.BFloat16)
@@ -214,10 +192,8 @@ class R128FwdKernel(R128Geometry):
         for j in cutlass.range_constexpr(self.vec):
             s = sv[j] + av[j]
             if cutlass.const_expr(self.oneexp):
-                # Same values as the two-exp form below, one exp: with x = s - m,
-                # exp(-|x|) is exp(m - s) (the rescale) when s > m and exp(s - m) (the
-                # weight) otherwise (x <= 0; exp(-0) = exp(+0) = 1). After a rescale the
-                # weight exp(s - s) is 1 for finite s and NaN for s = +inf: 1 + (s - s).
+                # One exp for the two-exp form's values: exp(-|x|), x = s - m, is the rescale
+                # when s > m, else the weight; after a rescale the weight is 1 + (s - s).
                 t = self.exp_loop(-cute.math.abs(s - st[0, j]))
                 e = t
                 if s > st[0, j]:
@@ -261,8 +237,7 @@ class R128FwdKernel(R128Geometry):
         for t in cutlass.range(1, self.tchunks, unroll=1):
             for j in cutlass.range_constexpr(VEC):
                 den_t = sD[t, tx * VEC + j]
-                # Skip only invalid chunks (den == 0): a NaN den (an overflowing s) is merged
-                # so NaN propagates as in eager (a valid chunk has den >= 1).
+                # skip only invalid chunks (den == 0): a NaN den is merged, so NaN propagates
                 if den_t != F32(0.0):
                     m_t = sM[t, tx * VEC + j]
                     acc_t = sA[t, tx * VEC + j]
@@ -296,9 +271,6 @@ def build_fwd(*, d: int, coff: int, sched: FwdSchedule, arch: str):
 
 
 def launch_fwd(fn, *, sched: FwdSchedule, kv, score, ape, cu, cuc, out) -> None:
-    """Run a compiled forward on torch tensors, on torch's current stream; no validation
-    (kernels/api.py does it; the compiled function checks dtypes, shapes, strides, device and
-    alignment itself). ``sched`` is baked into ``fn``. Nothing launches when ``out`` is empty.
-    """
+    """Run a compiled forward on torch's current stream, unvalidated (kernels/api.py does it)."""
     if out.shape[0]:
         fn(kv, score, ape, cu, cuc, out)

@@ -1,29 +1,7 @@
-"""The deterministic dAPE reduction: ``dape += sum over b of partials[b]``, or
-``dape = 0 + sum`` for a fresh dAPE (the ``zero_dape`` flag: the caller need not zero it).
-
-A deterministic backward (``KernelKey.deterministic``) stores each CTA's dAPE partial into its
-own slice ``partials[bx]`` of a ``(gx, ratio, W)`` fp32 buffer, every slot written once. This
-kernel then sums the gx slices of each element in an order fixed by the code, in round-to-
-nearest fp32, and adds the sum to ``dape`` (which keeps the backward's accumulate-into-dape
-contract) or, with ``zero_dape``, to +0.0 (the bits a zeroed dape would get, without zeroing it
-first):
-
-* a CTA owns ``LANES * VEC`` = 128 consecutive elements, ``VEC`` = 4 per lane; its warp ``w``
-  (of ``WARPS``) sums the slices ``b = w, w + WARPS, w + 2*WARPS, ...`` in ascending order
-  (one 16-byte load per lane and slice: a warp reads 512 contiguous bytes), issuing the
-  loads of ``DEPTHS[0]`` slices together before adding them in order;
-* the ``WARPS`` sums of an element are then added in ascending ``w`` through shared memory.
-
-The element count ``ratio * W`` is a multiple of 4 at every ratio served, which the compiled
-function requires (a symbolic extent divisible by 4), so every slice starts 16-byte aligned.
-
-The order depends on gx alone, not on scheduling, so dAPE is bitwise identical run to run.
-``WARPS`` independent chains per element (instead of one chain of gx dependent loads) keep the
-pass short at the d=128 configs, where it is most of the deterministic mode's cost; ``VEC``
-elements per lane (instead of one) put four times the bytes in flight per load and a quarter
-of the CTAs in the grid (one wave at every shipped shape), with each element's sum in the same
-order, so the same bits (measured on the H200: docs/PERF_NOTES.md). Compiled once per arch
-(no GPU needed) through the one compile cache (``registry.ReduceKey``).
+"""The deterministic dAPE reduction: ``dape += sum over b of partials[b]`` (``zero_dape``:
+``dape = 0 + sum``), each element summed in an order fixed by the code (a warp's slices in
+ascending order, then the warps' sums in ascending order), so dAPE is bitwise identical run to
+run. Design and cost: docs/KERNELS.md section 2.1.
 """
 
 from __future__ import annotations
@@ -40,15 +18,13 @@ LANES = 32          # lanes of a warp, each owning VEC consecutive elements
 VEC = 4             # elements per lane (one 16-byte load per slice)
 THREADS = WARPS * LANES
 SPAN = LANES * VEC  # elements per CTA
-DEPTHS = REDUCE_DEPTHS  # slice loads a lane issues together (8 then 4 measured slower)
+DEPTHS = REDUCE_DEPTHS  # slice loads a lane issues together (PERF_NOTES section 10)
 
 
 @cute.kernel
 def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
                    zero_dape: I32, depths: cutlass.Constexpr):
-    # Launched as a programmatic dependent of the deterministic backward (PDL): its CTAs may
-    # be scheduled while the backward's last CTAs run; this waits until that grid has
-    # finished and its partials are visible (a no-op without a prerequisite grid).
+    # PDL: wait until the deterministic backward's grid has finished and its partials are visible.
     cute.arch.griddepcontrol_wait()
     tx, _, _ = cute.arch.thread_idx()
     bx, _, _ = cute.arch.block_idx()
@@ -61,9 +37,8 @@ def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
     acc = cute.make_rmem_tensor((1, VEC), F32)
     acc.fill(0.0)
     if q * VEC < n:  # n is a multiple of VEC: a group is wholly in range or wholly out
-        # this warp's slices b = w + j*WARPS, j < m, in ascending j: loads issued together
-        # in groups of depths[0], then depths[1], ..., then one at a time, each group's loads
-        # added in order after all of them were issued (a load never waits on an add)
+        # slices b = w + j*WARPS in ascending j, loads issued in groups of depths[i] and
+        # added in order after the group is issued (a load never waits on an add)
         m = (n_parts - w + WARPS - 1) // WARPS
         start = I32(0)
         for depth in depths:
@@ -102,8 +77,7 @@ def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
 @cute.jit
 def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream: cuda.CUstream,
                  depths: cutlass.Constexpr = DEPTHS):
-    # TVM-FFI: partials flattened to (gx * n,), dape flattened to (n,); both extents symbolic
-    # and divisible by VEC, both bases 16-byte aligned.
+    # TVM-FFI: partials (gx * n,), dape (n,), both symbolic, divisible by VEC, 16-byte aligned.
     n = mDApe.shape[0]
     n_parts = mPart.shape[0] // n
     mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((n_parts, n), stride=(n, 1)))
@@ -114,16 +88,13 @@ def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream:
 
 
 def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS):
-    """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups (a
-    tuning knob of the A/B tools; the same bits for any value)."""
+    """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups."""
     return compile_for(arch, _reduce_host, fake_vec(F32, sym(VEC), align=16),
                        fake_vec(F32, sym(VEC), align=16), I32(0), env_stream(), tuple(depths))
 
 
 def executor(arch: str, device_index: int):
-    """The reduction for one device, through the compile cache (``registry.ReduceKey``; the
-    disk cache included). The first use on a device loads its module and must not be under
-    CUDA graph capture: an eager step, or ``api.build()``, does it."""
+    """The reduction for one device, through the compile cache (``registry.ReduceKey``)."""
     from csagate.kernels.cache import CACHE
     from csagate.kernels.registry import ReduceKey
 
@@ -131,9 +102,8 @@ def executor(arch: str, device_index: int):
 
 
 def launch_reduce(fn, *, partials, dape, zero_dape: bool = False) -> None:
-    """dape += partials.sum(0) in ascending slice order (``zero_dape``: dape = +0.0 + the sum,
-    whatever it held), on torch's current stream; ``partials`` is (gx, *dape.shape), both
-    contiguous."""
+    """dape += partials.sum(0) in ascending slice order (``zero_dape``: dape = +0.0 + the sum),
+    on torch's current stream; ``partials`` is (gx, *dape.shape), both contiguous."""
     if dape.numel() == 0 or partials.shape[0] == 0:
         if zero_dape:
             dape.zero_()

@@ -1,13 +1,6 @@
-"""The kernel families: one table from (ratio, direction) to build, launch, schedules and dispatch.
-
-A kernel is named by a frozen :class:`KernelKey` (ratio, direction, d, coff, schedule, arch,
-deterministic), every field compile-time: the typed compile key of the cache; the deterministic
-backward's dAPE reduction by a :class:`ReduceKey` (arch, load depths). A :class:`Family` says,
-for one (ratio, direction), which module builds and launches it, which head dims it is
-validated for, how a call's schedule is chosen (``select``) and which kernels a configuration
-can select (``selectable``). The host API and the compile cache dispatch through
-:data:`FAMILIES` alone, so adding a ratio family is one entry here. Pure Python: kernel modules
-(and so cutlass) are imported when a kernel is built or launched.
+"""The kernel families: one table (:data:`FAMILIES`) from (ratio, direction) to build, launch,
+schedules and dispatch, and the typed compile keys (:class:`KernelKey`, :class:`ReduceKey`).
+Pure Python: kernel modules are imported when a kernel is built or launched.
 """
 
 from __future__ import annotations
@@ -30,13 +23,7 @@ REDUCE_DEPTHS = (4,)
 
 @dataclass(frozen=True)
 class KernelKey:
-    """Everything compile-time about one kernel (the compile cache's key).
-
-    ``schedule`` is a dispatch table's schedule; ``deterministic`` selects the backward's
-    per-CTA dAPE partials form of it (never a table entry: the api sets it). A schedule given
-    with its own ``deterministic`` flag set moves the flag onto the key, so both spellings name
-    one kernel.
-    """
+    """Everything compile-time about one kernel (the compile cache's key)."""
 
     ratio: int
     direction: str
@@ -99,8 +86,7 @@ def make_key(direction: str, ratio: int, coff: int, d: int, sched, arch: str,
 
 @dataclass(frozen=True)
 class ReduceKey:
-    """The deterministic backward's dAPE reduction (kernels/reduce.py) for one arch; ``depths``
-    is the reduction's load grouping (a tuning knob: the same bits for any value)."""
+    """The deterministic backward's dAPE reduction (kernels/reduce.py) for one arch."""
 
     arch: str
     depths: tuple[int, ...] = REDUCE_DEPTHS
@@ -165,8 +151,7 @@ class Family:
             self.check_config(coff, d)
 
     def configs(self, coff: int | None = None, d: int | None = None) -> list[tuple[int, int]]:
-        """(coff, d) pairs to build: the given ones, else every coff and the build dims (those
-        the family serves)."""
+        """(coff, d) pairs to build: the given ones, else every coff x build dim served."""
         if d is not None:
             self.check_head_dim(d)
             if coff is not None and self.check_config is not None:
@@ -196,8 +181,7 @@ def _serves(check: Callable[[int, int], None], coff: int, d: int) -> bool:
 
 
 def _small(ratio: int, direction: str) -> Family:
-    """One ratio of the small-ratio family (kernels/small.py): one module, the ratio a
-    compile-time parameter; the schedule follows from (ratio, coff, d), no buckets."""
+    """One ratio of the small-ratio family (kernels/small.py): no buckets."""
     def select(coff, d, n_rows, arch):
         return SS.small_schedule(direction, d, ratio=ratio, coff=coff)
 
@@ -219,8 +203,7 @@ def _r128(direction: str) -> Family:
         tag_prefix=lambda key: key.direction, takes_rows_per_cta=direction == "bwd")
 
 
-# In build and report order.
-# ratio=4 first (the production small ratio), then 128, then the other small ratios.
+# In build and report order: ratio=4 (the production small ratio), 128, the other small ratios.
 _ORDER = (4, 128, *(r for r in SS.SMALL_RATIOS if r != 4))
 FAMILIES: dict[tuple[int, str], Family] = {
     (f.ratio, f.direction): f
@@ -256,13 +239,7 @@ def _sort_key(key: KernelKey | ReduceKey):
 
 def keys_for(ratio: int, arch: str, coff: int | None = None, d: int | None = None
              ) -> list[KernelKey]:
-    """Every kernel a configuration can select, sorted; ``coff``/``d`` narrow the set.
-
-    ratio 128: what the dispatch tables can select (``schedule.selectable``), 10 forward +
-    6 backward kernels on sm_100a. The small ratios: forward + backward for coff in (1, 2) x d
-    in ``small_schedule.SMALL_HEAD_DIMS`` where the family serves them (ratio 2 has no c1d65:
-    ``small_schedule.config_problems``); any other ``d`` given explicitly is used as is.
-    """
+    """Every kernel a configuration can select, sorted; ``coff``/``d`` narrow the set."""
     keys: set[KernelKey] = set()
     for direction in DIRECTIONS:
         keys |= family(ratio, direction).keys(arch, coff, d)

@@ -1,18 +1,6 @@
-"""Schedules of the kernels: the target arches and their tables, the ratio=128 dispatch tables
-(schedules, buckets, the validity predicate); the small-ratio schedules (ratio=4 among
-them) are kernels/small_schedule.py's.
-
-Pure Python (no cutlass, no torch): the gate's coverage check, ``csagate schedules``, the sweep
-and the CPU tests read these tables on any machine.
-
-Every schedule field is compile-time and part of the JIT key. A bucket is chosen from N,
-the row count of ``out``/``grad_out`` including capacity padding rows:
-
-* forward:  small if N <= SMALL_NB_MAX and the config has a small entry, else large if
-  N >= LARGE_NB_MIN and the config has a large entry, else the config's default;
-* backward: small if N <= BWD_SMALL_NB_MAX and the config has a bwd-small entry, else default.
-
-N == 0 launches nothing, so it selects no kernel.
+"""Schedules of the ratio=128 kernels: the target arches, the dispatch tables and buckets, and
+the validity rule set (``config_problems``); the small ratios' are kernels/small_schedule.py's.
+Pure Python (no cutlass, no torch). Buckets and tables: docs/KERNELS.md section 3.
 """
 
 from __future__ import annotations
@@ -34,15 +22,11 @@ BWD_SMALL_NB_MAX = 192
 MAX_THREADS = 1024
 SMEM_LIMIT = 227 * 1024
 SM_SMEM = 228 * 1024  # shared memory per SM (sm_90a, sm_100a), 1 KB of it reserved per CTA
-# regwin: the resident threads per SM its register cap (.maxntid: 65536 / 512 = 128 registers
-# per thread) and rows_per_cta assume.
+# regwin: resident threads per SM (.maxntid: 65536 / 512 = 128 registers per thread).
 REGWIN_THREADS_PER_SM = 512
-# regwin: the longest window chunk C (positions per thread): 4 registers per position (the
-# score and kv of the current row and of the next row in flight); C <= 16 compiles to <= 128
-# registers with 0 spill on sm_90a and sm_100a, C = 32 does not.
+# regwin: the longest chunk C (4 registers per position): C = 16 fits 128 registers, 32 spills.
 REGWIN_MAX_CHUNK = 16
-# Largest forward prefetch ring, in slots x columns: ptxas keeps up to two groups of raw loads
-# live (about 4 registers per column-slot); 32 takes 150-200 registers and spills.
+# Largest forward prefetch ring (slots x columns): a ring of 32 takes 150-200 registers and spills.
 PREFETCH_RING_MAX = 16
 
 
@@ -51,8 +35,7 @@ def config_name(coff: int, d: int) -> str:
 
 
 class FwdForm(enum.StrEnum):
-    """How the forward reduces a chunk: online rescale (two exps per rescale, or one), or an
-    exact chunk max first (two passes, one exp per slot)."""
+    """How the forward reduces a chunk: online rescale (two exps, or one), or twophase."""
 
     ONLINE = "online"
     ONEEXP = "oneexp"
@@ -79,8 +62,7 @@ GEOMETRY = ("vec", "tchunks", "threads_x")  # the tag's v<vec>t<tchunks>x<thread
 
 
 def schedule_tag(sched) -> str:
-    """The tag, derived from the fields: the geometry, then every field off its default, in
-    declaration order: a flag by its name, an enum as name_value, an int as name<value>."""
+    """The tag: the geometry, then each field off its default (flag, name_value, name<n>)."""
     parts = ["v{}t{}x{}".format(*(getattr(sched, g) for g in GEOMETRY))]
     for f in fields(sched):
         value = getattr(sched, f.name)
@@ -131,8 +113,7 @@ class BwdSchedule:
     vsm: bool = False                # regwin: per-row shared values moved as vec-wide vectors
     go: GradOut = GradOut.REGS
     ape: ApeCopy = ApeCopy.GLOBAL
-    # dAPE partials stored per CTA and summed by kernels/reduce.py; set by the api, never
-    # in a table.
+    # set by the api (dAPE partials per CTA, kernels/reduce.py), never in a table
     deterministic: bool = False
 
     @property
@@ -153,8 +134,7 @@ def window(coff: int, ratio: int = RATIO) -> int:
 
 
 class R128Geometry:
-    """The static geometry of one ratio=128 kernel: (d, coff) and its schedule's thread layout
-    (the kernel classes extend it; every field is compile-time)."""
+    """The static geometry of one ratio=128 kernel (the kernel classes extend it)."""
 
     def __init__(self, d: int, coff: int, sched: FwdSchedule | BwdSchedule):
         self.d, self.coff, self.sched = d, coff, sched
@@ -167,9 +147,8 @@ class R128Geometry:
 
 
 def bwd_smem_bytes(coff: int, sched: BwdSchedule, ratio: int = RATIO) -> int:
-    """Shared memory of the backward: staged, the sE fp32 + sKV bf16 tiles; regwin, the
-    thread-private fp32 dAPE sums (+ the APE copy, + the grad_out slots); both, the chunk
-    partials, the per-column 1/den and S and 64 B slack."""
+    """Shared memory of the backward: window tiles (staged) or thread-private dAPE sums and
+    copies (regwin), plus the chunk partials, 1/den, S and 64 B slack."""
     cols = sched.threads_x * sched.vec
     win = window(coff, ratio)
     if sched.regwin:
@@ -184,10 +163,7 @@ def fwd_smem_bytes(sched: FwdSchedule) -> int:
     return 3 * sched.tchunks * sched.threads_x * sched.vec * 4
 
 
-# --- the rule set ----------------------------------------------------------------------
-# SPACE: the values each field can take (the sweep's candidates and the predicate's domain).
-# NEEDS: an option off its default exists only where its rule holds (nested options).
-# config_problems applies both and the geometric limits; everything else derives from it.
+# --- the rule set: SPACE, each field's values; NEEDS, where an option may leave its default ---
 
 _BOOL = (False, True)
 FWD_SPACE = {"vec": (1, 2, 4), "tchunks": (4, 8, 16), "fastexp": _BOOL,
@@ -232,8 +208,7 @@ def option_names(direction: str) -> tuple[str, ...]:
 
 
 def restrict(sched):
-    """``sched`` with every option whose rule fails reset to its default (an option carried
-    onto a geometry that cannot take it is dropped)."""
+    """``sched`` with every option whose rule fails reset to its default."""
     for need in _space_needs(sched)[1]:
         if getattr(sched, need.field) != _default(sched, need.field) and not need.ok(sched):
             sched = replace(sched, **{need.field: _default(sched, need.field)})
@@ -319,8 +294,7 @@ def config_problems(coff: int, d: int, sched: FwdSchedule | BwdSchedule,
 
 
 def schedule_space(direction: str, coff: int, d: int) -> list:
-    """Every schedule of the space that serves (coff, d): the product of the field values,
-    threads_x derived, filtered by ``config_problems``."""
+    """Every schedule of the space that serves (coff, d) (``config_problems`` filters)."""
     cls, space = (FwdSchedule, FWD_SPACE) if direction == "fwd" else (BwdSchedule, BWD_SPACE)
     out = []
     for values in itertools.product(*space.values()):
@@ -349,19 +323,19 @@ def _rw(vec: int, tchunks: int, **options) -> BwdSchedule:
 
 FWD_DEFAULT = {
     (1, 128): _fwd(1, 128, 2, 4, False, False),
-    (2, 128): _fwd(2, 128, 2, 8, False, True),    # fastexp (PERF_NOTES: upstream B200)
+    (2, 128): _fwd(2, 128, 2, 8, False, True),
     (1, 512): _fwd(1, 512, 2, 4, False, False),
     (2, 512): _fwd(2, 512, 4, 4, False, False),   # W = 1024 -> vec 4
 }
 FWD_SMALL = {
-    (1, 128): _fwd(1, 128, 2, 8, False, False),   # tchunks 8
-    (2, 128): _fwd(2, 128, 2, 16, False, True),   # tchunks 16, fastexp
-    (2, 512): _fwd(2, 512, 2, 8, False, True),    # tchunks 8, fastexp
+    (1, 128): _fwd(1, 128, 2, 8, False, False),
+    (2, 128): _fwd(2, 128, 2, 16, False, True),
+    (2, 512): _fwd(2, 512, 2, 8, False, True),
 }
 FWD_LARGE = {
-    (1, 128): _fwd(1, 128, 4, 4, True, True),     # vec 4 (gy 1), two-phase
-    (1, 512): _fwd(1, 512, 4, 4, False, True),    # vec 4, fastexp
-    (2, 512): _fwd(2, 512, 4, 4, False, True),    # vec 4, fastexp
+    (1, 128): _fwd(1, 128, 4, 4, True, True),
+    (1, 512): _fwd(1, 512, 4, 4, False, True),
+    (2, 512): _fwd(2, 512, 4, 4, False, True),
 }
 BWD_DEFAULT = {
     (1, 128): _bwd(1, 128, 2, 8, True, False),    # goreuse off (it lost at 131k)
@@ -370,12 +344,11 @@ BWD_DEFAULT = {
     (2, 512): _bwd(2, 512, 2, 8, True, True),
 }
 BWD_SMALL = {
-    (1, 128): _bwd(1, 128, 1, 8, False, True),    # vec 1, exact exp
-    (2, 128): _bwd(2, 128, 1, 8, False, True),    # vec 1, exact exp
+    (1, 128): _bwd(1, 128, 1, 8, False, True),
+    (2, 128): _bwd(2, 128, 1, 8, False, True),
 }
 
-# --- H200 (sm_90a) tables: chosen by `csagate bench --sweep`, each confirmed by a cold A/B
-# in both orders against the entry it replaced (docs/PERF_NOTES.md, "H200 tables") --------
+# --- H200 (sm_90a) tables: `csagate bench --sweep` + cold A/B (docs/KERNELS.md section 3.2) ---
 
 FWD_SMALL_H200 = {
     (1, 128): FwdSchedule(1, 16, 32, True, unroll=8, prefetch=True),
@@ -399,16 +372,14 @@ BWD_SMALL_H200 = {
 }
 BWD_DEFAULT_H200 = {
     (1, 128): _rw(2, 8, keepdp=True, vsm=True, go=GradOut.SHARED, ape=ApeCopy.ASYNC),
-    # goreuse off: with it ptxas spills at 128 registers; ape async: -0.2% and 8 B of spill
-    # on sm_100a (PERF_NOTES)
+    # goreuse spills at 128 registers; ape async spills 8 B on sm_100a (PERF_NOTES section 8)
     (2, 128): _rw(2, 16, keepdp=True, go=GradOut.PACKED, ape=ApeCopy.SHARED),
     (1, 512): _rw(2, 8, keepdp=True, go=GradOut.SHARED, ape=ApeCopy.ASYNC),
     (2, 512): _rw(2, 16, goreuse=True, keepdp=True, go=GradOut.PACKED, ape=ApeCopy.ASYNC),
 }
 
 UPSTREAM_ARCH = "sm_100a"
-# The build targets, each with the arch whose tables it selects from: sm_103a (B300/GB300) has
-# no measurements of its own and takes the sm_100a (B200) tables.
+# Build targets -> the arch whose tables they select (sm_103a has no measurements of its own).
 ARCH_TABLES = {"sm_90a": "sm_90a", "sm_100a": "sm_100a", "sm_103a": "sm_100a"}
 ARCHES = tuple(ARCH_TABLES)
 TABLE_ARCHES = ("sm_100a", "sm_90a")  # the arches with tables of their own
@@ -482,10 +453,7 @@ def selectable_any(direction: str) -> set[tuple[tuple[int, int], FwdSchedule | B
     return set().union(*(selectable(direction, arch) for arch in TABLE_ARCHES))
 
 
-# Backward rows per CTA (docs/KERNELS.md section 2, "rows_per_cta", from the upstream design):
-# the staged kernel's resident CTAs per SM, limited by its shared memory (c2: 105 KB tiles) and
-# registers; R is capped so a CTA's row loop stays short (1.16 waves measured 1.5x slower than
-# one, c2d512 at 65k tokens, which is what the cap's wave fit avoids at large N).
+# Staged backward rows per CTA (docs/KERNELS.md section 2): resident CTAs per SM, R capped.
 STAGED_CTAS_PER_SM_COFF2 = 2
 STAGED_CTAS_PER_SM_COFF1 = 4         # coff=1 with tchunks <= STAGED_NARROW_TCHUNKS
 STAGED_CTAS_PER_SM_COFF1_WIDE = 3    # coff=1 with more chunks (tchunks 8)
@@ -497,9 +465,7 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
     """Backward rows per CTA, chosen at launch so the grid fits one resident wave."""
     gy = -(-(d // sched.vec) // sched.threads_x)
     if sched.regwin:
-        # The smallest R whose grid fits one wave, rounded per column slice (ceil(N/R)*gy CTAs
-        # never exceed the slots), and no cap: a CTA pipelines its rows (only its first fetch
-        # is exposed) and fewer CTAs issue fewer dAPE atomics.
+        # one wave, no cap: a CTA pipelines its rows, fewer CTAs issue fewer dAPE atomics
         per_sm = max(1, REGWIN_THREADS_PER_SM // (sched.threads_x * sched.tchunks))
         ctas_per_slice = max(1, per_sm * sm_count // gy)
         return max(1, -(-n_rows // ctas_per_slice))
@@ -513,9 +479,7 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
     return max(1, min(STAGED_MAX_ROWS_PER_CTA, want))
 
 
-# --- ratio=4 -------------------------------------------------------------------------------
-# The ratio=4 kernels are the small-ratio family's (kernels/small.py); its schedules live in
-# kernels/small_schedule.py. The names below are that module's, under their ratio=4 names.
+# --- ratio=4: the small-ratio family's schedules (kernels/small_schedule.py) under ratio=4 names
 
 from csagate.kernels import small_schedule as _small  # noqa: E402  (pure Python too)
 

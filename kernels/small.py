@@ -1,31 +1,9 @@
 """The small-ratio kernels of the CSA compressor (forward and backward, CuTe DSL): every
-power-of-two ratio in ``small_schedule.SMALL_RATIOS``, the ratio a compile-time parameter.
-
-Semantics and edge rules: docs/CONTRACT.md sections 1-2; designs: docs/KERNELS.md section 4.
-The whole window (``ratio * coff`` positions) of one output row lives in registers
-(kernels/small_schedule.py says how far that goes). dKV and dScore are bitwise equal to torch's
-fp32 eager autograd because every value is built with torch's expression tree and rounding
-sequence:
-
-* ``s_k = f32(score) + ape``; ``mx`` = serial max from ``s_0`` (strict ``>``);
-  ``e_k = exp(s_k - mx)`` with the accurate exp (bit-identical to ``torch.exp``);
-  ``den`` = serial ascending sum from 0; ``p_k = e_k / den`` (IEEE ``div.rn``);
-* forward: ``out = bf16(sum_k u_k * p_k)``, a serial ascending sum (not claimed bitwise);
-* backward: ``dp_k = go * u_k``; ``t_k = dp_k * p_k``; ``S`` = serial ascending sum of
-  ``t_k`` from 0; ``ds_k = fma(p_k, -S, t_k)`` (torch's softmax-backward epilogue);
-  ``dKV = bf16(go * p_k)``, ``dScore = bf16(ds_k)``, dAPE accumulates the fp32 ``ds_k``.
-
-Every product and sum that plain fp32 code could contract into an FMA is pinned with
-``mul.rn`` / ``add.rn`` / ``fma.rn``. Invalid window positions (the previous half of a
-segment's first block, coff=2) hold ``s = -inf, u = 0`` and so give ``e = p = 0``; they own
-no dKV/dScore slot, so nothing is stored for them and they add nothing to dAPE.
-
-Kernels take raw global pointers plus runtime Int32 sizes (T tokens, N rows, B segments);
-the row width ``W = coff * d`` is compile-time, so vector accesses stay provable. The segment
-of a row is found on the device by a binary search over ``cuc`` (no host sync). At ratio 4
-these are the production ratio=4 kernels, whose PTX the build tests pin (the drift check's
-anchor): the ratio-4 instance is instruction for instruction what it was before the ratio
-became a parameter.
+power-of-two ratio in ``small_schedule.SMALL_RATIOS``, the ratio compile-time, the whole
+window of a row in registers. dKV and dScore are bitwise equal to torch's fp32 eager autograd:
+each value follows torch's expression tree and rounding, every step pinned (``mul.rn`` /
+``add.rn`` / ``fma.rn``). Semantics: docs/CONTRACT.md sections 1-2; design and numerics:
+docs/KERNELS.md section 4. At ratio 4 these are the production ratio=4 kernels.
 """
 
 from __future__ import annotations
@@ -70,21 +48,14 @@ class SmallGeometry:
         self.win = coff * ratio  # WIN: positions of one row's window
 
     def window_slot(self, k: int):
-        """Static placement of window position k: (token offset from tok0, column offset, APE
-        row).
-
-        coff=1: token tok0+k, columns [0, d). coff=2: k < ratio is the previous block (token
-        tok0-ratio+k, columns [0, d)), k >= ratio the own block (token tok0+k-ratio, columns
-        [d, 2d)); both use APE row k mod ratio and the same column offset as kv/score.
-        """
+        """Static placement of window position k: (token offset from tok0, column offset,
+        APE row k mod ratio); coff=2: k < ratio is the previous block, columns [0, d)."""
         if self.coff == 1:
             return k, 0, k
         return k - self.ratio, (self.d if k >= self.ratio else 0), k % self.ratio
 
 
-# ----------------------------------------------------------------------------------------
-# Forward: one CTA per (row, threads*vec columns); one thread per vec columns
-# ----------------------------------------------------------------------------------------
+# --- forward: one CTA per (row, threads*vec columns), one thread per vec columns ----------
 
 
 def _fwd_load(mKV, mS, mApe, rS, rU, k, tok, ctile, ape_row, vec):
@@ -174,9 +145,7 @@ class SmallFwdKernel(SmallGeometry):
         cute.local_tile(mOut, (1, VEC), (row, col)).store(rOut.load().to(BF16))
 
 
-# ----------------------------------------------------------------------------------------
-# Backward: one CTA per (rows_per_cta rows, threads columns); one thread per column
-# ----------------------------------------------------------------------------------------
+# --- backward: one CTA per (rows_per_cta rows, threads columns), one thread per column ----
 
 
 def _zero_token(mDKV, mDS, tok, j, d, coff):
@@ -196,8 +165,7 @@ def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
 
 
 class SmallBwdKernel(SmallGeometry):
-    """The backward for one (ratio, d, coff, schedule): rows per CTA, threads, the APE hoisted
-    or re-read, the dAPE atomics or (deterministic) per-CTA partials."""
+    """The backward for one (ratio, d, coff, schedule)."""
 
     def __init__(self, ratio: int, d: int, coff: int, sched: SmallSchedule):
         super().__init__(ratio, d, coff)
@@ -208,8 +176,7 @@ class SmallBwdKernel(SmallGeometry):
     def __call__(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
                  mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
                  mDApe: cute.Tensor, seg_bits: I32, zero_dape: I32, stream: cuda.CUstream):
-        # zero_dape != 0: dape is zeroed first (a fresh output); 0: accumulated into. DET's
-        # mDApe is a partials slice the kernel stores whole (kernels/reduce.py takes it there).
+        # zero_dape != 0: dape is zeroed first, else accumulated into (or a partials slice).
         n_tok = mKV.shape[0]
         n_rows = mGo.shape[0]
         n_seq = mCu.shape[0] - 1
@@ -217,20 +184,19 @@ class SmallBwdKernel(SmallGeometry):
             if zero_dape != 0:
                 launch_zero_f32(mDApe, stream)
         # The default mode launches as a programmatic dependent (PDL), as the r128 backward.
-        self.kernel(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, mDApe, n_tok, n_rows, n_seq,
+        self.kernel((mKV, mS, mApe), (mCu, mCuc), mGo, (mDKV, mDS), mDApe, n_tok, n_rows, n_seq,
                     seg_bits, zero_dape).launch(
             grid=(cute.ceil_div(n_rows, self.rows), -(-self.d // self.threads), 1),
             block=(self.threads, 1, 1), stream=stream, use_pdl=not self.det)
 
     @cute.kernel
-    def kernel(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
-               mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
-               mDApe: cute.Tensor, n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32,
-               zero_dape: I32):
+    def kernel(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, mDApe: cute.Tensor,
+               n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32, zero_dape: I32):
+        # ins = (kv, score, ape), cu = (cu_seqlens, cu_compressed), outs = (dkv, dscore).
+        (_, _, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
         D, COFF, WIN = self.d, self.coff, self.win
         if cutlass.const_expr(not self.det):
-            # A programmatic dependent (PDL) of the kernel before it: behind the launch's dAPE
-            # zeroing it runs at once and waits before its atomics; else it waits here, first.
+            # PDL: behind the launch's dAPE zeroing it waits before its atomics, else here.
             if zero_dape == 0:
                 cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.det):  # the dAPE reduction may be scheduled (PDL, reduce.py)
@@ -240,8 +206,7 @@ class SmallBwdKernel(SmallGeometry):
         gdx, _, _ = cute.arch.grid_dim()
         j = by * self.threads + tx  # this thread's column in [0, d)
         if j < D:
-            # Zero classes (c) and (d): segment s belongs to CTA column bx == s mod gridDim.x;
-            # token-capacity padding [cu[B], T) is strided over gridDim.x.
+            # Zero classes (c) and (d): segments and padding tokens strided over gridDim.x.
             zero = functools.partial(_zero_token, mDKV, mDS, j=j, d=D, coff=COFF)
             zero_short_segments(mCu, mCuc, n_seq, bx, gdx, 0, 1, zero, 1)
             zero_padding_tokens(mCu[n_seq] + bx, n_tok, gdx, zero, 1)
@@ -260,17 +225,16 @@ class SmallBwdKernel(SmallGeometry):
             for rr in cutlass.range(self.rows, unroll=1):
                 row = bx * self.rows + rr
                 if row < n_valid:
-                    self.row_grads(mKV, mS, mApe, mCu, mCuc, mGo, mDKV, mDS, rA, rG, rS, rU,
-                                   row, n_seq, seg_bits, j)
+                    self.row_grads(ins, cu, mGo, outs, (rA, rG, rS, rU), row, n_seq, seg_bits, j)
             self.dape_out(mDApe, rG, bx, j)
 
     @cute.jit
-    def row_grads(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
-                  mCuc: cute.Tensor, mGo: cute.Tensor, mDKV: cute.Tensor, mDS: cute.Tensor,
-                  rA: cute.Tensor, rG: cute.Tensor, rS: cute.Tensor, rU: cute.Tensor,
+    def row_grads(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, regs: tuple,
                   row: I32, n_seq: I32, seg_bits: I32, j: I32):
         """dKV/dScore of one valid row's window in column j, its zero classes (a) and (b),
         and its ds into the dAPE partials rG."""
+        (mKV, mS, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
+        rA, rG, rS, rU = regs
         RATIO, WIN = self.ratio, self.win
         seg = segment_search(mCuc, row, n_seq, seg_bits)
         blk = row - mCuc[seg]
@@ -325,8 +289,7 @@ class SmallBwdKernel(SmallGeometry):
                 _zero_token(mDKV, mDS, tok, j, self.d, self.coff)
 
     def load(self, mKV, mS, mApe, rA, rS, rU, k, tok, c):
-        """Window position k of column c: s = f32(score) + ape (hoisted in rA, or re-read
-        from the APE: the same value), u = f32(kv)."""
+        """Window position k of column c: s = f32(score) + ape (hoisted or re-read), u = f32(kv)."""
         if self.ape_regs:
             rS[k] = add_rn(mS[tok, c].to(F32), rA[k])
         else:
@@ -335,10 +298,8 @@ class SmallBwdKernel(SmallGeometry):
 
     @cute.jit
     def dape_out(self, mDApe: cute.Tensor, rG: cute.Tensor, bx: I32, j: I32):
-        """One fp32 atomic per (window position, column) per CTA. DET: the same values STORED
-        into CTA bx's slice of the (gx*ratio, W) partials buffer mDApe points at; the (by, tx,
-        k) of the CTAs (bx, *) cover every (APE row, column) once, so every slot of slice bx
-        is written once (zeros where no row ran)."""
+        """One fp32 atomic per (window position, column) per CTA; deterministic: the same
+        values stored into CTA bx's partials slice (every slot written once)."""
         if cutlass.const_expr(not self.det):
             cute.arch.griddepcontrol_wait()  # the zeros land first (else already waited)
         for k in cutlass.range_constexpr(self.win):
@@ -349,9 +310,7 @@ class SmallBwdKernel(SmallGeometry):
                 red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
 
 
-# ----------------------------------------------------------------------------------------
-# Build and launch (plain Python)
-# ----------------------------------------------------------------------------------------
+# --- build and launch (plain Python) ------------------------------------------------------
 
 
 def _fake_io(ratio: int, d: int, coff: int, grads: bool) -> list:
@@ -366,15 +325,13 @@ def _fake_io(ratio: int, d: int, coff: int, grads: bool) -> list:
 
 
 def build_fwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
-    """Compile the forward for (ratio, d, coff) on ``arch`` (no GPU needed); the schedule
-    follows from them (``small_schedule``), ``sched`` is taken for the uniform signature."""
+    """Compile the forward for (ratio, d, coff) on ``arch`` (``sched``: uniform signature)."""
     kernel = SmallFwdKernel(ratio, d, coff)
     return compile_for(arch, kernel, *_fake_io(ratio, d, coff, False), I32(1), env_stream())
 
 
 def build_bwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
-    """Compile the backward for (ratio, d, coff) on ``arch`` (no GPU needed); ``sched``
-    (default: ``small_schedule``) says the deterministic form (dAPE partials)."""
+    """Compile the backward for (ratio, d, coff) on ``arch``; ``sched`` may be deterministic."""
     base = small_schedule("bwd", d, ratio=ratio, coff=coff)
     det = sched is not None and sched.deterministic
     sched = SmallSchedule(base.vec, base.threads, base.rows_per_cta, det, base.ape_regs)
@@ -383,16 +340,15 @@ def build_bwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
 
 
 def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, sched=None) -> None:
-    """out[b] for every row b < out.shape[0] (capacity padding rows included), on torch's
-    current stream."""
+    """out[b] for every row b (padding rows included), on torch's current stream."""
     if out.shape[0]:
         fn(kv, score, ape, cu, cuc, out, segment_bits(cu.shape[0] - 1))
 
 
 def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
                sched=None, zero_dape: bool = False) -> None:
-    """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += partials
-    (``zero_dape``: dape zeroed inside the launch first, a fresh output)."""
+    """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += the sums
+    (``zero_dape``: zeroed inside the launch first)."""
     if grad_out.shape[0]:
         fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
            segment_bits(cu.shape[0] - 1), int(zero_dape))

@@ -1,23 +1,7 @@
 """Schedules of the small-ratio family (kernels/small.py): every power-of-two ratio whose whole
-window (``ratio * coff`` positions) of a row lives in registers.
-
-Pure Python (no cutlass, no torch). The schedule follows from (ratio, d) alone; every field is
-compile-time and part of the JIT key. The ratio=4 schedules are the production ratio=4 kernels'
-(their PTX is pinned: the drift check's anchor), so no field takes another value at ratio 4.
-
-Register budget (``ptxas -v``, 0 spill and 0 stack on sm_90a, sm_100a and sm_103a; the build
-tests and ``csagate probe`` check every shipped kernel). One forward thread keeps
-``2 * window * vec`` fp32 values (s then e, and u, per position and column); one backward
-thread ``4 * window`` (APE, the dAPE partial, s/e/p, u/t) with the APE hoisted, plus the
-addresses ptxas keeps from the loads to the stores: measured on sm_90a, a backward window of 32
-(ratio 16 at coff 2) takes 228-242 registers, one of 64 (ratio 32 at coff 2) 255 with 36-508 B
-of spill. A thread may use 255 registers, so beyond ``BWD_APE_REGS_MAX_WINDOW`` the backward
-re-reads the APE (an L1 hit, the same value) and runs one row per CTA (``SMALL_BWD_ROWS_WIDE``:
-its dAPE partial is the row's ds, so ptxas keeps no running sum): 235-255 registers, 0 spill on
-the three arches. The forward takes vec 1 beyond ``FWD_VEC2_MAX_WINDOW`` (168 registers at a
-window of 64, vec 1; 168 at a window of 32, vec 2). A window of 128 (ratio 64 at coff 2)
-would hold 256 fp32 values of s and u alone per thread, more than 255 registers: ratio 64 is
-not served here.
+window (``ratio * coff`` positions) of a row lives in registers. Pure Python; the schedule
+follows from (ratio, d) alone. The register budget behind the limits below: docs/KERNELS.md
+section 4.
 """
 
 from __future__ import annotations
@@ -35,10 +19,7 @@ MAX_GRID_Y = 65535
 SMALL_BWD_ROWS = 8           # rows per backward CTA (compile-time)
 SMALL_BWD_ROWS_WIDE = 1      # ... beyond BWD_APE_REGS_MAX_WINDOW (the register budget)
 SMALL_BWD_THREADS = 128      # one thread per head-dim column
-# keys_for(ratio, ...) builds a representative set: d=65 is the odd-d vec=1 path, d=128 the
-# vec=2 path of the drift check (c2d128 at ratio 4), d=512 the wide head (gridDim.y 4). Each
-# at coff 1 and 2 (ratio 2: coff 2 only at d=65, see ``config_problems``), forward and
-# backward. Any other d >= 1 is served as well.
+# keys_for's representative d: 65 the odd-d vec=1 path, 128 the vec=2 path, 512 the wide head.
 SMALL_HEAD_DIMS = (65, 128, 512)
 
 
@@ -74,8 +55,7 @@ def config_problems(ratio: int, coff: int, d: int) -> list[str]:
         out.append(f"a window of ratio*coff = {ratio * coff} positions exceeds the "
                    f"{MAX_WINDOW} a thread holds in registers")
     if ratio * coff * d % 4:
-        # dAPE (ratio, coff*d) fp32 is zeroed and (deterministic mode) reduced in 16-byte
-        # vectors: its element count must be a multiple of 4 (ratio 2 with odd coff*d).
+        # dAPE is zeroed and reduced in 16-byte vectors: ratio*coff*d must be a multiple of 4.
         out.append(f"ratio*coff*head_dim = {ratio * coff * d} is not a multiple of 4 (dAPE is "
                    "zeroed and reduced in 16-byte vectors): use an even coff*head_dim")
     return out

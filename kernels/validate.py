@@ -1,13 +1,6 @@
-"""What the kernels accept: the envelope checks of the host API (docs/KERNELS.md section 5).
-
-* :func:`check_support` raises ValueError naming the offending argument for every rule of
-  the envelope that shapes, dtypes, strides and devices decide; meta tensors are accepted for
-  shape-only checks. It never reads a tensor's values (that would synchronize).
-* :func:`check_values` reads ``cu_seqlens`` / ``cu_seqlens_comp`` (a device sync) and checks
-  that they describe a pack (docs/CONTRACT.md section 1). The api runs it with ``check=True``;
-  otherwise valid offsets are the caller's promise.
-* The rest are the launch-time rules: a CUDA device of a supported arch, the gradient
-  buffers, a stream on the tensors' device.
+"""What the kernels accept: the envelope checks of the host API (docs/KERNELS.md section 5.2):
+:func:`check_support` (shapes, dtypes, strides, devices; never values), :func:`check_values`
+(the cu/cuc offsets, a device sync) and the launch-time rules.
 """
 
 from __future__ import annotations
@@ -30,11 +23,8 @@ _DTYPES = {"kv": torch.bfloat16, "score": torch.bfloat16, "ape": torch.float32,
 
 def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, coff: int,
                   out_name: str = "out", devices: bool = True) -> None:
-    """Raise ValueError, naming the argument, unless the inputs are in the kernels' envelope.
-
-    ``cu`` is ``cu_seqlens`` and ``cuc`` is ``cu_seqlens_comp`` in the messages. Values of
-    cu/cuc are not read (that would synchronize): :func:`check_values` checks them.
-    """
+    """Raise ValueError, naming the argument, unless the inputs are in the kernels' envelope
+    (cu/cuc values are not read: :func:`check_values`)."""
     check_ratio_coff(ratio, coff)
     named = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu, "cu_seqlens_comp": cuc}
     if out_or_grad_out is not None:
@@ -95,8 +85,7 @@ def _check_sizes(n_tokens, d: int, n_rows, *, ratio: int, coff: int, out_name: s
     for what, size in (("T*coff*head_dim (kv/score)", n_tokens * width),
                        ("ratio*coff*head_dim (ape)", ratio * width),
                        (f"N*head_dim ({out_name})", (0 if n_rows is None else n_rows) * d)):
-        # guard_or_false: under torch.compile N may be an unbacked size (the op's forward
-        # without n_rows); a rule that cannot be decided there is left to the run time.
+        # under torch.compile N may be unbacked: an undecidable rule is left to the run time
         if guard_or_false(size >= INT32_LIMIT):
             raise ValueError(f"{what} = {size} does not fit int32 flat offsets (< 2^31)")
     registry.family(ratio, "fwd").check_shape(coff, d)
@@ -106,9 +95,8 @@ def _check_sizes(n_tokens, d: int, n_rows, *, ratio: int, coff: int, out_name: s
 
 
 def guard_or_false(cond) -> bool:
-    """``cond`` for plain bools; torch's ``guard_or_false`` for symbolic ones (a rule that
-    cannot be decided while tracing is left to the run time). Imported only then: the module
-    pulls in sympy, a second of import for every process that never traces."""
+    """``cond`` for plain bools; torch's ``guard_or_false`` for symbolic ones (imported only
+    then: it pulls in sympy)."""
     if isinstance(cond, bool):
         return cond
     from torch.fx.experimental.symbolic_shapes import guard_or_false as guard
@@ -125,9 +113,7 @@ def check_ratio_coff(ratio: int, coff: int) -> None:
 def check_values(cu, cuc, *, ratio: int, n_tokens: int, n_rows: int | None = None,
                  out_name: str = "out") -> None:
     """Raise ValueError, naming the rule, unless ``cu``/``cuc`` describe a pack of ``n_tokens``
-    tokens into at most ``n_rows`` rows: cu[0] == 0, cu non-decreasing, cu[-1] <= T,
-    cuc[0] == 0, cuc[s+1] - cuc[s] == (cu[s+1] - cu[s]) // ratio, cuc[-1] <= N. Reads both
-    tensors (a device sync; never under CUDA graph capture)."""
+    tokens into at most ``n_rows`` rows (docs/CONTRACT.md section 1); a device sync."""
     c = cu.detach().to("cpu", torch.int64)
     q = cuc.detach().to("cpu", torch.int64)
     if int(c[0]) != 0:
