@@ -3,7 +3,7 @@ import os
 import pytest
 
 # Keep compiler by-products of the test run out of other runs' way, and set the DSL's
-# environment (PTX retention) before anything in the session imports cutlass.
+# environment (PTX retention) before anything in the test run imports cutlass.
 os.environ.setdefault("CSAGATE_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..",
                                                          ".csagate-cache"))
 

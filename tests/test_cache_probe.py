@@ -68,7 +68,7 @@ def test_r128_keys_reject_other_head_dims():
 
 def need_dsl():
     """Skip without the DSL; import it through csagate.kernels._dsl (which sets CUTE_DSL_KEEP=ptx
-    first: a bare ``import cutlass`` here would turn PTX retention off for the session)."""
+    first: a bare ``import cutlass`` here would turn PTX retention off for the whole test run)."""
     from csagate.kernels._dsl import dsl_available
 
     ok, why = dsl_available()
@@ -258,7 +258,7 @@ def test_missing_ptxas_fails_under_ci_and_skips_elsewhere(ci, outcome, tmp_path)
 @pytest.mark.parametrize("arch", S.ARCHES)
 def test_every_table_kernel_builds_and_probes_clean(ptxas, arch):
     """Every kernel a dispatch table of either ratio can select on ``arch`` builds and
-    assembles with ptxas -arch=<arch>, 0 spill / 0 stack (compiled through the session's
+    assembles with ptxas -arch=<arch>, 0 spill / 0 stack (compiled through the test run's
     cache: the other build tests reuse the entries)."""
     from csagate.kernels.registry import RATIOS
     from csagate.perf.probe import probe, summary

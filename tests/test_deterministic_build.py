@@ -55,7 +55,7 @@ def test_tag_suffix_and_default_off():
 def test_deterministic_kernel_stores_instead_of_atomics(key, arch, ptxas):
     from csagate.perf import probe
 
-    # through the session's compile cache: each kernel compiles once (the probe below and the
+    # through the test run's compile cache: each kernel compiles once (the probe below and the
     # other build tests reuse it)
     default = probe.main_entry(CACHE.ptx(key))  # not its dAPE zeroing kernel
     det_key = _det(key)

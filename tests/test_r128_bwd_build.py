@@ -82,7 +82,7 @@ def _built(coff: int, d: int, sched: BwdSchedule, arch: str) -> tuple[str, str, 
     from csagate.kernels.cache import CACHE
     from csagate.kernels.registry import make_key
 
-    # through the session's compile cache: a table kernel another test built is not rebuilt
+    # through the test run's compile cache: a table kernel another test built is not rebuilt
     fn = CACHE.get(make_key("bwd", 128, coff, d, sched, arch))
     ptx = ptx_of(fn)
     assert ptx, f"no PTX retained for c{coff}d{d} {sched.tag} {arch} (CUTE_DSL_KEEP=ptx?)"

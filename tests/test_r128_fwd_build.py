@@ -43,7 +43,7 @@ def ptx_for(arch: str, cfg: tuple[int, int], sched: FwdSchedule) -> str:
         from csagate.kernels.registry import make_key
 
         coff, d = cfg
-        fn = CACHE.get(make_key("fwd", 128, coff, d, sched, arch))  # the session's cache
+        fn = CACHE.get(make_key("fwd", 128, coff, d, sched, arch))  # the test run's cache
         ptx = ptx_of(fn)
         assert ptx, f"no PTX retained for {key} (CUTE_DSL_KEEP must include ptx)"
         _PTX[key] = ptx

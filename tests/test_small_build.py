@@ -36,7 +36,7 @@ def _kid(k) -> str:
 
 @functools.cache
 def _ptx(kind: str, ratio: int, arch: str, coff: int, d: int) -> str:
-    """Compiled through the session's cache (the table probe of test_cache_probe reuses it)."""
+    """Compiled through the test run's cache (the table probe of test_cache_probe reuses it)."""
     from csagate.kernels import registry
     from csagate.kernels.cache import CACHE
 
