@@ -153,10 +153,10 @@ class KernelBackend:
                     if configs is None or (coff, d) in configs}
         from csagate.kernels.cache import keys_for
         from csagate.kernels.schedule import COFFS as R4_COFFS
-        from csagate.kernels.schedule import R4_HEAD_DIMS
+        from csagate.kernels.small_schedule import SMALL_HEAD_DIMS
 
         if configs is None:
-            configs = [(c, hd) for c in R4_COFFS for hd in R4_HEAD_DIMS]
+            configs = [(c, hd) for c in R4_COFFS for hd in SMALL_HEAD_DIMS]
         found = {}
         for coff, d in configs:
             for key in keys_for(ratio, self.arch, coff=coff, d=d):

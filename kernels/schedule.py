@@ -477,24 +477,3 @@ def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: i
         per_sm = STAGED_CTAS_PER_SM_COFF1_WIDE
     want = -(-(n_rows * gy) // (per_sm * sm_count))
     return max(1, min(STAGED_MAX_ROWS_PER_CTA, want))
-
-
-# --- ratio=4: the small-ratio family's schedules (kernels/small_schedule.py) under ratio=4 names
-
-from csagate.kernels import small_schedule as _small  # noqa: E402  (pure Python too)
-
-MAX_GRID_Y = _small.MAX_GRID_Y
-R4_BWD_ROWS = _small.SMALL_BWD_ROWS
-R4_BWD_THREADS = _small.SMALL_BWD_THREADS
-R4_FWD_THREADS = _small.SMALL_FWD_THREADS
-R4_FWD_THREADS_WIDE = _small.SMALL_FWD_THREADS_WIDE
-R4_HEAD_DIMS = _small.SMALL_HEAD_DIMS
-R4Schedule = _small.SmallSchedule
-r4_fwd_schedule = _small.fwd_schedule
-r4_fwd_grid_y = _small.fwd_grid_y
-R4_RATIO = 4
-
-
-def r4_schedule(direction: str, d: int) -> R4Schedule:
-    """The ratio=4 kernel of a direction for head_dim d (it does not depend on coff)."""
-    return _small.small_schedule(direction, d, ratio=R4_RATIO)

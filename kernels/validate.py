@@ -10,9 +10,10 @@ import functools
 import torch
 from csagate.kernels import registry
 from csagate.kernels.registry import COFFS
-from csagate.kernels.schedule import ARCHES, MAX_GRID_Y, R4_FWD_THREADS_WIDE
+from csagate.kernels.schedule import ARCHES
+from csagate.kernels.small_schedule import MAX_GRID_Y, SMALL_FWD_THREADS_WIDE
 
-MAX_HEAD_DIM = R4_FWD_THREADS_WIDE * MAX_GRID_Y  # the forward's gridDim.y bound at vec=1
+MAX_HEAD_DIM = SMALL_FWD_THREADS_WIDE * MAX_GRID_Y  # the forward's gridDim.y bound at vec=1
 INT32_LIMIT = 2**31
 # Base-pointer alignment the launchers promise the compiler (vector accesses need 16 B).
 ALIGN_BYTES = {torch.bfloat16: 16, torch.float32: 16, torch.int32: 4}
@@ -80,7 +81,7 @@ def _check_shapes(kv, score, ape, cu, cuc, *, ratio: int, coff: int) -> int:
 def _check_sizes(n_tokens, d: int, n_rows, *, ratio: int, coff: int, out_name: str) -> None:
     width = coff * d
     if d > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {d} exceeds {R4_FWD_THREADS_WIDE}*{MAX_GRID_Y} = "
+        raise ValueError(f"head_dim {d} exceeds {SMALL_FWD_THREADS_WIDE}*{MAX_GRID_Y} = "
                          f"{MAX_HEAD_DIM} (forward gridDim.y)")
     for what, size in (("T*coff*head_dim (kv/score)", n_tokens * width),
                        ("ratio*coff*head_dim (ape)", ratio * width),

@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 from csagate.kernels import cache as C
 from csagate.kernels import schedule as S
+from csagate.kernels import small_schedule as SS
 from csagate.kernels.cache import KernelCache, keys_for
 
 
@@ -82,7 +83,8 @@ def test_r4_keys():
     assert len(set(keys)) == len(keys) and len({k.tag for k in keys}) == len(keys)
     # one forward and one backward per coff and build head dim
     assert sorted((k.coff, k.d, k.direction) for k in keys) == sorted(
-        (c, d, direction) for c in S.COFFS for d in S.R4_HEAD_DIMS for direction in ("fwd", "bwd"))
+        (c, d, direction) for c in S.COFFS for d in SS.SMALL_HEAD_DIMS
+        for direction in ("fwd", "bwd"))
     tags = {k.tag for k in keys}
     assert {"r4fwd_c2d128_v2", "r4fwd_c1d65_v1", "r4bwd_c2d128_v1r8"} <= tags
     assert [k.tag for k in keys_for(4, "sm_90a", coff=2, d=192)] == \
@@ -91,8 +93,8 @@ def test_r4_keys():
 
 # --- cache behaviour (fake compiler: no DSL needed) -------------------------------------
 
-KEY = C.make_key("fwd", 4, 2, 128, S.R4Schedule(2, 64, 1), "sm_90a")
-OTHER = C.make_key("bwd", 4, 2, 128, S.R4Schedule(1, 128, 8), "sm_90a")
+KEY = C.make_key("fwd", 4, 2, 128, SS.SmallSchedule(2, 64, 1), "sm_90a")
+OTHER = C.make_key("bwd", 4, 2, 128, SS.SmallSchedule(1, 128, 8), "sm_90a")
 
 
 class SlowCompiler:

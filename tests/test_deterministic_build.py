@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from csagate.kernels import schedule as S
+from csagate.kernels import small_schedule as SS
 from csagate.kernels._dsl import dsl_available
 from csagate.kernels.cache import CACHE, make_key
 
@@ -26,7 +27,8 @@ ATOMIC = re.compile(r"\b(?:red|atom)\.")
 
 def _keys(arch: str):
     keys = [make_key("bwd", 128, c, d, s, arch) for (c, d), s in S.selectable("bwd", arch)]
-    keys += [make_key("bwd", 4, c, 128, S.r4_schedule("bwd", 128), arch) for c in S.COFFS]
+    r4 = SS.small_schedule("bwd", 128, ratio=4)
+    keys += [make_key("bwd", 4, c, 128, r4, arch) for c in S.COFFS]
     return sorted(keys, key=lambda k: k.tag)
 
 

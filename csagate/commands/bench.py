@@ -8,8 +8,8 @@ from rich.table import Table
 
 from csagate import console
 from csagate.commands.build import existing_parent
+from csagate.commands.run import RATIOS
 from csagate.exitcodes import ExitCode
-from csagate.gates.contracts import CONTRACTS  # plain data: the families a ratio names
 from csagate.kernels import schedule as S
 
 
@@ -258,7 +258,7 @@ def host_tables(host: dict) -> list[Table]:
 
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
-@click.option("--ratio", type=click.Choice([*(str(r) for r in CONTRACTS), "all"]),
+@click.option("--ratio", type=click.Choice(RATIOS),
               default="128", show_default=True,
               help="The family: 128 (its shape table, A/B and sweep), a small ratio (every "
                    "config at 8192 and 131072 tokens), or all.")

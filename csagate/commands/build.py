@@ -58,7 +58,7 @@ def resolve_arch(arch: str | None) -> str:
 
 
 def ratio_option(fn):
-    """``--ratio 4|128|all``: the kernel families to build or probe (build and probe alike)."""
+    """``--ratio R|all``: the kernel families to build or probe (build and probe alike)."""
     return click.option("--ratio", type=click.Choice(RATIO_CHOICES), default="all",
                         show_default=True,
                         help="the small ratios (2, 4, 8, 16, 32): coff 1/2 x d 65/128/512 "
