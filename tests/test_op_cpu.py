@@ -340,10 +340,15 @@ def test_opcheck_cpu_unbacked(ref_backend):
     torch.library.opcheck(FWD, (kv, score, ape, cu, cuc, 128, 2, None))
 
 
-def test_eager_grads_equal_reference_bitwise(ref_backend):
+def _grads_equal_reference(backend, grad_fn: str | None = None) -> None:
+    """One forward + backward through the op on a ragged pack with two capacity padding
+    rows: values and gradients bitwise the reference's, through ``backend`` (and the
+    autograd node ``grad_fn`` when given)."""
     kv, score, ape, cu, cuc = inputs("cpu", lens=(300, 260, 5))
-    n_rows = int(cuc[-1]) + 2  # two capacity padding rows
+    n_rows = int(cuc[-1]) + 2
     out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=2, n_rows=n_rows)
+    if grad_fn is not None:
+        assert type(out.grad_fn).__name__ == grad_fn
     go = torch.randn(n_rows, 128).to(torch.bfloat16)
     out.backward(go)
     ref = REF.backward(kv.detach(), score.detach(), ape.detach(), cu, cuc, go, ratio=128,
@@ -351,7 +356,11 @@ def test_eager_grads_equal_reference_bitwise(ref_backend):
     assert torch.equal(out.detach(), ref.out)
     assert torch.equal(kv.grad, ref.dkv) and torch.equal(score.grad, ref.dscore)
     assert torch.equal(ape.grad, ref.dape)
-    assert ref_backend.calls == ["fwd", "bwd"]
+    assert backend.calls == ["fwd", "bwd"]
+
+
+def test_eager_grads_equal_reference_bitwise(ref_backend):
+    _grads_equal_reference(ref_backend)
 
 
 def test_ape_grad_accumulates_across_calls(ref_backend):
@@ -404,18 +413,7 @@ def eager_on_cpu(monkeypatch):
 
 
 def test_eager_function_values_and_grads_bitwise(eager_on_cpu):
-    kv, score, ape, cu, cuc = inputs("cpu", lens=(300, 260, 5))
-    n_rows = int(cuc[-1]) + 2
-    out = ops.csa_compress(kv, score, ape, cu, cuc, ratio=128, coff=2, n_rows=n_rows)
-    assert type(out.grad_fn).__name__ == "_CsaCompressBackward"
-    go = torch.randn(n_rows, 128).to(torch.bfloat16)
-    out.backward(go)
-    ref = REF.backward(kv.detach(), score.detach(), ape.detach(), cu, cuc, go, ratio=128,
-                       coff=2)
-    assert torch.equal(out.detach(), ref.out)
-    assert torch.equal(kv.grad, ref.dkv) and torch.equal(score.grad, ref.dscore)
-    assert torch.equal(ape.grad, ref.dape)
-    assert eager_on_cpu.calls == ["fwd", "bwd"]
+    _grads_equal_reference(eager_on_cpu, grad_fn="_CsaCompressBackward")
 
 
 def test_eager_function_strided_grad_out(eager_on_cpu):
