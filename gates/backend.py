@@ -60,6 +60,22 @@ class Backend(Protocol):
         """Where the kernels run: device, arch, versions (for the report)."""
 
 
+def op_forward_backward(kv, score, ape, cu, cuc, grad_out, *, n_rows: int, ratio: int,
+                        coff: int):
+    """``(out, (dkv, dscore, dape))`` through the torch op users call
+    (``csagate.ops.csa_compress``): its forward, then autograd with ``grad_out``; the leaves
+    are fresh copies of kv, score and ape."""
+    import torch
+
+    from csagate import ops
+
+    leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
+    with torch.enable_grad():
+        out = ops.csa_compress(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
+        out.backward(grad_out)
+    return out.detach(), tuple(t.grad for t in leaves)
+
+
 def _selection(direction: str, key) -> Selection | None:
     if key is None:
         return None
@@ -130,13 +146,10 @@ class KernelBackend:
                    coff: int):
         import torch
 
-        from csagate import ops
-
-        leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
-        out = ops.csa_compress(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
-        out.backward(grad_out)
+        got = op_forward_backward(kv, score, ape, cu, cuc, grad_out, n_rows=n_rows,
+                                  ratio=ratio, coff=coff)
         torch.cuda.synchronize(self.device)
-        return out.detach(), tuple(t.grad for t in leaves)
+        return got
 
     def entries(self, ratio: int, direction: str,
                 configs: Sequence[tuple[int, int]] | None = None

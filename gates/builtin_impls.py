@@ -32,7 +32,7 @@ import warnings
 from typing import Any
 
 import torch
-from csagate.gates.backend import one_line
+from csagate.gates.backend import one_line, op_forward_backward
 from csagate.gates.implementation import Supports
 from csagate.kernels.registry import RATIOS
 from csagate.reference import backward as ref_backward
@@ -255,14 +255,9 @@ class CsagateOp(Csagate):
                                     n_rows=n_rows)
 
     def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
-        from csagate import ops
-
-        leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
-        with torch.enable_grad():
-            out = ops.csa_compress(*leaves, cu, cuc, ratio=ratio, coff=coff,
-                                   n_rows=grad_out.shape[0])
-            out.backward(grad_out)
-        return tuple(t.grad for t in leaves)
+        _, grads = op_forward_backward(kv, score, ape, cu, cuc, grad_out,
+                                       n_rows=grad_out.shape[0], ratio=ratio, coff=coff)
+        return grads
 
 
 # --- nvidia-cudnn-frontend --------------------------------------------------------------------
