@@ -128,7 +128,28 @@ class EagerBf16Weights(_Eager):
         return g.dkv, g.dscore, g.dape
 
 
-class EagerBf16Ape(_Eager):
+class _Gather(_Eager):
+    """The gather formulation (``pool`` over ``window_index``) through ``_fn``, autograd for
+    the backward."""
+
+    def _fn(self, kv, score, ape, *index):
+        return pool(kv, score, ape, *index)
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        if n_rows == 0:
+            return torch.zeros(0, kv.shape[1] // coff, dtype=torch.bfloat16, device=kv.device)
+        index = window_index(cu, cuc, n_rows, ratio, coff)
+        with torch.no_grad():
+            return self._fn(kv, score, ape, *index)
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+        if grad_out.shape[0] == 0:
+            return torch.zeros_like(kv), torch.zeros_like(score), torch.zeros_like(ape)
+        index = window_index(cu, cuc, grad_out.shape[0], ratio, coff)
+        return _autograd(self._fn, kv, score, ape, grad_out, *index)
+
+
+class EagerBf16Ape(_Gather):
     """The gather formulation with the APE cast to bf16 and added to the bf16 score."""
 
     name = "eager-bf16ape"
@@ -136,16 +157,8 @@ class EagerBf16Ape(_Eager):
     def _fn(self, kv, score, ape, *index):
         return pool(kv, score, ape, *index, bf16_ape=True)
 
-    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
-        with torch.no_grad():
-            return self._fn(kv, score, ape, *window_index(cu, cuc, n_rows, ratio, coff))
 
-    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
-        index = window_index(cu, cuc, grad_out.shape[0], ratio, coff)
-        return _autograd(self._fn, kv, score, ape, grad_out, *index)
-
-
-class Compiled(_Eager):
+class Compiled(_Gather):
     """torch.compile (Inductor, dynamic shapes) of the fp32 gather formulation."""
 
     name = "compiled"
@@ -157,19 +170,6 @@ class Compiled(_Eager):
         if self._compiled is None:
             self._compiled = torch.compile(pool, dynamic=True)
         return self._compiled(kv, score, ape, *index)
-
-    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
-        index = window_index(cu, cuc, n_rows, ratio, coff)
-        if n_rows == 0:
-            return torch.zeros(0, kv.shape[1] // coff, dtype=torch.bfloat16, device=kv.device)
-        with torch.no_grad():
-            return self._fn(kv, score, ape, *index)
-
-    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
-        if grad_out.shape[0] == 0:
-            return torch.zeros_like(kv), torch.zeros_like(score), torch.zeros_like(ape)
-        index = window_index(cu, cuc, grad_out.shape[0], ratio, coff)
-        return _autograd(self._fn, kv, score, ape, grad_out, *index)
 
 
 # --- the gate's own kernels -------------------------------------------------------------------
