@@ -32,7 +32,8 @@ import warnings
 from typing import Any
 
 import torch
-from csagate.gates.backend import one_line, op_forward_backward
+from csagate.gates.backend import op_forward_backward
+from csagate.gates.errors import one_line
 from csagate.gates.implementation import Supports
 from csagate.kernels.registry import RATIOS
 from csagate.reference import backward as ref_backward

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 from csagate.gates import comparators
-from csagate.gates.backend import one_line
 from csagate.gates.cases import Case
+from csagate.gates.errors import one_line
 from csagate.gates.implementation import has_backward
 from csagate.gates.runner import case_inputs
 from csagate.reference import backward

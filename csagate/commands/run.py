@@ -319,7 +319,7 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
     preflight(device_index)
 
     from csagate import render
-    from csagate.gates.backend import one_line
+    from csagate.gates.errors import one_line
     from csagate.gates.runner import run_gate
     from csagate.impl_choice import backends
     from csagate.where import print_where
