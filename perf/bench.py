@@ -382,24 +382,26 @@ def _other_values(sched, name: str) -> list:
 
 
 def interleaved(launchers, *, iters: int, warmup: int, flush: Callable[[], None]):
-    """COLD medians of two launchers, interleaved, in both orders.
+    """COLD medians of two (or more) launchers, interleaved, in both orders.
 
-    Each sample: L2 flushed, CUDA events around one launch. Returns
-    ((a_order1, a_order2), (b_order1, b_order2)) in us per launch; order 1 times A then B each
-    round, order 2 B then A; ``cold_iters(iters)`` rounds per order.
+    Each sample: L2 flushed, CUDA events around one launch. Returns one (order 1, order 2)
+    pair per launcher, in us per launch: ((a_order1, a_order2), (b_order1, b_order2), ...);
+    order 1 times the launchers as given each round, order 2 in reverse; ``cold_iters(iters)``
+    rounds per order.
     """
+    n = len(launchers)
     medians = []
-    for order in ((0, 1), (1, 0)):
+    for order in (tuple(range(n)), tuple(reversed(range(n)))):
         for fn in launchers:
             for _ in range(warmup):
                 fn()
         torch.cuda.synchronize()
-        samples: list[list[float]] = [[], []]
+        samples: list[list[float]] = [[] for _ in range(n)]
         for _ in range(cold_iters(iters)):
             for which in order:
                 samples[which].append(_cold_once(launchers[which], flush, None))
         medians.append([statistics.median(x) for x in samples])
-    return (medians[0][0], medians[1][0]), (medians[0][1], medians[1][1])
+    return tuple((medians[0][i], medians[1][i]) for i in range(n))
 
 
 def _bucket_inputs(direction: str, coff: int, d: int, bucket: str, tokens: int):

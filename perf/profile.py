@@ -39,7 +39,24 @@ def _calls(api, args, go, out, dkv, dscore, dape, coff):
     }
 
 
-def launch_once(shapes, directions=("fwd", "bwd"), *, warm: bool = True) -> list[str]:
+def _small_calls(ratio: int, pack, go, forms: dict) -> dict:
+    """A small ratio's launchers per direction: the table's form, or ``forms[direction]``
+    (a tag from ``small_bench.forms_of``)."""
+    from csagate.perf import small_bench
+
+    calls = {}
+    for direction in ("fwd", "bwd"):
+        options = {s.tag: s for s in small_bench.forms_of(direction, ratio, pack.coff, pack.d)}
+        tag = forms.get(direction) or next(iter(options))
+        if tag not in options:
+            raise SystemExit(f"{direction} form {tag!r} is not one of {sorted(options)}")
+        launch = small_bench._launcher(direction, pack, go, options[tag])
+        calls[direction] = (lambda launch=launch, tag=tag: (launch(zero_dape=True), tag)[1])
+    return calls
+
+
+def launch_once(shapes, directions=("fwd", "bwd"), *, warm: bool = True, ratio: int = 128,
+                forms: dict | None = None) -> list[str]:
     """Run each shape's kernel once per direction; returns 'direction shape kernel-tag' lines.
 
     With ``warm`` the first call of each (which builds the kernel) runs before
@@ -52,13 +69,16 @@ def launch_once(shapes, directions=("fwd", "bwd"), *, warm: bool = True) -> list
 
     lines = []
     for coff, d, tokens in shapes:
-        pack = make_pack((tokens,), ratio=128, coff=coff, d=d, device="cuda")
+        pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, device="cuda")
         args = pack.inputs()
         go = make_grad_out(pack.n_rows, d, device="cuda")
         out = torch.empty(pack.n_rows, d, dtype=torch.bfloat16, device="cuda")
         dkv, dscore = torch.empty_like(pack.kv), torch.empty_like(pack.score)
         dape = torch.zeros_like(pack.ape)
-        calls = _calls(api, args, go, out, dkv, dscore, dape, coff)
+        if ratio == 128:
+            calls = _calls(api, args, go, out, dkv, dscore, dape, coff)
+        else:
+            calls = _small_calls(ratio, pack, go, forms or {})
         for direction in directions:
             if warm:
                 calls[direction]()
@@ -67,7 +87,8 @@ def launch_once(shapes, directions=("fwd", "bwd"), *, warm: bool = True) -> list
             key = calls[direction]()
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
-            lines.append(f"{direction} c{coff}d{d}:{tokens} {key.tag}")
+            lines.append(f"r{ratio} {direction} c{coff}d{d}:{tokens} "
+                         f"{getattr(key, 'tag', key)}")
         del pack, go, out, dkv, dscore, dape
         torch.cuda.empty_cache()
     return lines
@@ -79,6 +100,9 @@ def main(argv=None) -> int:
     la = sub.add_parser("launch", help="one launch per direction per large shape (for ncu)")
     la.add_argument("--shape", action="append", default=None, metavar="cCdD:TOKENS")
     la.add_argument("--direction", choices=("fwd", "bwd", "all"), default="all")
+    la.add_argument("--ratio", type=int, default=128, help="128 or a small ratio")
+    la.add_argument("--fwd-form", default=None, help="a small ratio's forward form tag")
+    la.add_argument("--bwd-form", default=None, help="a small ratio's backward form tag")
     ta = sub.add_parser("table", help="the cold bench table: large shapes + 8192 tokens")
     ta.add_argument("--iters", type=int, default=100)
     ta.add_argument("--warmup", type=int, default=30)
@@ -87,7 +111,8 @@ def main(argv=None) -> int:
     if ns.what == "launch":
         shapes = [parse_shape(s) for s in ns.shape] if ns.shape else list(LARGE)
         dirs = ("fwd", "bwd") if ns.direction == "all" else (ns.direction,)
-        for line in launch_once(shapes, dirs):
+        forms = {"fwd": ns.fwd_form, "bwd": ns.bwd_form}
+        for line in launch_once(shapes, dirs, ratio=ns.ratio, forms=forms):
             print(line)
         return 0
     from csagate.cli import cli

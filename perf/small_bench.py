@@ -10,7 +10,13 @@ prints.
 
 from __future__ import annotations
 
+import argparse
+import sys
+from dataclasses import dataclass
+
+import torch
 from csagate.kernels import schedule as S
+from csagate.kernels import small_schedule as SS
 from csagate.perf import bench
 
 CONFIGS = S.CONFIGS  # c1d128, c2d128, c1d512, c2d512
@@ -67,3 +73,169 @@ def bench_shape(ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
     row.copy_bwd_cold_us = bench.cold_copy_us(row.bwd_bytes, flush, **cold)
     row.extra["ratio"] = ratio
     return row
+
+
+# --- the table's form against the other forms of a direction, cold -----------------------
+
+AB_RATIOS = (2, 4)
+# (ratio, coff, d, tokens in one segment): every config long (131072 tokens; 65536 at d=512)
+# and short (8192).
+AB_SHAPES = tuple((ratio, coff, d, t) for ratio in AB_RATIOS for coff, d in CONFIGS
+                  for t in (131072 if d == 128 else 65536, 8192))
+
+
+@dataclass(frozen=True)
+class FormABRow:
+    """One shape and direction: the table's form first, then each other form, every one
+    timed cold in both orders (``bench.interleaved``) after its outputs were checked bitwise
+    against the table form's (a form whose bits differ is not timed: its times are 0)."""
+
+    direction: str
+    config: str
+    tokens: int
+    nbytes: int
+    copy_bw: float
+    tags: tuple[str, ...]
+    us: tuple[tuple[float, float], ...]  # per form: (order 1, order 2)
+    bits_equal: tuple[bool, ...]
+
+    def mean_us(self, i: int) -> float:
+        return sum(self.us[i]) / 2
+
+    @property
+    def noise(self) -> float:
+        """The table form's relative spread across the two orders."""
+        a, b = self.us[0]
+        return abs(a - b) / min(a, b) if min(a, b) > 0 else 0.0
+
+    def wins(self, i: int) -> bool:
+        """Form i beats the table's in both orders by more than the noise and the floor."""
+        floor = max(self.noise, bench.AB_FLOOR)
+        return self.bits_equal[i] and all(
+            (self.us[0][o] - self.us[i][o]) / self.us[0][o] > floor for o in (0, 1))
+
+    @property
+    def fastest(self) -> str:
+        timed = [i for i in range(len(self.tags)) if self.bits_equal[i]]
+        best = min(timed, key=self.mean_us)
+        return self.tags[best] if best == 0 or self.wins(best) else f"{self.tags[0]} (tie)"
+
+    def line(self) -> str:
+        cells = []
+        for i, tag in enumerate(self.tags):
+            if not self.bits_equal[i]:
+                cells.append(f"{tag} BITS DIFFER")
+                continue
+            us = self.mean_us(i)
+            pct = bench.percent_of(bench.bandwidth(self.nbytes, us), self.copy_bw)
+            cells.append(f"{tag} {us:6.1f} ({self.us[i][0]:.1f}/{self.us[i][1]:.1f}) {pct:4.0%}")
+        return (f"{self.direction} {self.config:>9} {self.tokens:>6}: " + " | ".join(cells)
+                + f" | noise {self.noise:.1%} | fastest {self.fastest}")
+
+
+def _launcher(direction: str, pack, grad_out, sched):
+    """A zero-argument launcher of one small-ratio schedule on ``pack``, bypassing the table
+    (the backward in the default mode, dAPE accumulated); its outputs are ``.buffers``."""
+    from csagate.kernels import api, registry, small
+    from csagate.kernels._dsl import device_arch
+
+    key = registry.make_key(direction, pack.ratio, pack.coff, pack.d, sched, device_arch())
+    fn = api.CACHE.executor(key, torch.cuda.current_device())
+    kv, score, ape, cu, cuc = pack.inputs()
+    io = dict(kv=kv, score=score, ape=ape, cu=cu, cuc=cuc)
+    if direction == "fwd":
+        out = torch.empty(pack.n_rows, pack.d, dtype=torch.bfloat16, device=kv.device)
+
+        def launch(zero_dape: bool = False) -> None:
+            small.launch_fwd(fn, **io, out=out)
+        launch.buffers = (out,)
+        return launch
+    dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
+    io.update(grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape)
+
+    def launch(zero_dape: bool = False) -> None:
+        small.launch_bwd(fn, **io, zero_dape=zero_dape)
+    launch.buffers = (dkv, dscore, dape)
+    return launch
+
+
+def _same_bits(a, b) -> bool:
+    """The bf16 outputs (out; dKV and dScore) bitwise equal; dAPE within the fp32 atomics'
+    order noise."""
+    if not all(torch.equal(x.view(torch.int16), y.view(torch.int16))
+               for x, y in zip(a[:2], b[:2], strict=False)):
+        return False
+    if len(a) < 3:
+        return True
+    tol = 1e-5 * max(1.0, b[2].abs().max().item())
+    return (a[2] - b[2]).abs().max().item() <= tol
+
+
+def forms_of(direction: str, ratio: int, coff: int, d: int) -> tuple:
+    """The table's schedule first, then every other form of the direction."""
+    other = SS.fwd_forms if direction == "fwd" else SS.bwd_forms
+    return (SS.small_schedule(direction, d, ratio=ratio, coff=coff), *other(ratio, coff, d))
+
+
+def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
+             flush: bench.L2Flush, iters: int = 60, warmup: int = 10,
+             seed: int = 1234) -> FormABRow:
+    """One shape of ``ab_forms``: bits first, then the cold interleaved timing."""
+    from csagate.reference import make_grad_out, make_pack
+
+    pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, seed=seed, device="cuda")
+    go = make_grad_out(pack.n_rows, d, device="cuda")
+    forms = forms_of(direction, ratio, coff, d)
+    launchers = [_launcher(direction, pack, go, sched) for sched in forms]
+    for launch in launchers:
+        launch(zero_dape=True)
+    torch.cuda.synchronize()
+    equal = tuple(_same_bits(x.buffers, launchers[0].buffers) for x in launchers)
+    timed = [x for x, ok in zip(launchers, equal, strict=True) if ok]
+    times = iter(bench.interleaved(timed, iters=iters, warmup=warmup, flush=flush))
+    us = tuple(next(times) if ok else (0.0, 0.0) for ok in equal)
+    nbytes = bench.op_bytes(direction, coff=coff, d=d, n_tokens=tokens, n_rows=pack.n_rows,
+                            ratio=ratio)
+    return FormABRow(direction, f"r{ratio} {S.config_name(coff, d)}", tokens, nbytes, copy_bw,
+                     tuple(f.tag for f in forms), us, equal)
+
+
+def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
+             warmup: int = 10, progress=None) -> list[FormABRow]:
+    """The table's form against every other form of each direction on every shape, cold."""
+    flush = bench.L2Flush()
+    copy_bw = bench.copy_bandwidth()
+    rows = []
+    for shape in shapes:
+        for direction in directions:
+            rows.append(ab_shape(direction, *shape, copy_bw=copy_bw, flush=flush, iters=iters,
+                                 warmup=warmup))
+            if progress:
+                progress(rows[-1])
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m csagate.perf.small_bench")
+    parser.add_argument("--ab-forms", choices=("fwd", "bwd", "all"), required=True,
+                        help="the table's form against the other forms (vec, rows), cold")
+    parser.add_argument("--iters", type=int, default=60)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("small_bench: needs a CUDA GPU", file=sys.stderr)
+        return 3
+    dirs = ("fwd", "bwd") if args.ab_forms == "all" else (args.ab_forms,)
+    print("direction shape tokens: form us (order 1/order 2) % of the copy ceiling (cold)")
+    rows = ab_forms(dirs, iters=args.iters, progress=lambda row: print(row.line(), flush=True))
+    bad = [r for r in rows if not all(r.bits_equal)]
+    won = [r for r in rows if r.fastest != r.tags[0] and "tie" not in r.fastest]
+    print(f"summary: {len(rows)} rows, bits equal on {len(rows) - len(bad)}; another form "
+          f"faster in both orders on {len(won)}: "
+          + (", ".join(f"{r.direction} {r.config} {r.tokens} {r.fastest}" for r in won)
+             or "none"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,3 +35,45 @@ def test_small_table_renders_cold_and_copy_columns():
 def test_ratio128_only_options_are_usage_errors():
     r = CliRunner().invoke(cli, ["bench", "--ratio", "2", "--ab", "goreuse"])
     assert r.exit_code == 2 and "ratio=128 options" in r.output
+
+
+def _vec_row(us, equal=(True, True, True)):
+    return small_bench.FormABRow("bwd", "r4 c1d128", 131072, 400_000_000, 4e12,
+                                 ("v1r8", "v2r8", "v4r8"), us, equal)
+
+
+def test_form_ab_names_a_vector_form_only_when_it_wins_both_orders():
+    win = _vec_row(((100.0, 101.0), (80.0, 81.0), (90.0, 89.0)))
+    assert win.fastest == "v2r8" and win.wins(1) and win.wins(2)
+    split = _vec_row(((100.0, 100.0), (90.0, 101.0), (99.8, 99.9)))  # loses order 2
+    assert split.fastest == "v1r8 (tie)" and not split.wins(1)
+    slower = _vec_row(((100.0, 100.0), (110.0, 111.0), (120.0, 121.0)))
+    assert slower.fastest == "v1r8"
+    line = win.line()
+    assert "v2r8   80.5 (80.0/81.0) 124%" in line and "fastest v2r8" in line
+
+
+def test_form_ab_never_times_or_picks_a_form_whose_bits_differ():
+    row = _vec_row(((100.0, 100.0), (0.0, 0.0), (90.0, 90.0)), equal=(True, False, True))
+    assert row.fastest == "v4r8" and not row.wins(1)
+    assert "v2r8 BITS DIFFER" in row.line()
+
+
+def test_form_ab_shapes_are_ratios_2_and_4_long_and_short():
+    shapes = small_bench.AB_SHAPES
+    assert {(r, c, d) for r, c, d, _ in shapes} == {
+        (r, c, d) for r in (2, 4) for c, d in small_bench.CONFIGS}
+    assert {t for _, _, d, t in shapes if d == 512} == {65536, 8192}
+    assert {t for _, _, d, t in shapes if d == 128} == {131072, 8192}
+
+
+def test_form_ab_entry_refuses_without_a_gpu_or_the_flag(capsys):
+    import pytest
+    import torch
+
+    with pytest.raises(SystemExit) as exc:
+        small_bench.main([])
+    assert exc.value.code == 2
+    if not torch.cuda.is_available():
+        assert small_bench.main(["--ab-forms", "all"]) == 3
+        assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -59,45 +59,23 @@ def _count(pattern: str, text: str) -> int:
     return len(re.findall(pattern, text))
 
 
-@pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
-def test_ptxas_clean(kernel, ptxas):
-    from csagate.perf.probe import ZERO_KERNEL, assemble, ptxas_entries
-
-    kind, ratio, arch, coff, d = kernel
-    rc, log = assemble(_ptx(*kernel), arch, ptxas)
-    assert rc == 0, f"ptxas failed on {_kid(kernel)}:\n{log}"
-
-    entries = ptxas_entries(log)
-    zeroing = [name for name in entries if ZERO_KERNEL in name]
-    # the backward's module: the kernel and the dAPE zeroing kernel; the forward's: one
-    assert len(entries) == (2 if kind == "bwd" else 1) and len(zeroing) == len(entries) - 1, (
-        f"unexpected entries {list(entries)}:\n{log}")
-    for name, (regs, spill_st, spill_ld, stack) in entries.items():
-        assert None not in (regs, spill_st, spill_ld, stack), f"unparsed ptxas -v output:\n{log}"
-        assert (stack, spill_st, spill_ld) == (0, 0, 0), (
-            f"{_kid(kernel)} {name}: {regs} registers, stack {stack} B, spill stores "
-            f"{spill_st} B, spill loads {spill_ld} B (must all be 0)")
-
-
-@pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
-def test_ptx_pins_numerics(kernel):
-
-    kind, ratio, arch, coff, d = kernel
-    ptx = _main_ptx(*kernel)
-    win = coff * ratio
-    vec, threads = SS.fwd_schedule(d, win) if kind == "fwd" else (1, SS.SMALL_BWD_THREADS)
-    n_exp = win * vec  # one exact exp per (window position, column)
+def _pinned_counts(ptx: str) -> dict[str, int]:
+    """The pinned fp32 operations of a kernel's PTX (the accurate exp's own fma.rn apart)."""
     fma_rn = [ln for ln in ptx.splitlines() if "fma.rn.f32" in ln]
-    pinned_fma = [ln for ln in fma_rn if not any(c in ln for c in EXP_CONSTANTS)]
-    found = {
+    return {
         "ex2.approx.ftz.f32": _count(r"ex2\.approx\.ftz\.f32", ptx),
         "fma.rm.f32 (accurate exp)": _count(r"fma\.rm\.f32", ptx),
         "div.rn.f32": _count(r"div\.rn\.f32", ptx),
         "mul.rn.f32": _count(r"mul\.rn\.f32", ptx),
         "add.rn.f32": _count(r"add\.rn\.f32", ptx),
-        "fma.rn.f32 outside exp": len(pinned_fma),
+        "fma.rn.f32 outside exp": len([ln for ln in fma_rn
+                                       if not any(c in ln for c in EXP_CONSTANTS)]),
     }
-    expected = {
+
+
+def _pinned_expected(kind: str, n_exp: int) -> dict[str, int]:
+    """What ``_pinned_counts`` must find for ``n_exp`` (window position, column) elements."""
+    return {
         "ex2.approx.ftz.f32": n_exp,
         "fma.rm.f32 (accurate exp)": n_exp,
         "div.rn.f32": n_exp,  # p = e / den, IEEE, per element
@@ -106,26 +84,98 @@ def test_ptx_pins_numerics(kernel):
         "add.rn.f32": 3 * n_exp,  # score+ape, den, (acc | S)
         "fma.rn.f32 outside exp": 0 if kind == "fwd" else n_exp,  # bwd: fma(p, -S, t)
     }
-    # The compiler may duplicate the backward's row body (LLVM does at ratio 2, c1d128 on
-    # sm_100a: two copies of the same instructions); every copy holds the whole pinned set.
-    copies = found["div.rn.f32"] // n_exp if kind == "bwd" else 1
-    assert copies >= 1 and found == {k: copies * v for k, v in expected.items()}, (
-        f"{_kid(kernel)}: PTX op counts {found} != {copies} x {expected}")
-    assert _count(r"\b(?:ld|st)\.local\b", ptx) == 0, f"{_kid(kernel)}: local memory used"
-    assert _count(r"div\.(?:approx|full)\.f32", ptx) == 0, f"{_kid(kernel)}: inexact div"
-    assert f".reqntid {threads}, 1, 1" in ptx, f"{_kid(kernel)}: block is not ({threads},1,1)"
+
+
+def _assert_ptxas_clean(ptx: str, label: str, kind: str, arch: str, ptxas: str) -> dict:
+    """ptxas -v on the module of a ``kind`` (fwd, bwd, bwd_det) kernel: its entries all at 0
+    spill and 0 stack; returns {entry: (regs, spill st, spill ld, stack)}."""
+    from csagate.perf.probe import ZERO_KERNEL, assemble, ptxas_entries
+
+    rc, log = assemble(ptx, arch, ptxas)
+    assert rc == 0, f"ptxas failed on {label}:\n{log}"
+
+    entries = ptxas_entries(log)
+    zeroing = [name for name in entries if ZERO_KERNEL in name]
+    # the backward's module: the kernel and the dAPE zeroing kernel; the forward's and the
+    # deterministic backward's ("bwd_det"): one
+    assert len(entries) == (2 if kind == "bwd" else 1) and len(zeroing) == len(entries) - 1, (
+        f"unexpected entries {list(entries)}:\n{log}")
+    for name, (regs, spill_st, spill_ld, stack) in entries.items():
+        assert None not in (regs, spill_st, spill_ld, stack), f"unparsed ptxas -v output:\n{log}"
+        assert (stack, spill_st, spill_ld) == (0, 0, 0), (
+            f"{label} {name}: {regs} registers, stack {stack} B, spill stores "
+            f"{spill_st} B, spill loads {spill_ld} B (must all be 0)")
+    return entries
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
+def test_ptxas_clean(kernel, ptxas):
+    _assert_ptxas_clean(_ptx(*kernel), _kid(kernel), kernel[0], kernel[2], ptxas)
+
+
+FWD_STORE = {1: r"st\.global\.b16", 2: r"st\.global\.b32", 4: r"st\.global\.v2\.b32"}
+
+
+def _check_fwd_ptx(ptx: str, label: str, win: int, sched) -> None:
+    """A forward's PTX: per row, one exact exp per (window position, column), score and kv
+    one vec-wide load each per window position, one vec-wide out store."""
+    vec, rows = sched.vec, sched.rows_per_cta
+    found, expected = _pinned_counts(ptx), _pinned_expected("fwd", win * vec)
+    assert found == {k: rows * v for k, v in expected.items()}, (
+        f"{label}: PTX op counts {found} != {rows} x {expected}")
+    if vec > 1:
+        n_vec_ld = _count(rf"ld\.global\.v{vec}\.b16", ptx)
+        assert n_vec_ld == 2 * win * rows, f"{label}: {n_vec_ld} ld.global.v{vec}.b16"
+    assert _count(FWD_STORE[vec], ptx) == rows, f"{label}: expected {rows} out store(s)"
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=_kid)
+def test_ptx_pins_numerics(kernel):
+    kind, ratio, arch, coff, d = kernel
+    ptx = _main_ptx(*kernel)
+    win = coff * ratio
+    sched = SS.small_schedule(kind, d, ratio=ratio, coff=coff)
+    label = _kid(kernel)
+    assert _count(r"\b(?:ld|st)\.local\b", ptx) == 0, f"{label}: local memory used"
+    assert _count(r"div\.(?:approx|full)\.f32", ptx) == 0, f"{label}: inexact div"
+    assert f".reqntid {sched.threads}, 1, 1" in ptx, f"{label}: block is not {sched.threads}"
     if kind == "fwd":
-        # score + kv: one vec-wide load each per window position; one vec-wide out store
-        n_vec_ld = _count(r"ld\.global\.v2\.b16", ptx)
-        assert n_vec_ld == (2 * win if vec == 2 else 0), (
-            f"{_kid(kernel)}: {n_vec_ld} ld.global.v2.b16 (vec={vec}, window {win})")
-        store = r"st\.global\.b32" if vec == 2 else r"st\.global\.b16"
-        assert _count(store, ptx) == 1, f"{_kid(kernel)}: expected one {store} out store"
+        _check_fwd_ptx(ptx, label, win, sched)
     else:
-        n_atomic = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
-        assert n_atomic == win, (
-            f"{_kid(kernel)}: {n_atomic} fp32 atomic adds, expected one per window position"
-            f" ({win})")
+        _check_bwd_ptx(ptx, label, win, sched)
+
+
+def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
+    """A backward's PTX: vec times the scalar form's pinned operations per row body (rows in
+    flight: one body per row; LLVM may duplicate a body, every copy whole); every bf16 access
+    vec wide (score, kv per window position and grad_out per row: 2 * window + 1 loads per
+    body), the APE hoisted in vec-wide fp32 loads, one dAPE atomic per (position, column)."""
+    vec = sched.vec
+    found, expected = _pinned_counts(ptx), _pinned_expected("bwd", win * vec)
+    copies = found["div.rn.f32"] // (win * vec)
+    # With two rows in flight LLVM may also duplicate a window load (score + ape: add.rn) into
+    # both paths of the has-previous-block branch: add.rn may exceed, every other count is
+    # exact (a contracted a*b+c would show as a missing mul.rn and an extra fma.rn).
+    extra_add = found["add.rn.f32"] - copies * expected["add.rn.f32"]
+    assert copies >= 1 and extra_add >= 0 and {k: v for k, v in found.items()
+                                                if k != "add.rn.f32"} == {
+        k: copies * v for k, v in expected.items() if k != "add.rn.f32"}, (
+        f"{label}: PTX op counts {found} != {copies} x {expected}")
+    assert extra_add == 0 or sched.rows_in_flight > 1, label
+    assert copies >= sched.rows_in_flight, f"{label}: {copies} row bodies"
+    if vec == 1:
+        assert _count(r"ld\.global\.b16", ptx) == copies * (2 * win + 1), label
+    else:
+        assert _count(rf"ld\.global\.v{vec}\.b16", ptx) == copies * (2 * win + 1), label
+        assert _count(r"\b(?:ld|st)\.global\.(?:b16|u16|s16)\b", ptx) == 0, (
+            f"{label}: a scalar bf16 access is left")
+        if sched.ape_regs:
+            assert _count(rf"ld\.global(?:\.nc)?\.v{vec}\.(?:b32|f32)", ptx) == win, (
+                f"{label}: the APE is not hoisted in vec-wide loads")
+    n_atomic = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
+    assert n_atomic == win * vec, f"{label}: {n_atomic} fp32 atomic adds, expected {win * vec}"
+    assert _count(r"\b(?:ld|st)\.local\b", ptx) == 0, f"{label}: local memory used"
+    assert f".reqntid {sched.threads}, 1, 1" in ptx
 
 
 @pytest.mark.parametrize("window", [2, 8, 32, 64])
@@ -184,3 +234,128 @@ def test_backward_ape_hoisted_up_to_its_window(ratio):
         sched = SS.small_schedule("bwd", 128, ratio=ratio, coff=coff)
         assert sched.ape_regs == (ratio * coff <= SS.BWD_APE_REGS_MAX_WINDOW)
         assert ("_ag" not in sched.tag) == sched.ape_regs
+
+
+# --- the backward's forms beyond the table (vec 2, 4; two rows in flight): built from the
+# schedule fields
+
+VEC_KERNELS = [(ratio, arch, coff, d, sched) for ratio in SS.SMALL_RATIOS for arch in ARCHES
+               for coff in COFFS for d in (128, 512)
+               for sched in SS.bwd_forms(ratio, coff, d)]
+
+
+def _vid(k) -> str:
+    ratio, arch, coff, d, sched = k
+    return f"r{ratio}bwd-{arch}-c{coff}d{d}-{sched.tag}"
+
+
+@functools.cache
+def _vec_ptx(ratio: int, arch: str, coff: int, d: int, sched, det: bool = False) -> str:
+    from csagate.kernels import registry
+    from csagate.kernels.cache import CACHE
+
+    ptx = CACHE.ptx(registry.make_key("bwd", ratio, coff, d, sched, arch, deterministic=det))
+    assert ptx, f"{_vid((ratio, arch, coff, d, sched))}: no PTX retained"
+    return ptx
+
+
+@pytest.mark.parametrize("det", (False, True), ids=("default", "det"))
+@pytest.mark.parametrize("kernel", VEC_KERNELS, ids=_vid)
+def test_vec_ptxas_clean(kernel, det, ptxas):
+    """Every vector form and its deterministic twin: 0 spill, 0 stack on the three arches."""
+    ratio, arch, coff, d, sched = kernel
+    _assert_ptxas_clean(_vec_ptx(ratio, arch, coff, d, sched, det),
+                        _vid(kernel) + "-det" * det, "bwd_det" if det else "bwd", arch, ptxas)
+
+
+@pytest.mark.parametrize("kernel", VEC_KERNELS, ids=_vid)
+def test_vec_ptx_pins_numerics(kernel):
+    from csagate.perf.probe import main_entry
+
+    ratio, arch, coff, d, sched = kernel
+    _check_bwd_ptx(main_entry(_vec_ptx(*kernel)), _vid(kernel), coff * ratio, sched)
+
+
+# --- the forward's other forms (vec 4; 2 or 4 rows per thread)
+
+FWD_FORM_KERNELS = [(ratio, arch, coff, d, sched) for ratio in SS.SMALL_RATIOS
+                    for arch in ARCHES for coff in COFFS for d in (128, 512)
+                    for sched in SS.fwd_forms(ratio, coff, d)]
+
+
+def _fid(k) -> str:
+    ratio, arch, coff, d, sched = k
+    return f"r{ratio}fwd-{arch}-c{coff}d{d}-{sched.tag}"
+
+
+@functools.cache
+def _fwd_form_ptx(ratio: int, arch: str, coff: int, d: int, sched) -> str:
+    from csagate.kernels import registry
+    from csagate.kernels.cache import CACHE
+
+    ptx = CACHE.ptx(registry.make_key("fwd", ratio, coff, d, sched, arch))
+    assert ptx, f"{_fid((ratio, arch, coff, d, sched))}: no PTX retained"
+    return ptx
+
+
+@pytest.mark.parametrize("kernel", FWD_FORM_KERNELS, ids=_fid)
+def test_fwd_form_ptxas_clean_and_pinned(kernel, ptxas):
+    """Every forward form: 0 spill, 0 stack on the three arches; per row the table form's
+    pinned operations, vec-wide loads and one vec-wide store."""
+    from csagate.perf.probe import main_entry
+
+    ratio, arch, coff, d, sched = kernel
+    ptx = _fwd_form_ptx(*kernel)
+    _assert_ptxas_clean(ptx, _fid(kernel), "fwd", arch, ptxas)
+    main = main_entry(ptx)
+    _check_fwd_ptx(main, _fid(kernel), coff * ratio, sched)
+    assert f".reqntid {sched.threads}, 1, 1" in main
+
+
+def test_fwd_forms_follow_the_register_budget():
+    """A forward form exists where its fp32 values fit FWD_MAX_VALUES; the table's own form
+    is never listed again; what the kernel cannot build is refused with its reason."""
+    for ratio in SS.SMALL_RATIOS:
+        for coff in COFFS:
+            win = ratio * coff
+            table = SS.small_schedule("fwd", 128, ratio=ratio, coff=coff)
+            forms = SS.fwd_forms(ratio, coff, 128)
+            assert table not in forms
+            assert {(s.vec, s.rows_per_cta) for s in forms} == {
+                (v, r) for v in SS.FWD_VECS for r in SS.FWD_ROWS if v > 1
+                and SS.fwd_values(win, v, r) <= SS.FWD_MAX_VALUES} - {(table.vec, 1)}
+    assert any("multiple" in p for p in SS.fwd_schedule_problems(
+        4, 1, 130, SS.fwd_form(4, 1, 130)))
+    assert any("backward fields" in p for p in SS.fwd_schedule_problems(
+        4, 1, 128, SS.SmallSchedule(2, 64, 1, deterministic=True)))
+
+
+def test_vec_forms_follow_the_register_budget():
+    """A form beyond the table exists where its fp32 values (``bwd_values``) fit
+    BWD_FORM_MAX_VALUES (128: 168 registers on sm_90a), never in the table, and a schedule the
+    kernel cannot build is refused with its reason."""
+    for ratio in SS.SMALL_RATIOS:
+        for coff in COFFS:
+            win = ratio * coff
+            forms = {(s.vec, s.rows_in_flight) for s in SS.bwd_forms(ratio, coff, 128)}
+            assert forms == {(v, f) for v in SS.BWD_VECS for f in SS.BWD_ROWS_IN_FLIGHT
+                             if (v, f) != (1, 1)
+                             and SS.bwd_values(win, v, f) <= SS.BWD_FORM_MAX_VALUES}
+            table = SS.small_schedule("bwd", 128, ratio=ratio, coff=coff)
+            assert (table.vec, table.rows_in_flight) == (1, 1)
+            for s in SS.bwd_forms(ratio, coff, 128):
+                assert s.threads * s.vec == SS.SMALL_BWD_THREADS and s.ape_regs
+                assert s.rows_per_cta == table.rows_per_cta
+    assert {(s.vec, s.rows_in_flight) for s in SS.bwd_forms(4, 2, 128)} == {
+        (2, 1), (4, 1), (1, 2), (2, 2)}
+    assert SS.bwd_forms(32, 1, 128) == () and SS.bwd_forms(16, 2, 128) == ()
+    assert {s.vec for s in SS.bwd_forms(4, 2, 65)} == {1}  # odd d: rows in flight only
+    assert any("multiple" in p for p in SS.bwd_schedule_problems(
+        4, 1, 130, SS.bwd_form(4, 4, 1)))
+    assert any("rows_in_flight" in p for p in SS.bwd_schedule_problems(
+        4, 1, 128, SS.SmallSchedule(1, 128, 7, rows_in_flight=2)))
+    from csagate.kernels import small
+
+    with pytest.raises(ValueError, match="window of 32"):
+        small.build_bwd(d=128, coff=2, arch="sm_90a", ratio=16,
+                        sched=SS.SmallSchedule(2, 64, 1, ape_regs=False))
