@@ -304,6 +304,11 @@ class Cudnn:
             self._mod = mod
         return self._mod
 
+    @property
+    def module(self):
+        """``cudnn.csa.compressor``, imported with the measurement-only constant applied."""
+        return self._m()
+
     def unavailable(self, device: torch.device) -> str | None:
         """Not installed, or the package's own refusal (its check_support, one line)."""
         try:

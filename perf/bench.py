@@ -139,11 +139,26 @@ def _events_median(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
     return Timing(statistics.median(times), iters)
 
 
+# torch.cuda._sleep spins for a number of SM clock cycles; counted at 2 GHz (above the H200's
+# 1.98 GHz boost clock) a sleep lasts at least the microseconds asked for.
+SLEEP_CYCLES_PER_US = 2000
+
+
+def sleep_cycles(us: float) -> int:
+    """Cycles of ``torch.cuda._sleep`` that keep the GPU busy for at least ``us``."""
+    return max(0, int(us * SLEEP_CYCLES_PER_US))
+
+
 def _cold_once(fn: Callable[[], None], flush: Callable[[], None],
-               before: Callable[[], None] | None) -> float:
+               before: Callable[[], None] | None, hide_host_us: float = 0.0) -> float:
+    """One cold sample. ``hide_host_us``: a GPU sleep queued after the flush, for a launcher
+    whose host work per call (Python validation) could outlast the flush and leak into the
+    timed region."""
     if before is not None:
         before()
     flush()
+    if hide_host_us > 0:
+        torch.cuda._sleep(sleep_cycles(hide_host_us))
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     start.record()          # queued behind the flush: the host launch cost hides under it
@@ -381,25 +396,31 @@ def _other_values(sched, name: str) -> list:
     return [v for v in space[name] if v != getattr(sched, name)]
 
 
-def interleaved(launchers, *, iters: int, warmup: int, flush: Callable[[], None]):
+def interleaved(launchers, *, iters: int, warmup: int, flush: Callable[[], None],
+                before=None, hide_host_us: float = 0.0):
     """COLD medians of two (or more) launchers, interleaved, in both orders.
 
-    Each sample: L2 flushed, CUDA events around one launch. Returns one (order 1, order 2)
-    pair per launcher, in us per launch: ((a_order1, a_order2), (b_order1, b_order2), ...);
-    order 1 times the launchers as given each round, order 2 in reverse; ``cold_iters(iters)``
-    rounds per order.
+    Each sample: ``before`` (one callable for every launcher, or one per launcher) and the L2
+    flush outside the timed region, then (``hide_host_us`` > 0) a GPU sleep that long, CUDA
+    events around one launch. Returns one (order 1, order 2) pair per launcher, in us per
+    launch: ((a_order1, a_order2), (b_order1, b_order2), ...); order 1 times the launchers as
+    given each round, order 2 in reverse; ``cold_iters(iters)`` rounds per order.
     """
     n = len(launchers)
+    befores = list(before) if isinstance(before, list | tuple) else [before] * n
     medians = []
     for order in (tuple(range(n)), tuple(reversed(range(n)))):
-        for fn in launchers:
+        for fn, pre in zip(launchers, befores, strict=True):
             for _ in range(warmup):
+                if pre is not None:
+                    pre()
                 fn()
         torch.cuda.synchronize()
         samples: list[list[float]] = [[] for _ in range(n)]
         for _ in range(cold_iters(iters)):
             for which in order:
-                samples[which].append(_cold_once(launchers[which], flush, None))
+                samples[which].append(_cold_once(launchers[which], flush, befores[which],
+                                                 hide_host_us))
         medians.append([statistics.median(x) for x in samples])
     return tuple((medians[0][i], medians[1][i]) for i in range(n))
 

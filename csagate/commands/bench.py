@@ -256,6 +256,105 @@ def host_tables(host: dict) -> list[Table]:
     return [*tables, calls, goals]
 
 
+PEERS = ("cudnn",)  # --peer: the released implementations timed beside ours
+
+
+def peer_table(rows, peer_text: str) -> Table:
+    """Ours against the peer per shape: cold us (the mean of both orders) and peer / ours."""
+    cols = ("ratio config", "tokens", "fwd\nours", "fwd\ncuDNN", "fwd\nx", "bwd\nours",
+            "bwd\ncuDNN", "bwd\nx", "same\nbits")
+    t = console.new_table(f"vs cuDNN ({peer_text}): cold us (L2 flushed, events around one "
+                          "launch behind a GPU sleep that hides either side's host work; "
+                          "interleaved, the mean of both orders); x = cuDNN us / ours; same "
+                          "bits: dKV and dScore bitwise equal", cols, marks=cols[2:],
+                          right=(cols[1], *cols[2:8]))
+    for r in rows:
+        t.add_row(r.config, str(r.tokens), f"{r.us('ours', 'fwd'):.1f}",
+                  f"{r.us('peer', 'fwd'):.1f}", f"{r.speedup('fwd'):.2f}",
+                  f"{r.us('ours', 'bwd'):.1f}", f"{r.us('peer', 'bwd'):.1f}",
+                  f"{r.speedup('bwd'):.2f}", "yes" if r.bits_equal else "no")
+    return t
+
+
+def peer_json(r) -> dict:
+    """One peer row: the per-order times, the bytes, the comparison, and the derived figures."""
+    out = dataclasses.asdict(r) | {"bits_equal": r.bits_equal}
+    for d in ("fwd", "bwd"):
+        out |= {f"ours_{d}_mean_us": r.us("ours", d), f"peer_{d}_mean_us": r.us("peer", d),
+                f"{d}_speedup": r.speedup(d), f"ours_{d}_roofline": r.roofline("ours", d),
+                f"peer_{d}_roofline": r.roofline("peer", d)}
+    return out
+
+
+def _peer_ratios(ratio: str, small: list[int]) -> list[int]:
+    """The ratios the peer runs: those benched that it supports (a usage error when the one
+    asked for is not among them)."""
+    from csagate.gates.builtin_impls import Cudnn
+
+    supported = Cudnn.supports.ratios
+    benched = [*small, 128] if ratio in ("128", "all") else small
+    picked = [r for r in benched if r in supported]
+    if not picked:
+        raise click.UsageError(f"--peer supports --ratio {'|'.join(map(str, supported))}|all, "
+                               f"got --ratio {ratio}")
+    return picked
+
+
+def _available_peer(name: str):
+    """The peer implementation, or exit 3 with its one-line refusal (before any timing)."""
+    import torch
+
+    from csagate.gates.builtin_impls import CUDNN_MEASURE_ENV, Cudnn
+
+    peer = Cudnn()
+    why = peer.unavailable(torch.device("cuda"))
+    if why:
+        cc = peer.supports.min_compute_capability[0]
+        console.abort(f"--peer {name} cannot run: {why} (below compute capability {cc}, "
+                      f"{CUDNN_MEASURE_ENV}=<major> lowers its check, measurement only)",
+                      ExitCode.COULD_NOT_EVALUATE)
+    return peer
+
+
+def _peer_rows(peer, ratios, picked, copy_bw, iters, warmup, flush) -> list[dict]:
+    """Ours against the peer on every shape of ``ratios`` (``--shape`` narrows them), print
+    the table, return the JSON records."""
+    import torch
+
+    from csagate.perf import bench, small_bench
+    from csagate.perf.peer import compare_shape, cudnn_version
+
+    rows = []
+    for ratio in ratios:
+        shapes = ([(c, d, t) for _, c, d, t in small_bench.SHAPES[ratio]] if ratio != 128
+                  else bench.SHAPES)
+        for coff, d, tokens in picked or shapes:
+            with console.err().status(f"vs {peer.name}: r{ratio} c{coff}d{d} {tokens} tokens"):
+                rows.append(compare_shape(peer, ratio, coff, d, tokens, copy_bw=copy_bw,
+                                          iters=iters, warmup=warmup, flush=flush))
+            torch.cuda.empty_cache()
+    console.print_table(peer_table(rows, f"{peer.label}, nvidia-cudnn-frontend "
+                                         f"{cudnn_version()}"))
+    return [peer_json(r) for r in rows]
+
+
+def _parse_shapes(shapes, ratio: str) -> list[tuple[int, int, int]]:
+    """``--shape cCdD:TOKENS`` values as (coff, d, tokens); a usage error when malformed."""
+    picked = []
+    for spec in shapes:
+        try:
+            cfg, tokens = spec.split(":")
+            coff, d = (int(x) for x in cfg[1:].split("d"))
+            picked.append((coff, d, int(tokens)))
+        except ValueError:
+            raise click.BadParameter(f"{spec!r} is not cCdD:TOKENS", param_hint="--shape") from None
+        if (coff, d) not in S.CONFIGS or int(tokens) < (128 if ratio == "128" else 32):
+            raise click.BadParameter(f"{spec!r}: config must be one of "
+                                     f"{[S.config_name(*c) for c in S.CONFIGS]}, tokens >= 128",
+                                     param_hint="--shape")
+    return picked
+
+
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
 @click.option("--ratio", type=click.Choice(RATIOS),
@@ -279,10 +378,14 @@ def host_tables(host: dict) -> list[Table]:
               help="Timed launches per figure (cold figures use at least 60).")
 @click.option("--warmup", default=30, show_default=True, type=click.IntRange(0),
               help="Untimed launches before each timed series.")
+@click.option("--peer", "peer_name", type=click.Choice(PEERS), default=None,
+              help="Also time a released implementation's kernels against ours on the same "
+                   "inputs, cold, in both orders (cudnn: nvidia-cudnn-frontend; ratios 2, 4, "
+                   "128).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               callback=existing_parent, help="Also write every number to this JSON file.")
-def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path) -> None:
-    from csagate.kernels import schedule as S
+def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, peer_name,
+            json_path) -> None:
     from csagate.perf import bench
 
     small = [] if ratio == "128" else ([2, 4, 8, 16, 32] if ratio == "all" else [int(ratio)])
@@ -290,19 +393,13 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
         if ratio != "all":
             raise click.UsageError("--ab, --sweep and --host are ratio=128 options")
         small = []
-    picked = []
-    for spec in shapes:
-        try:
-            cfg, tokens = spec.split(":")
-            coff, d = (int(x) for x in cfg[1:].split("d"))
-            picked.append((coff, d, int(tokens)))
-        except ValueError:
-            raise click.BadParameter(f"{spec!r} is not cCdD:TOKENS", param_hint="--shape") from None
-        if (coff, d) not in S.CONFIGS or int(tokens) < (128 if ratio == "128" else 32):
-            raise click.BadParameter(f"{spec!r}: config must be one of "
-                                     f"{[S.config_name(*c) for c in S.CONFIGS]}, tokens >= 128",
-                                     param_hint="--shape")
+    picked = _parse_shapes(shapes, ratio)
+    if peer_name and (ab_fields or sweep_dirs or host):
+        raise click.UsageError("--peer times the shape tables; it does not go with --ab, "
+                               "--sweep or --host")
+    peer_ratios = _peer_ratios(ratio, small) if peer_name else []
     _need_gpu()
+    peer = _available_peer(peer_name) if peer_name else None
     import torch
 
     err = console.err()
@@ -350,6 +447,8 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, json_path
         for table in (*shape_tables(rows, copy_bw), det_table(rows)):
             console.print_table(table)
         report["shapes"] = [shape_json(r) for r in rows]
+    if peer is not None:
+        report["peer"] = _peer_rows(peer, peer_ratios, picked, copy_bw, iters, warmup, flush)
     if json_path:
         with open(json_path, "w") as fh:
             json.dump(report, fh, indent=1)
