@@ -19,7 +19,6 @@ from csagate.kernels._dsl import sm_count
 from csagate.kernels.cache import CACHE, BuildRecord
 from csagate.kernels.registry import COFFS, RATIOS, KernelKey, ReduceKey, keys_for, make_key
 from csagate.kernels.schedule import ARCHES
-from csagate.kernels.schedule import rows_per_cta as _rows_per_cta
 from csagate.kernels.validate import (
     ALIGN_BYTES,
     INT32_LIMIT,
@@ -135,13 +134,14 @@ _NOT_FAST = (ValueError, TypeError, AttributeError)
 
 
 class _Entry:
-    """A remembered launch: the tvm_ffi.Function, the arguments after the tensors, a template
-    view for empty_like, the deterministic dAPE reduction."""
+    """A remembered launch: the tvm_ffi.Function, the arguments after the tensors (behind the
+    segment search's depth where ``seg_bits``), a template view for empty_like, the
+    deterministic dAPE reduction."""
 
-    __slots__ = ("key", "call", "tail", "max_tokens", "template", "reduce")
+    __slots__ = ("key", "call", "tail", "seg_bits", "max_tokens", "template", "reduce")
 
-    def __init__(self, key, call, tail, max_tokens, template, reduce):
-        self.key, self.call, self.tail = key, call, tail
+    def __init__(self, key, call, tail, seg_bits, max_tokens, template, reduce):
+        self.key, self.call, self.tail, self.seg_bits = key, call, tail, seg_bits
         self.max_tokens, self.template, self.reduce = max_tokens, template, reduce
 
 
@@ -160,8 +160,8 @@ def _fast(kind: str, ratio: int, coff: int, n_rows, inputs: tuple, outputs=None,
             outputs = ((torch.empty_like(e.template),) if zero is None else
                        (torch.empty_like(kv), torch.empty_like(inputs[1]),
                         torch.empty_like(inputs[2])))
-        # None: device.segment_bits(B), the segment search's depth
-        tail = e.tail if e.tail is not None else ((cu.shape[0] - 1).bit_length(),)
+        # the segment search's depth (device.segment_bits(B)) first where the family takes it
+        tail = ((cu.shape[0] - 1).bit_length(), *e.tail) if e.seg_bits else e.tail
         if e.reduce is None:
             e.call(*inputs, *outputs, *tail, *(() if zero is None else (zero,)))
         else:  # partials, the kernel, the reduction (reduce.launch_reduce's call, inlined)
@@ -195,8 +195,7 @@ def _remember(key: KernelKey, kv, n_rows: int, fn, rows_per_cta, partials=None,
     if len(_FAST) >= _FAST_MAX:
         return
     width = kv.shape[1]
-    tail = None if key.family.takes_segment_bits else (
-        (int(rows_per_cta),) if rows_per_cta is not None else ())
+    tail = (int(rows_per_cta),) if rows_per_cta is not None else ()
     tmpl = red = None
     if key.direction == "fwd":
         tmpl = torch.empty((1, 1), dtype=torch.bfloat16, device=kv.device).expand(n_rows, key.d)
@@ -205,7 +204,8 @@ def _remember(key: KernelKey, kv, n_rows: int, fn, rows_per_cta, partials=None,
         red = _raw_call(reduce_fn)
     kind = "bwd_det" if key.deterministic else key.direction
     _FAST[(kind, key.ratio, key.coff, width, kv.get_device(), n_rows)] = _Entry(
-        key, _raw_call(fn), tail, (INT32_LIMIT - 1) // width, tmpl, red)
+        key, _raw_call(fn), tail, key.family.takes_segment_bits, (INT32_LIMIT - 1) // width,
+        tmpl, red)
 
 
 # --- the full path ---------------------------------------------------------------------------
@@ -231,8 +231,12 @@ def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_inde
     if not key.family.takes_rows_per_cta:
         return -(-n_rows // key.schedule.rows_per_cta), None
     if rows_per_cta is None:
-        rows_per_cta = _rows_per_cta(n_rows, key.d, key.coff, key.schedule,
-                                     sm_count(device_index))
+        rows_per_cta = key.family.rows_per_cta(n_rows, key.d, key.coff, key.schedule,
+                                               sm_count(device_index))
+    cap = getattr(key.schedule, "rows_per_cta", None)  # a small-ratio schedule's most
+    if cap is not None and int(rows_per_cta) > cap:
+        raise ValueError(f"rows_per_cta={int(rows_per_cta)} exceeds the {cap} rows per CTA "
+                         f"the ratio={key.ratio} {key.config} backward takes")
     return -(-n_rows // int(rows_per_cta)), int(rows_per_cta)
 
 

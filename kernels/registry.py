@@ -121,6 +121,8 @@ class Family:
     selectable: Callable[[str], set]  # arch -> {((coff, d), schedule)} over build_dims
     tag_prefix: Callable[[KernelKey], str]
     takes_rows_per_cta: bool = False  # the launch has a rows_per_cta argument
+    # (n_rows, d, coff, schedule, sm_count) -> the rows per CTA a launch takes by default
+    rows_per_cta: Callable[..., int] | None = None
     takes_ratio: bool = False       # the build has a ratio argument (one module, many ratios)
     check_config: Callable[[int, int], None] | None = None  # (coff, d): ValueError if refused
     # the compiled function takes the segment search's depth (bits of B) after the tensors
@@ -183,7 +185,7 @@ def _serves(check: Callable[[int, int], None], coff: int, d: int) -> bool:
 def _small(ratio: int, direction: str) -> Family:
     """One ratio of the small-ratio family (kernels/small.py): no buckets."""
     def select(coff, d, n_rows, arch):
-        return SS.small_schedule(direction, d, ratio=ratio, coff=coff)
+        return SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
 
     return Family(
         ratio=ratio, direction=direction, module="csagate.kernels.small", head_dims=None,
@@ -191,6 +193,7 @@ def _small(ratio: int, direction: str) -> Family:
         selectable=lambda arch: {((c, d), select(c, d, 1, arch))
                                  for c, d in SS.build_configs(ratio)},
         tag_prefix=lambda key: key.kind, takes_ratio=True, takes_segment_bits=True,
+        takes_rows_per_cta=direction == "bwd", rows_per_cta=SS.bwd_rows_per_cta,
         check_config=lambda coff, d: SS.check_config(ratio, coff, d))
 
 
@@ -200,7 +203,8 @@ def _r128(direction: str) -> Family:
         head_dims=S.HEAD_DIMS, build_dims=S.HEAD_DIMS,
         select=S.select_fwd if direction == "fwd" else S.select_bwd,
         selectable=lambda arch: S.selectable(direction, arch),
-        tag_prefix=lambda key: key.direction, takes_rows_per_cta=direction == "bwd")
+        tag_prefix=lambda key: key.direction, takes_rows_per_cta=direction == "bwd",
+        rows_per_cta=S.rows_per_cta)
 
 
 # In build and report order: ratio=4 (the production small ratio), 128, the other small ratios.

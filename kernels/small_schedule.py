@@ -16,15 +16,13 @@ BWD_APE_REGS_MAX_WINDOW = 32  # backward: the APE hoisted in registers up to her
 SMALL_FWD_THREADS = 64       # threads per forward CTA when d/vec >= 64
 SMALL_FWD_THREADS_WIDE = 128  # used when 64 threads would need gridDim.y > MAX_GRID_Y
 MAX_GRID_Y = 65535
-SMALL_BWD_ROWS = 8           # rows per backward CTA (compile-time)
-SMALL_BWD_ROWS_WIDE = 1      # ... beyond BWD_APE_REGS_MAX_WINDOW (the register budget)
+SMALL_BWD_ROWS = 32          # most rows per backward CTA (the launch picks: bwd_rows_per_cta)
+SMALL_BWD_ROWS_WIDE = 1      # ... beyond BWD_APE_REGS_MAX_WINDOW: one, compile-time (registers)
+BWD_CTAS_PER_SLICE = 512     # bwd_rows_per_cta's CTAs along the rows per 128-column slice
 SMALL_BWD_THREADS = 128      # one thread per head-dim column
 FWD_VECS = (1, 2, 4)         # forward columns per thread
-FWD_ROWS = (1, 2, 4)         # forward rows per thread (and CTA), their windows loaded at once
+FWD_ROWS = (1, 2)            # forward rows per thread (and CTA), their windows loaded at once
 FWD_MAX_VALUES = 128         # fp32 values per forward thread (fwd_values)
-BWD_VECS = (1, 2, 4)         # backward columns per thread (vec > 1: the vector form)
-BWD_ROWS_IN_FLIGHT = (1, 2)  # backward rows whose windows are loaded before their arithmetic
-BWD_FORM_MAX_VALUES = 128    # fp32 values per thread (bwd_values) of a vector/in-flight form
 # keys_for's representative d: 65 the odd-d vec=1 path, 128 the vec=2 path, 512 the wide head.
 SMALL_HEAD_DIMS = (65, 128, 512)
 
@@ -38,12 +36,10 @@ class SmallSchedule:
     rows_per_cta: int
     deterministic: bool = False  # backward only: dAPE partials stored per CTA (BwdSchedule)
     ape_regs: bool = True        # backward only: the APE of the thread's column hoisted
-    rows_in_flight: int = 1      # backward only: rows whose windows are loaded together
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
-                + (f"f{self.rows_in_flight}" if self.rows_in_flight > 1 else "")
                 + ("" if self.ape_regs else "_ag") + ("_det" if self.deterministic else ""))
 
     def astuple(self) -> tuple:
@@ -119,8 +115,8 @@ def fwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
     if values > FWD_MAX_VALUES:
         out.append(f"vec {vec} with {rows} row(s) at a window of {ratio * coff} keeps "
                    f"{values} fp32 values per thread (more than {FWD_MAX_VALUES})")
-    if sched.deterministic or not sched.ape_regs or sched.rows_in_flight != 1:
-        out.append("deterministic, ape_regs and rows_in_flight are backward fields")
+    if sched.deterministic or not sched.ape_regs:
+        out.append("deterministic and ape_regs are backward fields")
     if not 1 <= sched.threads <= 1024:
         out.append(f"threads must be in [1, 1024], got {sched.threads}")
     return out
@@ -135,66 +131,47 @@ def fwd_forms(ratio: int, coff: int, d: int) -> tuple[SmallSchedule, ...]:
                  if s != table and not fwd_schedule_problems(ratio, coff, d, s))
 
 
-def bwd_form(vec: int, ratio: int, coff: int, rows_in_flight: int = 1) -> SmallSchedule:
-    """A backward form beyond the table: ``vec`` columns per thread with 128 // vec threads
-    (128 columns per CTA, as the scalar form), the scalar form's rows per CTA (so every CTA
-    sums the same rows into its dAPE partials), ``rows_in_flight`` rows' windows loaded
-    together. Not in the table: ``small_schedule`` picks vec 1, one row at a time."""
-    base = small_schedule("bwd", 128, ratio=ratio, coff=coff)
-    return SmallSchedule(vec, SMALL_BWD_THREADS // vec, base.rows_per_cta, False,
-                         base.ape_regs, rows_in_flight)
+def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
+                     sm_count: int = 0) -> int:
+    """Backward rows per CTA, chosen at launch (at most ``sched.rows_per_cta``): about
+    ``BWD_CTAS_PER_SLICE`` CTAs along the rows for every 128-column slice, at least
+    ``2 * slices`` rows. Fewer CTAs issue fewer dAPE atomics onto the same addresses, which
+    serialize in the L2; more slices spread them over more addresses. The H200 cold sweep behind
+    the constants: docs/PERF_NOTES.md section 14. ``sm_count``: the uniform signature."""
+    if sched.rows_per_cta == 1:
+        return 1
+    slices = -(-d // sched.threads)
+    want = -(-n_rows // (BWD_CTAS_PER_SLICE * slices))
+    return max(1, min(sched.rows_per_cta, max(2 * slices, want)))
 
 
-def bwd_values(window: int, vec: int, rows_in_flight: int) -> int:
-    """fp32 values a backward thread keeps: APE and dAPE partial per (position, column), s/e/p
-    and u/t per row in flight."""
-    return (2 + 2 * rows_in_flight) * window * vec
-
-
-def bwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -> list[str]:
-    """Why the backward cannot build ``sched`` for (ratio, coff, d); [] if it can."""
-    out = config_problems(ratio, coff, d)
-    window, vec, flight = ratio * coff, sched.vec, sched.rows_in_flight
-    if vec not in BWD_VECS:
-        out.append(f"backward vec must be in {BWD_VECS}, got {vec}")
-    elif d % vec:
-        out.append(f"vec {vec} needs head_dim a multiple of it, got {d}")
-    if flight not in BWD_ROWS_IN_FLIGHT:
-        out.append(f"rows_in_flight must be in {BWD_ROWS_IN_FLIGHT}, got {flight}")
-    elif sched.rows_per_cta % flight:
-        out.append(f"rows_per_cta {sched.rows_per_cta} is not a multiple of rows_in_flight")
-    if (vec, flight) != (1, 1):
-        values = bwd_values(window, vec, flight)
-        if values > BWD_FORM_MAX_VALUES:
-            out.append(f"vec {vec} with {flight} row(s) in flight at a window of {window} "
-                       f"keeps {values} fp32 values per thread (more than "
-                       f"{BWD_FORM_MAX_VALUES})")
-        if not sched.ape_regs:
-            out.append("vec > 1 and rows in flight hoist the APE (ape_regs)")
-    if not 32 <= sched.threads <= 1024 or sched.threads % 32:
-        out.append(f"threads must be a multiple of 32 in [32, 1024], got {sched.threads}")
-    if sched.rows_per_cta < 1:
-        out.append(f"rows_per_cta must be >= 1, got {sched.rows_per_cta}")
-    return out
-
-
-def bwd_forms(ratio: int, coff: int, d: int) -> tuple[SmallSchedule, ...]:
-    """The backward forms beyond the table's scalar one that (ratio, coff, d) can build:
-    vec 1/2/4 with one or two rows in flight, the table's (vec 1, one row) excepted."""
-    forms = (bwd_form(v, ratio, coff, f) for f in BWD_ROWS_IN_FLIGHT for v in BWD_VECS
-             if (v, f) != (1, 1))
-    return tuple(s for s in forms if not bwd_schedule_problems(ratio, coff, d, s))
-
-
-def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2) -> SmallSchedule:
-    """The small-ratio kernel of a direction for (ratio, coff, head_dim)."""
+def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
+                   arch: str | None = None) -> SmallSchedule:
+    """The small-ratio kernel of a direction for (ratio, coff, head_dim) on ``arch`` (None:
+    the arch-independent defaults)."""
     window = ratio * coff
     if direction == "fwd":
+        form = _fwd_table_form(ratio, coff, d, arch)
+        if form is not None:
+            return fwd_form(*form, d)
         vec, threads = fwd_schedule(d, window)
         return SmallSchedule(vec, threads, 1)
     if window <= BWD_APE_REGS_MAX_WINDOW:
         return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS)
     return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS_WIDE, ape_regs=False)
+
+
+# The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14), for
+# d >= 128 and a multiple of 4: (ratio, coff, narrow) -> (vec, rows per thread), narrow: a row
+# of fewer than SMALL_FWD_THREADS vec-4 groups (d < 256). Elsewhere the defaults hold.
+SM90_FWD_FORMS = {(2, 1, True): (4, 2), (2, 1, False): (4, 1), (2, 2, False): (4, 1),
+                  (4, 1, True): (4, 1), (4, 1, False): (4, 1)}
+
+
+def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
+    if arch != "sm_90a" or d < 128 or d % 4:
+        return None
+    return SM90_FWD_FORMS.get((ratio, coff, d // 4 < SMALL_FWD_THREADS))
 
 
 def build_configs(ratio: int) -> tuple[tuple[int, int], ...]:

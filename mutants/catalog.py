@@ -98,12 +98,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "ratio=4: the per-CTA dAPE register sum keeps only the last row"),
     # --- the other small ratios (each leaves ratio 4 as it is: the drift check passes) -------
     Mutant("r2-fwd-first-block-reads-previous-segment", SMALL,
-           "                if blk > 0:\n"
-           "                    for k in cutlass.range_constexpr(RATIO):\n"
-           "                        _fwd_load(",
-           "                if (blk > 0) | (tok0 >= (RATIO if RATIO == 2 else 1 << 30)):\n"
-           "                    for k in cutlass.range_constexpr(RATIO):\n"
-           "                        _fwd_load(", 2, "G2",
+           "            if blk > 0:\n"
+           "                for k in cutlass.range_constexpr(RATIO):\n"
+           "                    _fwd_load(",
+           "            if (blk > 0) | (tok0 >= (RATIO if RATIO == 2 else 1 << 30)):\n"
+           "                for k in cutlass.range_constexpr(RATIO):\n"
+           "                    _fwd_load(", 2, "G2",
            "ratio=2, coff=2: the forward's first block of every segment but the first reads the "
            "previous segment's last tokens as its first half"),
     Mutant("r8-ape-row-modulo-4", SMALL,

@@ -41,16 +41,18 @@ def _calls(api, args, go, out, dkv, dscore, dape, coff):
 
 def _small_calls(ratio: int, pack, go, forms: dict) -> dict:
     """A small ratio's launchers per direction: the table's form, or ``forms[direction]``
-    (a tag from ``small_bench.forms_of``)."""
+    (a tag of ``small_bench.forms_of``: a forward form, a backward rows per CTA)."""
+    from csagate.kernels._dsl import device_arch
     from csagate.perf import small_bench
 
     calls = {}
     for direction in ("fwd", "bwd"):
-        options = {s.tag: s for s in small_bench.forms_of(direction, ratio, pack.coff, pack.d)}
+        options = small_bench.forms_of(direction, ratio, pack.coff, pack.d, pack.n_rows,
+                                       device_arch())
         tag = forms.get(direction) or next(iter(options))
         if tag not in options:
             raise SystemExit(f"{direction} form {tag!r} is not one of {sorted(options)}")
-        launch = small_bench._launcher(direction, pack, go, options[tag])
+        launch = small_bench._launcher(direction, pack, go, *options[tag])
         calls[direction] = (lambda launch=launch, tag=tag: (launch(zero_dape=True), tag)[1])
     return calls
 

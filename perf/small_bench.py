@@ -133,9 +133,10 @@ class FormABRow:
                 + f" | noise {self.noise:.1%} | fastest {self.fastest}")
 
 
-def _launcher(direction: str, pack, grad_out, sched):
+def _launcher(direction: str, pack, grad_out, sched, rows: int | None = None):
     """A zero-argument launcher of one small-ratio schedule on ``pack``, bypassing the table
-    (the backward in the default mode, dAPE accumulated); its outputs are ``.buffers``."""
+    (the backward in the default mode, dAPE accumulated, ``rows`` per CTA); its outputs are
+    ``.buffers``."""
     from csagate.kernels import api, registry, small
     from csagate.kernels._dsl import device_arch
 
@@ -151,7 +152,7 @@ def _launcher(direction: str, pack, grad_out, sched):
         launch.buffers = (out,)
         return launch
     dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
-    io.update(grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape)
+    io.update(grad_out=grad_out, dkv=dkv, dscore=dscore, dape=dape, rows_per_cta=rows)
 
     def launch(zero_dape: bool = False) -> None:
         small.launch_bwd(fn, **io, zero_dape=zero_dape)
@@ -171,10 +172,22 @@ def _same_bits(a, b) -> bool:
     return (a[2] - b[2]).abs().max().item() <= tol
 
 
-def forms_of(direction: str, ratio: int, coff: int, d: int) -> tuple:
-    """The table's schedule first, then every other form of the direction."""
-    other = SS.fwd_forms if direction == "fwd" else SS.bwd_forms
-    return (SS.small_schedule(direction, d, ratio=ratio, coff=coff), *other(ratio, coff, d))
+AB_BWD_ROWS = (2, 4, 8, 16, 32)  # the fixed rows per CTA the backward's rule is timed against
+
+
+def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
+             arch: str | None = None) -> dict:
+    """tag -> (schedule, rows per CTA or None): the table's first (the backward: at the rows
+    ``bwd_rows_per_cta`` picks for ``n_rows``), then every other forward form, or the
+    backward at each other fixed rows per CTA."""
+    table = SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
+    if direction == "fwd":
+        return {s.tag: (s, None) for s in (table, *SS.fwd_forms(ratio, coff, d))}
+    rule = SS.bwd_rows_per_cta(n_rows, d, coff, table)
+    out = {f"rule r{rule}": (table, rule)}
+    out.update({f"r{r}": (table, r) for r in AB_BWD_ROWS
+                if r != rule and r <= table.rows_per_cta})
+    return out
 
 
 def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
@@ -185,8 +198,10 @@ def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy
 
     pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, seed=seed, device="cuda")
     go = make_grad_out(pack.n_rows, d, device="cuda")
-    forms = forms_of(direction, ratio, coff, d)
-    launchers = [_launcher(direction, pack, go, sched) for sched in forms]
+    from csagate.kernels._dsl import device_arch
+
+    forms = forms_of(direction, ratio, coff, d, pack.n_rows, device_arch())
+    launchers = [_launcher(direction, pack, go, *form) for form in forms.values()]
     for launch in launchers:
         launch(zero_dape=True)
     torch.cuda.synchronize()
@@ -197,7 +212,7 @@ def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy
     nbytes = bench.op_bytes(direction, coff=coff, d=d, n_tokens=tokens, n_rows=pack.n_rows,
                             ratio=ratio)
     return FormABRow(direction, f"r{ratio} {S.config_name(coff, d)}", tokens, nbytes, copy_bw,
-                     tuple(f.tag for f in forms), us, equal)
+                     tuple(forms), us, equal)
 
 
 def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
@@ -219,7 +234,8 @@ def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m csagate.perf.small_bench")
     parser.add_argument("--ab-forms", choices=("fwd", "bwd", "all"), required=True,
-                        help="the table's form against the other forms (vec, rows), cold")
+                        help="the table's form against the other forward forms (vec, rows) "
+                        "and the backward's rows-per-CTA rule against fixed rows, cold")
     parser.add_argument("--iters", type=int, default=60)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

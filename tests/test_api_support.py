@@ -329,7 +329,7 @@ def test_kernel_modules_take_the_keywords_the_api_passes():
     grads = dict(grad_out=x, dkv=x, dscore=x, dape=x)
     # launches go to torch's current stream (the TVM-FFI environment stream): no stream arg
     inspect.signature(r4.launch_fwd).bind(x, sched=x, **inputs, out=x)
-    inspect.signature(r4.launch_bwd).bind(x, sched=x, **inputs, **grads)
+    inspect.signature(r4.launch_bwd).bind(x, sched=x, **inputs, **grads, rows_per_cta=1)
     inspect.signature(r128_fwd.launch_fwd).bind(x, sched=x, **inputs, out=x)
     inspect.signature(r128_bwd.launch_bwd).bind(x, sched=x, **inputs, **grads, rows_per_cta=1)
     with pytest.raises(TypeError):
@@ -425,7 +425,7 @@ class Recorder:
         self.calls.append(args)
 
 
-def _remembered(fast, kind, *, ratio=4, coff=2, d=128, n=8, tail=None, gx=None):
+def _remembered(fast, kind, *, ratio=4, coff=2, d=128, n=8, tail=(), seg_bits=True, gx=None):
     """A remembered signature of CPU tensors (get_device() == -1) with recording calls."""
     key = object()
     call, red = Recorder(), (Recorder() if gx else None)
@@ -435,7 +435,8 @@ def _remembered(fast, kind, *, ratio=4, coff=2, d=128, n=8, tail=None, gx=None):
         tmpl = torch.empty((1, 1, 1)).expand(gx, ratio, coff * d)
     else:
         tmpl = None
-    fast[(kind, ratio, coff, coff * d, -1, n)] = api._Entry(key, call, tail, 10**6, tmpl, red)
+    fast[(kind, ratio, coff, coff * d, -1, n)] = api._Entry(key, call, tail, seg_bits, 10**6,
+                                                           tmpl, red)
     return key, call, red
 
 
@@ -465,18 +466,21 @@ def test_fast_path_backward_atomic_and_deterministic(fast):
     t = tensors(device="cpu", N=8)
     inputs = (t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], t["out"])
     grads = (torch.empty_like(t["kv"]), torch.empty_like(t["score"]), torch.empty_like(t["ape"]))
-    key, call, _ = _remembered(fast, "bwd", tail=(5,))
+    key, call, _ = _remembered(fast, "bwd", tail=(5,), seg_bits=False)  # r128-like: rows only
     assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=False) is key
     assert call.calls[-1] == (*inputs, *grads, 5, 0)  # accumulate: the zero flag 0
     dkv, dscore, dape = api.backward(*inputs, ratio=4, coff=2, deterministic=False)
     assert call.calls[-1][6:9] == (dkv, dscore, dape) and call.calls[-1][9:] == (5, 1)
-    key, call, red = _remembered(fast, "bwd_det", gx=3)
+    key, call, _ = _remembered(fast, "bwd", tail=(5,))  # small ratios: segment bits, rows
+    assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=False) is key
+    assert call.calls[-1] == (*inputs, *grads, 2, 5, 0)
+    key, call, red = _remembered(fast, "bwd_det", gx=3, tail=(4,))
     api.PARTIALS_FILL = float("nan")
     assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=True,
                             accumulate=False) is key
     args = call.calls[-1]
     partials = args[8]
-    assert args[:8] == (*inputs, *grads[:2]) and args[9:] == (2, 0)  # segment bits, no zeroing
+    assert args[:8] == (*inputs, *grads[:2]) and args[9:] == (2, 4, 0)  # bits, rows, no zero
     assert partials.shape == grads[2].shape and torch.isnan(partials).all()
     flat, dape_flat, zero = red.calls[-1]
     assert flat.numel() == 3 * grads[2].numel() and flat.data_ptr() == partials.data_ptr()

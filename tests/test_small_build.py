@@ -134,7 +134,7 @@ def test_ptx_pins_numerics(kernel):
     kind, ratio, arch, coff, d = kernel
     ptx = _main_ptx(*kernel)
     win = coff * ratio
-    sched = SS.small_schedule(kind, d, ratio=ratio, coff=coff)
+    sched = SS.small_schedule(kind, d, ratio=ratio, coff=coff, arch=arch)
     label = _kid(kernel)
     assert _count(r"\b(?:ld|st)\.local\b", ptx) == 0, f"{label}: local memory used"
     assert _count(r"div\.(?:approx|full)\.f32", ptx) == 0, f"{label}: inexact div"
@@ -146,36 +146,18 @@ def test_ptx_pins_numerics(kernel):
 
 
 def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
-    """A backward's PTX: vec times the scalar form's pinned operations per row body (rows in
-    flight: one body per row; LLVM may duplicate a body, every copy whole); every bf16 access
-    vec wide (score, kv per window position and grad_out per row: 2 * window + 1 loads per
-    body), the APE hoisted in vec-wide fp32 loads, one dAPE atomic per (position, column)."""
-    vec = sched.vec
-    found, expected = _pinned_counts(ptx), _pinned_expected("bwd", win * vec)
-    copies = found["div.rn.f32"] // (win * vec)
-    # With two rows in flight LLVM may also duplicate a window load (score + ape: add.rn) into
-    # both paths of the has-previous-block branch: add.rn may exceed, every other count is
-    # exact (a contracted a*b+c would show as a missing mul.rn and an extra fma.rn).
-    extra_add = found["add.rn.f32"] - copies * expected["add.rn.f32"]
-    assert copies >= 1 and extra_add >= 0 and {k: v for k, v in found.items()
-                                                if k != "add.rn.f32"} == {
-        k: copies * v for k, v in expected.items() if k != "add.rn.f32"}, (
+    """A backward's PTX: the pinned operations of one row body per (window position, column)
+    (LLVM may duplicate the body, every copy whole); score and kv one 2-byte load per window
+    position and grad_out one per row body; one dAPE atomic per window position."""
+    found, expected = _pinned_counts(ptx), _pinned_expected("bwd", win)
+    # The compiler may duplicate the backward's row body (LLVM does at ratio 2, c1d128 on
+    # sm_100a: two copies of the same instructions); every copy holds the whole pinned set.
+    copies = found["div.rn.f32"] // win
+    assert copies >= 1 and found == {k: copies * v for k, v in expected.items()}, (
         f"{label}: PTX op counts {found} != {copies} x {expected}")
-    assert extra_add == 0 or sched.rows_in_flight > 1, label
-    assert copies >= sched.rows_in_flight, f"{label}: {copies} row bodies"
-    if vec == 1:
-        assert _count(r"ld\.global\.b16", ptx) == copies * (2 * win + 1), label
-    else:
-        assert _count(rf"ld\.global\.v{vec}\.b16", ptx) == copies * (2 * win + 1), label
-        assert _count(r"\b(?:ld|st)\.global\.(?:b16|u16|s16)\b", ptx) == 0, (
-            f"{label}: a scalar bf16 access is left")
-        if sched.ape_regs:
-            assert _count(rf"ld\.global(?:\.nc)?\.v{vec}\.(?:b32|f32)", ptx) == win, (
-                f"{label}: the APE is not hoisted in vec-wide loads")
+    assert _count(r"ld\.global\.b16", ptx) == copies * (2 * win + 1), label
     n_atomic = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
-    assert n_atomic == win * vec, f"{label}: {n_atomic} fp32 atomic adds, expected {win * vec}"
-    assert _count(r"\b(?:ld|st)\.local\b", ptx) == 0, f"{label}: local memory used"
-    assert f".reqntid {sched.threads}, 1, 1" in ptx
+    assert n_atomic == win, f"{label}: {n_atomic} fp32 atomic adds, expected one per position"
 
 
 @pytest.mark.parametrize("window", [2, 8, 32, 64])
@@ -236,46 +218,6 @@ def test_backward_ape_hoisted_up_to_its_window(ratio):
         assert ("_ag" not in sched.tag) == sched.ape_regs
 
 
-# --- the backward's forms beyond the table (vec 2, 4; two rows in flight): built from the
-# schedule fields
-
-VEC_KERNELS = [(ratio, arch, coff, d, sched) for ratio in SS.SMALL_RATIOS for arch in ARCHES
-               for coff in COFFS for d in (128, 512)
-               for sched in SS.bwd_forms(ratio, coff, d)]
-
-
-def _vid(k) -> str:
-    ratio, arch, coff, d, sched = k
-    return f"r{ratio}bwd-{arch}-c{coff}d{d}-{sched.tag}"
-
-
-@functools.cache
-def _vec_ptx(ratio: int, arch: str, coff: int, d: int, sched, det: bool = False) -> str:
-    from csagate.kernels import registry
-    from csagate.kernels.cache import CACHE
-
-    ptx = CACHE.ptx(registry.make_key("bwd", ratio, coff, d, sched, arch, deterministic=det))
-    assert ptx, f"{_vid((ratio, arch, coff, d, sched))}: no PTX retained"
-    return ptx
-
-
-@pytest.mark.parametrize("det", (False, True), ids=("default", "det"))
-@pytest.mark.parametrize("kernel", VEC_KERNELS, ids=_vid)
-def test_vec_ptxas_clean(kernel, det, ptxas):
-    """Every vector form and its deterministic twin: 0 spill, 0 stack on the three arches."""
-    ratio, arch, coff, d, sched = kernel
-    _assert_ptxas_clean(_vec_ptx(ratio, arch, coff, d, sched, det),
-                        _vid(kernel) + "-det" * det, "bwd_det" if det else "bwd", arch, ptxas)
-
-
-@pytest.mark.parametrize("kernel", VEC_KERNELS, ids=_vid)
-def test_vec_ptx_pins_numerics(kernel):
-    from csagate.perf.probe import main_entry
-
-    ratio, arch, coff, d, sched = kernel
-    _check_bwd_ptx(main_entry(_vec_ptx(*kernel)), _vid(kernel), coff * ratio, sched)
-
-
 # --- the forward's other forms (vec 4; 2 or 4 rows per thread)
 
 FWD_FORM_KERNELS = [(ratio, arch, coff, d, sched) for ratio in SS.SMALL_RATIOS
@@ -330,32 +272,44 @@ def test_fwd_forms_follow_the_register_budget():
         4, 1, 128, SS.SmallSchedule(2, 64, 1, deterministic=True)))
 
 
-def test_vec_forms_follow_the_register_budget():
-    """A form beyond the table exists where its fp32 values (``bwd_values``) fit
-    BWD_FORM_MAX_VALUES (128: 168 registers on sm_90a), never in the table, and a schedule the
-    kernel cannot build is refused with its reason."""
+@pytest.mark.parametrize("ratio", SS.SMALL_RATIOS)
+@pytest.mark.parametrize("d", (65, 128, 512))
+def test_backward_rows_per_cta_rule(ratio, d):
+    """The launch's rows per CTA: at least one and at most the schedule's; never fewer as the
+    rows grow; 1 wherever the schedule is the one-row (wide window) form; about
+    BWD_CTAS_PER_SLICE CTAs along the rows per 128-column slice once the rows allow it."""
+    for coff in COFFS:
+        if SS.config_problems(ratio, coff, d):
+            continue
+        sched = SS.small_schedule("bwd", d, ratio=ratio, coff=coff)
+        picks = [SS.bwd_rows_per_cta(n, d, coff, sched) for n in (1, 100, 2048, 8192, 32768,
+                                                                 10**6)]
+        assert picks == sorted(picks) and all(1 <= p <= sched.rows_per_cta for p in picks)
+        if sched.rows_per_cta == 1:
+            assert set(picks) == {1}
+            continue
+        slices = -(-d // sched.threads)
+        n = 64 * SS.BWD_CTAS_PER_SLICE * slices
+        gx = -(-n // SS.bwd_rows_per_cta(n, d, coff, sched))
+        assert picks[-1] == sched.rows_per_cta and gx >= SS.BWD_CTAS_PER_SLICE * slices
+
+
+def test_sm90a_forward_table_and_defaults():
+    """The sm_90a forward table holds measured forms only where d is a multiple of 4 and at
+    least 128; every other arch and head dim keeps the default form; every table form builds
+    (its problems list is empty)."""
     for ratio in SS.SMALL_RATIOS:
         for coff in COFFS:
-            win = ratio * coff
-            forms = {(s.vec, s.rows_in_flight) for s in SS.bwd_forms(ratio, coff, 128)}
-            assert forms == {(v, f) for v in SS.BWD_VECS for f in SS.BWD_ROWS_IN_FLIGHT
-                             if (v, f) != (1, 1)
-                             and SS.bwd_values(win, v, f) <= SS.BWD_FORM_MAX_VALUES}
-            table = SS.small_schedule("bwd", 128, ratio=ratio, coff=coff)
-            assert (table.vec, table.rows_in_flight) == (1, 1)
-            for s in SS.bwd_forms(ratio, coff, 128):
-                assert s.threads * s.vec == SS.SMALL_BWD_THREADS and s.ape_regs
-                assert s.rows_per_cta == table.rows_per_cta
-    assert {(s.vec, s.rows_in_flight) for s in SS.bwd_forms(4, 2, 128)} == {
-        (2, 1), (4, 1), (1, 2), (2, 2)}
-    assert SS.bwd_forms(32, 1, 128) == () and SS.bwd_forms(16, 2, 128) == ()
-    assert {s.vec for s in SS.bwd_forms(4, 2, 65)} == {1}  # odd d: rows in flight only
-    assert any("multiple" in p for p in SS.bwd_schedule_problems(
-        4, 1, 130, SS.bwd_form(4, 4, 1)))
-    assert any("rows_in_flight" in p for p in SS.bwd_schedule_problems(
-        4, 1, 128, SS.SmallSchedule(1, 128, 7, rows_in_flight=2)))
-    from csagate.kernels import small
+            for d in (65, 96, 128, 130, 256, 512):
+                if SS.config_problems(ratio, coff, d):
+                    continue
+                base = SS.small_schedule("fwd", d, ratio=ratio, coff=coff)
+                for arch in ARCHES:
+                    got = SS.small_schedule("fwd", d, ratio=ratio, coff=coff, arch=arch)
+                    assert not SS.fwd_schedule_problems(ratio, coff, d, got)
+                    if arch != "sm_90a" or d < 128 or d % 4:
+                        assert got == base, (ratio, coff, d, arch)
+    assert SS.small_schedule("fwd", 128, ratio=4, coff=1, arch="sm_90a").vec == 4
+    assert SS.small_schedule("fwd", 128, ratio=4, coff=2, arch="sm_90a").vec == 2
 
-    with pytest.raises(ValueError, match="window of 32"):
-        small.build_bwd(d=128, coff=2, arch="sm_90a", ratio=16,
-                        sched=SS.SmallSchedule(2, 64, 1, ape_regs=False))
+

@@ -111,7 +111,15 @@ def _run_fwd(pack, *, fill=float("nan"), stream=None) -> torch.Tensor:
     return out
 
 
-def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None):
+def _table_rows(pack) -> int:
+    """The rows per CTA a launch takes by default (``bwd_rows_per_cta``)."""
+    from csagate.kernels.small_schedule import bwd_rows_per_cta, small_schedule
+
+    sched = small_schedule("bwd", pack.d, ratio=pack.ratio, coff=pack.coff)
+    return bwd_rows_per_cta(pack.n_rows, pack.d, pack.coff, sched)
+
+
+def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None, rows_per_cta=None):
     from csagate.kernels import small
 
     kv, score, ape, cu, cuc = pack.inputs()
@@ -123,7 +131,7 @@ def _run_bwd(pack, grad_out, *, fill=float("nan"), stream=None):
     with torch.cuda.stream(stream or torch.cuda.current_stream()):
         small.launch_bwd(_kernels(pack.d, pack.coff, pack.ratio)[1], kv=kv, score=score,
                          ape=ape, cu=cu, cuc=cuc, grad_out=grad_out, dkv=dkv, dscore=dscore,
-                         dape=dape)
+                         dape=dape, rows_per_cta=rows_per_cta or _table_rows(pack))
     torch.cuda.synchronize()
     return dkv, dscore, dape
 
@@ -359,7 +367,7 @@ def test_no_rows_launches_nothing(coff):
     dscore = torch.full_like(score, float("nan"))
     dape = torch.full_like(ape, float("nan"))
     small.launch_bwd(bwd, kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=go, dkv=dkv,
-                     dscore=dscore, dape=dape)
+                     dscore=dscore, dape=dape, rows_per_cta=1)
     torch.cuda.synchronize()
     for name, t in (("dKV", dkv), ("dScore", dscore), ("dAPE", dape)):
         assert t.isnan().all(), f"N == 0 but {name} was written ({int((~t.isnan()).sum())})"
@@ -465,112 +473,39 @@ def test_cuda_graph_replay(ratio):
 
 
 # ----------------------------------------------------------------------------------------
-# The backward's forms beyond the table (vec 2, 4 columns per thread; two rows in flight)
-# against the scalar form
+# The backward at other rows per CTA (a launch argument), and the forward's other forms
 # ----------------------------------------------------------------------------------------
 
-
-def _vec_cases():
-    from csagate.kernels.small_schedule import bwd_forms
-
-    return [(ratio, coff, d, sched) for ratio in SMALL_RATIOS for coff in (1, 2)
-            for d in (128, 512) for sched in bwd_forms(ratio, coff, d)]
-
-
-VEC_CASES = _vec_cases()
-VEC_PACKS = {  # name: (lens, pad_rows, pad_tokens)
+FORM_PACKS = {  # name: (lens, pad_rows, pad_tokens)
     "ragged": ((1023, 2, 2048, 0, 509), 0, 0),  # tails at every ratio, a short and an empty
     "padded": ((3, 515, 1024, 129), 8, 37),  # capacity rows (nonzero grad_out), token padding
 }
 
 
-def _vec_id(case) -> str:
+def _form_id(case) -> str:
     ratio, coff, d, sched = case
     return f"r{ratio}-c{coff}d{d}-{sched.tag}"
 
 
-@functools.cache
-def _bwd_kernel(d: int, coff: int, ratio: int, sched):
-    from csagate.kernels import small
-    from csagate.kernels._dsl import device_arch
-
-    return small.build_bwd(d=d, coff=coff, arch=device_arch(), sched=sched, ratio=ratio)
-
-
-def _run_bwd_sched(pack, grad_out, sched):
-    """The backward of ``sched`` (default mode: dAPE by atomics, zeroed in the launch; the
-    deterministic form: per-CTA partials, then kernels/reduce.py) into NaN-filled buffers."""
-    from csagate.kernels import reduce, small
-
-    kv, score, ape, cu, cuc = pack.inputs()
-    dkv = torch.full_like(kv, float("nan"))
-    dscore = torch.full_like(score, float("nan"))
-    dape = torch.full_like(ape, float("nan"))
-    io = dict(kv=kv, score=score, ape=ape, cu=cu, cuc=cuc, grad_out=grad_out, dkv=dkv,
-              dscore=dscore)
-    fn = _bwd_kernel(pack.d, pack.coff, pack.ratio, sched)
-    if not sched.deterministic:
-        small.launch_bwd(fn, **io, dape=dape, zero_dape=True)
-    else:
-        from csagate.kernels._dsl import device_arch
-
-        gx = -(-pack.n_rows // sched.rows_per_cta)
-        partials = torch.full((gx, *ape.shape), float("nan"), dtype=torch.float32,
-                              device="cuda")
-        small.launch_bwd(fn, **io, dape=partials[0])
-        reduce.launch_reduce(reduce.executor(device_arch(), torch.cuda.current_device()),
-                             partials=partials, dape=dape, zero_dape=True)
-    torch.cuda.synchronize()
-    return dkv, dscore, dape
-
-
-@pytest.mark.parametrize("pack_name", tuple(VEC_PACKS))
-@pytest.mark.parametrize("case", VEC_CASES, ids=_vec_id)
-def test_vec_backward_bitwise_vs_scalar(case, pack_name):
-    """A vector / rows-in-flight form's dKV and dScore are bitwise the scalar form's (and the
-    fp32 reference's); its deterministic dAPE is bitwise the scalar deterministic dAPE (the
-    same rows per CTA, each column's partial summed in the same row order); its default-mode
-    dAPE is within the fp32 atomics' order noise of the scalar one."""
-    import dataclasses
-
-    from csagate.kernels.small_schedule import small_schedule
+@pytest.mark.parametrize("pack_name", tuple(FORM_PACKS))
+@pytest.mark.parametrize("rows", (1, 3, 32))
+@pytest.mark.parametrize("ratio,coff", [(2, 1), (2, 2), (4, 1), (4, 2), (8, 2), (16, 1)])
+def test_backward_rows_per_cta_bitwise(ratio, coff, rows, pack_name):
+    """At any rows per CTA up to the schedule's, every dKV/dScore slot is written and bitwise
+    the fp32 reference's; dAPE within the atomics' noise."""
     from csagate.reference import make_grad_out
 
-    ratio, coff, d, vec_sched = case
-    lens, pad_rows, pad_tokens = VEC_PACKS[pack_name]
-    label = f"{_vec_id(case)} {pack_name}"
+    d = 128
+    lens, pad_rows, pad_tokens = FORM_PACKS[pack_name]
     pack = _pack(lens, d, coff, ratio, pad_rows=pad_rows, pad_tokens=pad_tokens)
     go = make_grad_out(pack.n_rows, d, seed=5, device="cuda")
-    if pad_rows:
-        assert (go[pack.n_valid_rows:] != 0).any(), "padding grad_out must be nonzero"
-    scalar = small_schedule("bwd", d, ratio=ratio, coff=coff)
-    assert (scalar.vec, scalar.rows_in_flight) == (1, 1) != (vec_sched.vec,
-                                                             vec_sched.rows_in_flight)
-
+    dkv, dscore, dape = _run_bwd(pack, go, rows_per_cta=rows)
     ref = _ref_grads(pack, go)
-    for det in (False, True):
-        mode = "deterministic" if det else "default"
-        base = _run_bwd_sched(pack, go, dataclasses.replace(scalar, deterministic=det))
-        got = _run_bwd_sched(pack, go, dataclasses.replace(vec_sched, deterministic=det))
-        for name, a, b, r in zip(("dKV", "dScore"), got[:2], base[:2], (ref.dkv, ref.dscore),
-                                 strict=True):
-            assert not a.isnan().any(), (
-                f"{label} {mode}: {int(a.isnan().sum())} {name} slots never written")
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (
-                f"{label} {mode}: {name} != the scalar form's; " + _mismatch(name, a, b, pack))
-            assert torch.equal(a, r), f"{label} {mode}: " + _mismatch(name, a, r, pack)
-        if det:
-            assert torch.equal(got[2].view(torch.int32), base[2].view(torch.int32)), (
-                f"{label}: deterministic dAPE != the scalar form's; "
-                + _mismatch("dAPE", got[2], base[2]))
-        else:
-            tol = 1e-5 * max(1.0, base[2].abs().max().item())
-            err = (got[2] - base[2]).abs().max().item()
-            assert err <= tol, f"{label}: default-mode dAPE differs by {err:.3g} > {tol:.3g}"
-        assert (got[2] - ref.dape).abs().max().item() <= DAPE_ATOL, f"{label} {mode}: dAPE"
-    tail = slice(sum(lens), None)
-    for name, t in (("dKV", got[0]), ("dScore", got[1])):
-        assert (t[tail] == 0).all(), f"{label}: {name} token-padding rows are not exact zeros"
+    label = f"r{ratio} c{coff}d{d} rows {rows} {pack_name}"
+    for name, got, want in (("dKV", dkv, ref.dkv), ("dScore", dscore, ref.dscore)):
+        assert not got.isnan().any(), f"{label}: {int(got.isnan().sum())} {name} never written"
+        assert torch.equal(got, want), f"{label}: " + _mismatch(name, got, want, pack)
+    assert (dape - ref.dape).abs().max().item() <= DAPE_ATOL, f"{label}: dAPE"
 
 
 # ----------------------------------------------------------------------------------------
@@ -594,8 +529,8 @@ def _fwd_kernel(d: int, coff: int, ratio: int, sched):
     return small.build_fwd(d=d, coff=coff, arch=device_arch(), sched=sched, ratio=ratio)
 
 
-@pytest.mark.parametrize("pack_name", tuple(VEC_PACKS))
-@pytest.mark.parametrize("case", _fwd_form_cases(), ids=_vec_id)
+@pytest.mark.parametrize("pack_name", tuple(FORM_PACKS))
+@pytest.mark.parametrize("case", _fwd_form_cases(), ids=_form_id)
 def test_forward_forms_bitwise_vs_table(case, pack_name):
     """Every row's out (capacity padding rows included) of a forward form is bitwise the
     table form's: each column's softmax and sum run in the same order in every form."""
@@ -603,8 +538,8 @@ def test_forward_forms_bitwise_vs_table(case, pack_name):
     from csagate.kernels.small_schedule import small_schedule
 
     ratio, coff, d, form = case
-    lens, pad_rows, pad_tokens = VEC_PACKS[pack_name]
-    label = f"{_vec_id(case)} {pack_name}"
+    lens, pad_rows, pad_tokens = FORM_PACKS[pack_name]
+    label = f"{_form_id(case)} {pack_name}"
     pack = _pack(lens, d, coff, ratio, pad_rows=pad_rows, pad_tokens=pad_tokens)
     kv, score, ape, cu, cuc = pack.inputs()
     outs = []
