@@ -30,6 +30,7 @@ from csagate.kernels.device import (
 )
 from csagate.kernels.small_schedule import (
     SmallSchedule,
+    bwd_rows_per_cta,
     check_config,
     fwd_schedule_problems,
     small_schedule,
@@ -384,10 +385,16 @@ def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, sched=None) -> None:
         fn(kv, score, ape, cu, cuc, out, segment_bits(cu.shape[0] - 1))
 
 
-def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, rows_per_cta,
-               sched=None, zero_dape: bool = False) -> None:
+def launch_bwd(fn, *, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+               rows_per_cta: int | None = None, sched=None, zero_dape: bool = False) -> None:
     """Every dkv/dscore slot written (exact zeros on never-consumed ones); dape += the sums
-    (``zero_dape``: zeroed inside the launch first)."""
+    (``zero_dape``: zeroed inside the launch first). ``rows_per_cta`` (None: what
+    ``bwd_rows_per_cta`` picks for ``sched``) must not exceed the schedule's."""
+    if rows_per_cta is None:
+        n_rows, d = grad_out.shape
+        coff = kv.shape[1] // d
+        rows_per_cta = bwd_rows_per_cta(n_rows, d, coff, sched or small_schedule(
+            "bwd", d, ratio=ape.shape[0], coff=coff))
     if grad_out.shape[0]:
         fn(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
            segment_bits(cu.shape[0] - 1), int(rows_per_cta), int(zero_dape))

@@ -329,7 +329,7 @@ def test_kernel_modules_take_the_keywords_the_api_passes():
     grads = dict(grad_out=x, dkv=x, dscore=x, dape=x)
     # launches go to torch's current stream (the TVM-FFI environment stream): no stream arg
     inspect.signature(r4.launch_fwd).bind(x, sched=x, **inputs, out=x)
-    inspect.signature(r4.launch_bwd).bind(x, sched=x, **inputs, **grads, rows_per_cta=1)
+    inspect.signature(r4.launch_bwd).bind(x, sched=x, **inputs, **grads)
     inspect.signature(r128_fwd.launch_fwd).bind(x, sched=x, **inputs, out=x)
     inspect.signature(r128_bwd.launch_bwd).bind(x, sched=x, **inputs, **grads, rows_per_cta=1)
     with pytest.raises(TypeError):
