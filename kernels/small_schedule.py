@@ -1,7 +1,8 @@
 """Schedules of the small-ratio family (kernels/small.py): every power-of-two ratio whose whole
 window (``ratio * coff`` positions) of a row lives in registers. Pure Python; the schedule
-follows from (ratio, d) alone. The register budget behind the limits below: docs/KERNELS.md
-section 4.
+follows from (ratio, coff, d) and the arch, the backward's rows per CTA from N at launch. The
+register budget behind the limits below and the H200 measurements behind the sm_90a forms:
+docs/KERNELS.md section 4.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ SMALL_HEAD_DIMS = (65, 128, 512)
 
 @dataclass(frozen=True)
 class SmallSchedule:
-    """The compile-time shape of a small-ratio kernel (it follows from ratio and d)."""
+    """The compile-time shape of a small-ratio kernel: the forward's ``rows_per_cta`` rows per
+    thread (and CTA), the backward's the most rows per CTA a launch may take."""
 
     vec: int
     threads: int
