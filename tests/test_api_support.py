@@ -485,3 +485,18 @@ def test_fast_path_backward_atomic_and_deterministic(fast):
     flat, dape_flat, zero = red.calls[-1]
     assert flat.numel() == 3 * grads[2].numel() and flat.data_ptr() == partials.data_ptr()
     assert dape_flat.data_ptr() == grads[2].data_ptr() and zero == 1
+
+
+def test_small_backward_rows_per_cta_bounded_by_its_schedule():
+    """An explicit rows_per_cta above a small-ratio schedule's most is refused with one line;
+    at or below it, the grid follows it."""
+    from csagate.kernels import registry
+    from csagate.kernels.small_schedule import small_schedule
+
+    for ratio, coff in ((4, 2), (32, 2)):
+        sched = small_schedule("bwd", 128, ratio=ratio, coff=coff)
+        key = registry.make_key("bwd", ratio, coff, 128, sched, "sm_90a")
+        assert api._bwd_ctas(key, 100, sched.rows_per_cta, 0) == (
+            -(-100 // sched.rows_per_cta), sched.rows_per_cta)
+        with pytest.raises(ValueError, match=f"exceeds the {sched.rows_per_cta} rows per CTA"):
+            api._bwd_ctas(key, 100, sched.rows_per_cta + 1, 0)
