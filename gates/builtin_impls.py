@@ -351,14 +351,18 @@ class Cudnn:
                 deterministic=deterministic)
         return got["grad_kv"], got["grad_score"], got["grad_ape"]
 
-    def describe(self) -> dict[str, Any]:
+    @staticmethod
+    def version() -> str:
+        """The installed nvidia-cudnn-frontend's version, or "not installed"."""
         from importlib import metadata
 
         try:
-            version = metadata.version("nvidia-cudnn-frontend")
+            return metadata.version("nvidia-cudnn-frontend")
         except metadata.PackageNotFoundError:
-            version = "not installed"
-        env: dict[str, Any] = {"nvidia_cudnn_frontend": version}
+            return "not installed"
+
+    def describe(self) -> dict[str, Any]:
+        env: dict[str, Any] = {"nvidia_cudnn_frontend": self.version()}
         if self.lowered_cc() is not None:
             env["cudnn_min_cc_major"] = (f"{self.lowered_cc()} (measurement only: lowered "
                                          "from the package's 10)")

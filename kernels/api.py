@@ -233,7 +233,8 @@ def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_inde
     if rows_per_cta is None:
         rows_per_cta = key.family.rows_per_cta(n_rows, key.d, key.coff, key.schedule,
                                                sm_count(device_index))
-    cap = getattr(key.schedule, "rows_per_cta", None)  # a small-ratio schedule's most
+    most = key.family.max_rows_per_cta
+    cap = most(key.schedule) if most is not None else None
     if cap is not None and int(rows_per_cta) > cap:
         raise ValueError(f"rows_per_cta={int(rows_per_cta)} exceeds the {cap} rows per CTA "
                          f"the ratio={key.ratio} {key.config} backward takes")

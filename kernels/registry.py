@@ -123,6 +123,8 @@ class Family:
     takes_rows_per_cta: bool = False  # the launch has a rows_per_cta argument
     # (n_rows, d, coff, schedule, sm_count) -> the rows per CTA a launch takes by default
     rows_per_cta: Callable[..., int] | None = None
+    # schedule -> the most rows per CTA a launch may take (None: no bound)
+    max_rows_per_cta: Callable[[object], int] | None = None
     takes_ratio: bool = False       # the build has a ratio argument (one module, many ratios)
     check_config: Callable[[int, int], None] | None = None  # (coff, d): ValueError if refused
     # the compiled function takes the segment search's depth (bits of B) after the tensors
@@ -194,6 +196,7 @@ def _small(ratio: int, direction: str) -> Family:
                                  for c, d in SS.build_configs(ratio)},
         tag_prefix=lambda key: key.kind, takes_ratio=True, takes_segment_bits=True,
         takes_rows_per_cta=direction == "bwd", rows_per_cta=SS.bwd_rows_per_cta,
+        max_rows_per_cta=lambda sched: sched.rows_per_cta,
         check_config=lambda coff, d: SS.check_config(ratio, coff, d))
 
 

@@ -124,13 +124,3 @@ def compare_shape(peer, ratio: int, coff: int, d: int, tokens: int, *, copy_bw: 
 
 def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
-
-
-def cudnn_version() -> str:
-    """The installed nvidia-cudnn-frontend's version ("?" when its metadata is missing)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("nvidia-cudnn-frontend")
-    except PackageNotFoundError:
-        return "?"

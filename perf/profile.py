@@ -52,7 +52,7 @@ def _small_calls(ratio: int, pack, go, forms: dict) -> dict:
         tag = forms.get(direction) or next(iter(options))
         if tag not in options:
             raise SystemExit(f"{direction} form {tag!r} is not one of {sorted(options)}")
-        launch = small_bench._launcher(direction, pack, go, *options[tag])
+        launch = small_bench.launcher(direction, pack, go, *options[tag])
         calls[direction] = (lambda launch=launch, tag=tag: (launch(zero_dape=True), tag)[1])
     return calls
 

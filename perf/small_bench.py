@@ -133,7 +133,7 @@ class FormABRow:
                 + f" | noise {self.noise:.1%} | fastest {self.fastest}")
 
 
-def _launcher(direction: str, pack, grad_out, sched, rows: int | None = None):
+def launcher(direction: str, pack, grad_out, sched, rows: int | None = None):
     """A zero-argument launcher of one small-ratio schedule on ``pack``, bypassing the table
     (the backward in the default mode, dAPE accumulated, ``rows`` per CTA); its outputs are
     ``.buffers``."""
@@ -201,7 +201,7 @@ def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy
     from csagate.kernels._dsl import device_arch
 
     forms = forms_of(direction, ratio, coff, d, pack.n_rows, device_arch())
-    launchers = [_launcher(direction, pack, go, *form) for form in forms.values()]
+    launchers = [launcher(direction, pack, go, *form) for form in forms.values()]
     for launch in launchers:
         launch(zero_dape=True)
     torch.cuda.synchronize()

@@ -77,16 +77,23 @@ def cpu_gate(monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
-def test_no_gpu_exits_3_with_one_line_before_importing_cutlass():
+def _cli_in_a_fresh_process(argv: list[str], report: str) -> subprocess.CompletedProcess:
+    """``csagate argv`` in a new interpreter; on its exit, ``report`` (an expression of ``e``,
+    the SystemExit, and ``sys``) is printed to stdout."""
     code = ("import sys\n"
             "from csagate.cli import cli\n"
             "try:\n"
-            "    cli(['run', '--ratio', '128'], prog_name='csagate')\n"
+            f"    cli({argv!r}, prog_name='csagate')\n"
             "except SystemExit as e:\n"
-            "    print('cutlass' in sys.modules, e.code, file=sys.stdout)\n")
+            f"    print({report})\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+def test_no_gpu_exits_3_with_one_line_before_importing_cutlass():
+    proc = _cli_in_a_fresh_process(["run", "--ratio", "128"],
+                                   "'cutlass' in sys.modules, e.code")
     assert proc.stdout.strip() == "False 3", proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) <= 2 and all(len(line) <= 80 for line in lines), proc.stderr
@@ -213,15 +220,9 @@ def test_unknown_case_exits_2_with_close_names_not_all_of_them():
 
 
 def test_rejecting_a_case_imports_no_torch():
-    code = ("import sys\n"
-            "from csagate.cli import cli\n"
-            "try:\n"
-            "    cli(['run', '--case', 'c1d128/typo'], prog_name='csagate')\n"
-            "except SystemExit as e:\n"
-            "    print(e.code, sorted(m for m in ('torch', 'cutlass') if m in sys.modules))\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = _cli_in_a_fresh_process(
+        ["run", "--case", "c1d128/typo"],
+        "e.code, sorted(m for m in ('torch', 'cutlass') if m in sys.modules)")
     assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
 
 

@@ -322,7 +322,7 @@ def _peer_rows(peer, ratios, picked, copy_bw, iters, warmup, flush) -> list[dict
     import torch
 
     from csagate.perf import bench, small_bench
-    from csagate.perf.peer import compare_shape, cudnn_version
+    from csagate.perf.peer import compare_shape
 
     rows = []
     for ratio in ratios:
@@ -334,7 +334,7 @@ def _peer_rows(peer, ratios, picked, copy_bw, iters, warmup, flush) -> list[dict
                                           iters=iters, warmup=warmup, flush=flush))
             torch.cuda.empty_cache()
     console.print_table(peer_table(rows, f"{peer.label}, nvidia-cudnn-frontend "
-                                         f"{cudnn_version()}"))
+                                         f"{peer.version()}"))
     return [peer_json(r) for r in rows]
 
 
