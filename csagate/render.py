@@ -26,7 +26,17 @@ from csagate import __version__
 from csagate import console as _console
 from csagate.exitcodes import ExitCode
 from csagate.gates.contracts import CONTRACT_VERSION
-from csagate.gates.verdict import ERROR, FAIL, NA, NOT_ASSERTED, PASS, RECORDED, SKIP, UNTRUSTED
+from csagate.gates.verdict import (
+    ERROR,
+    FAIL,
+    INCONCLUSIVE,
+    NA,
+    NOT_ASSERTED,
+    PASS,
+    RECORDED,
+    SKIP,
+    UNTRUSTED,
+)
 
 if TYPE_CHECKING:  # annotations only: the renderers read the verdict's records
     from csagate.gates.verdict import CaseResult, CoverageResult, GateResult, Selection, Verdict
@@ -35,9 +45,10 @@ SCHEMA = "csagate.verdict/1"
 COULD_NOT_EVALUATE = "COULD NOT EVALUATE"   # the verdict of an exit-3 run
 
 _STYLE = {PASS: "green", FAIL: "bold red", ERROR: "bold red", SKIP: "yellow",
-          RECORDED: "cyan", UNTRUSTED: "yellow", NOT_ASSERTED: "yellow", NA: "dim"}
+          RECORDED: "cyan", UNTRUSTED: "yellow", NOT_ASSERTED: "yellow", NA: "dim",
+          INCONCLUSIVE: "yellow"}
 _WORD = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", SKIP: "skip", RECORDED: "rec",
-         UNTRUSTED: "UNTRUSTED", NOT_ASSERTED: "NOT ASSERTED", NA: "n/a"}
+         UNTRUSTED: "UNTRUSTED", NOT_ASSERTED: "NOT ASSERTED", NA: "n/a", INCONCLUSIVE: "inc"}
 
 # The compact verdict: one mark per gate. The marks, the result and the case name never wrap
 # or shrink (the name's prefix is its config). The longest name of either family fits 80

@@ -9,12 +9,15 @@ defaults:
 
 * G1 ``bitwise_replay``: runs compared as bit patterns (integer views, since NaN != NaN);
   no NaN unless the case is the overflow case.
-* G2 ``tolerance``: ``n_diff <= max(1, int(0.001 * numel))`` and ``max_abs <= bound``;
+* ``bitwise``: equal bit patterns (integer views: -0.0 is not +0.0), every NaN equal to
+  every NaN (docs/CONTRACT.md section 4.1).
+* G2 ``tolerance``: every element within ``bound`` and ``n_diff`` within the count allowance
+  (``limits.count_allowance``: a Chernoff bound at the calibrated rate, sound at every size);
   ``nan_mask`` replaces it on the overflow case.
 * G3 ``oracle_parity``: ``max|fused - fp64| <= max|eager - fp64| * (1 + 1e-6) + 1e-4``.
 * ``exact_zeros``: the never-consumed slots hold exact zeros.
-* ``bf16_steps`` (ratio=4 forward): at most ``fraction`` of the elements differ, each by one
-  bf16 step (docs/CONTRACT.md section 7.4).
+* ``bf16_steps`` (small-ratio forward): every element within one bf16 step (or the fp32 noise
+  floor) and the count within the allowance at the calibrated rate (docs/CONTRACT.md section 8).
 
 ``tolerance``, ``bf16_steps`` and ``oracle_parity`` take an optional ``mask``: the positions
 judged (the finite positions of a partial-overflow case); counts and allowances are then over
@@ -28,10 +31,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from csagate.gates.limits import PARITY_ATOL, PARITY_RTOL, R4_FWD_FRACTION, count_allowance
+from csagate.gates.limits import (
+    PARITY_ATOL,
+    PARITY_RTOL,
+    R4_FWD_FRACTION,
+    count_allowance,
+    count_informative,
+)
 
-__all__ = ["NanMask", "Parity", "Replay", "Steps", "Tolerance", "Zeros", "bf16_ordinal",
-           "bf16_steps", "bit_view", "bitwise_equal", "bitwise_replay", "exact_zeros",
+__all__ = ["Bitwise", "NanMask", "Parity", "Replay", "Steps", "Tolerance", "Zeros",
+           "bf16_ordinal", "bf16_steps", "bit_view", "bitwise", "bitwise_equal",
+           "bitwise_replay", "exact_zeros",
            "max_abs_error", "nan_mask", "oracle_parity", "replay_delta", "tolerance"]
 
 _INT_VIEW = {
@@ -103,6 +113,9 @@ class Tolerance:
         size = f"max_abs {self.max_abs:.3e} {'<=' if abs_ok else '>'} {self.bound:.3e}"
         if self.allowed is None:
             count, count_ok = f"{self.n_diff} differing (count not gated)", True
+        elif not count_informative(self.numel, self.allowed):
+            count, count_ok = (f"{self.n_diff} differing (count uninformative at "
+                               f"{self.numel} elements)"), True
         else:
             count_ok = self.n_diff <= self.allowed
             count = f"{self.n_diff} differing {'<=' if count_ok else '>'} {self.allowed} allowed"
@@ -129,11 +142,11 @@ def _judged(fused: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None) -
 
 def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
               allowed: int | None, mask: torch.Tensor | None = None) -> Tolerance:
-    """G2: ``n_diff <= allowed`` (skipped when None) and ``max_abs <= bound``.
+    """G2: ``n_diff <= allowed`` (skipped when None) and every element within ``bound``.
 
     Elements are compared by value in fp32 (NaN differs from everything, and makes max_abs
-    +inf). ``allowed=0, bound=0.0`` is ``torch.equal`` with its numbers. With ``mask`` only
-    the masked elements are compared (``numel`` counts them).
+    +inf); for bit-for-bit equality use :func:`bitwise`. With ``mask`` only the masked
+    elements are compared (``numel`` counts them).
     """
     judged = _judged(fused, ref, mask)
     f, r = fused.float(), ref.float()
@@ -152,7 +165,60 @@ def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
         ref_value=_value(ref, flat), ok=ok)
 
 
-# --- ratio=4 forward: one bf16 step on a tiny fraction ---------------------------------------
+# --- bitwise: bit patterns -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bitwise:
+    """Elements whose bit patterns differ (NaN == NaN; -0.0 != +0.0) and the first of them."""
+
+    numel: int
+    n_diff: int
+    n_zero_sign: int           # of those, +0.0 against -0.0 (equal by value)
+    first_index: Index | None
+    fused_bits: str | None     # hex bit patterns at first_index
+    ref_bits: str | None
+    fused_value: float | None
+    ref_value: float | None
+    ok: bool
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"bitwise equal ({self.numel} elements)"
+        zeros = f" ({self.n_zero_sign} of them +0.0 vs -0.0)" if self.n_zero_sign else ""
+        return (f"{self.n_diff} of {self.numel} elements differ in their bits{zeros}, first at "
+                f"{list(self.first_index or ())}: fused {self.fused_value!r} "
+                f"[{self.fused_bits}] vs ref {self.ref_value!r} [{self.ref_bits}]")
+
+
+def bitwise(fused: torch.Tensor, ref: torch.Tensor, *,
+            mask: torch.Tensor | None = None) -> Bitwise:
+    """Bit-for-bit equality of two tensors of one dtype (docs/CONTRACT.md section 4.1): the
+    integer views must be equal, except that every NaN equals every NaN (payload and sign of
+    a NaN are not part of the contract). -0.0 and +0.0 differ. With ``mask`` only the masked
+    elements are compared."""
+    if fused.dtype != ref.dtype:
+        raise ValueError(f"dtype mismatch: fused {fused.dtype} vs ref {ref.dtype}")
+    judged = _judged(fused, ref, mask)
+    both_nan = torch.isnan(fused) & torch.isnan(ref)
+    differs = (bit_view(fused) != bit_view(ref)) & ~both_nan & judged
+    zero_sign = differs & (fused == 0) & (ref == 0)
+    flat = _flat_index(differs)
+    width = 2 * fused.element_size()
+    unsigned = (1 << 8 * fused.element_size()) - 1
+
+    def bits(t):
+        return None if flat is None else \
+            f"0x{int(bit_view(t).reshape(-1)[flat]) & unsigned:0{width}x}"
+
+    n_diff = int(differs.sum())
+    return Bitwise(numel=int(judged.sum()), n_diff=n_diff, n_zero_sign=int(zero_sign.sum()),
+                   first_index=_unravel(flat, fused.shape), fused_bits=bits(fused),
+                   ref_bits=bits(ref), fused_value=_value(fused, flat),
+                   ref_value=_value(ref, flat), ok=n_diff == 0)
+
+
+# --- small-ratio forward: one bf16 step at the calibrated rate ---------------------------
 
 
 def bf16_ordinal(t: torch.Tensor) -> torch.Tensor:
@@ -168,7 +234,7 @@ class Steps:
 
     numel: int
     n_diff: int                # elements not equal to ref
-    allowed: int               # max(1, int(fraction * numel))
+    allowed: int               # count_allowance(numel, fraction)
     max_steps: int             # the most bf16 steps any element is off
     max_abs: float
     noise_atol: float          # an element > 1 step off still passes within this (see Rule)
@@ -181,7 +247,10 @@ class Steps:
 
     def summary(self) -> str:
         count_ok = self.n_diff <= self.allowed
-        parts = [f"{self.n_diff} differing {'<=' if count_ok else '>'} {self.allowed} allowed",
+        count = f"{self.n_diff} differing {'<=' if count_ok else '>'} {self.allowed} allowed"
+        if not count_informative(self.numel, self.allowed):
+            count = f"{self.n_diff} differing (count uninformative at {self.numel} elements)"
+        parts = [count,
                  f"max {self.max_steps} bf16 step(s), max_abs {self.max_abs:.3e}"]
         if self.n_beyond:
             parts.insert(0, f"{self.n_beyond} element(s) more than one bf16 step off"
@@ -198,9 +267,9 @@ class Steps:
 
 def bf16_steps(fused: torch.Tensor, ref: torch.Tensor, *, fraction: float = R4_FWD_FRACTION,
                noise_atol: float = 0.0, mask: torch.Tensor | None = None) -> Steps:
-    """At most ``max(1, int(fraction * numel))`` elements differ, each by one bf16 step (or,
-    with ``noise_atol``, by any number of steps within ``noise_atol`` absolute). NaN on either
-    side counts as beyond."""
+    """Every element within one bf16 step (or, with ``noise_atol``, any number of steps within
+    ``noise_atol`` absolute), and at most ``count_allowance(numel, fraction)`` of them differ.
+    NaN on either side counts as beyond."""
     judged = _judged(fused, ref, mask)
     f, r = fused.float(), ref.float()
     differs = (f != r) & judged

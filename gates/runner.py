@@ -48,6 +48,7 @@ from csagate.gates.locate import locate_failures
 from csagate.gates.verdict import (
     ERROR,
     FAIL,
+    INCONCLUSIVE,
     NA,
     NOT_ASSERTED,
     PASS,
@@ -190,9 +191,8 @@ def run_drift(backend: Backend, drift: Case) -> CaseResult:
         eager = backward(*pack.inputs(), go, ratio=drift.ratio, coff=drift.coff,
                          precision="fp32")
         gates = [
-            _gate("drift", "dkv", comparators.tolerance(dkv, eager.dkv, bound=0.0, allowed=0)),
-            _gate("drift", "dscore",
-                  comparators.tolerance(dscore, eager.dscore, bound=0.0, allowed=0)),
+            _gate("drift", "dkv", comparators.bitwise(dkv, eager.dkv)),
+            _gate("drift", "dscore", comparators.bitwise(dscore, eager.dscore)),
             _gate("drift", "dape",
                   comparators.tolerance(dape, eager.dape, bound=limits.DAPE_MAX_ABS, allowed=None)),
         ]
@@ -327,8 +327,6 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
     eager_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp32"))
     oracle_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff,
                                  precision="fp64"))
-    parity_t = eager_t if contract.parity_ref == "fp32" else _as_dict(
-        backward(*ins, go, ratio=case.ratio, coff=case.coff, precision=contract.parity_ref))
     first = {name: runs[0] for name, runs in fused.items()}
 
     gates: list[GateResult] = []
@@ -355,9 +353,9 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
         gates.extend(_overflow_g2_g3(first, eager_t, oracle_t))
     elif case.inputs in FINITE_INPUTS:
         gates.extend(_g2(contract, case, first, eager_t))
-        gates.extend(_g3(case, first, parity_t, oracle_t))
+        gates.extend(_g3(case, first, eager_t, oracle_t))
     else:
-        gates.extend(_finite_g2_g3(contract, case, first, eager_t, parity_t, oracle_t))
+        gates.extend(_finite_g2_g3(contract, case, first, eager_t, oracle_t))
     if case.inputs == "pad_nonfinite" and applies.backward:
         sel, clean_grads = _fused_backward(backend, case, clean.inputs(), go, 0.0)
         _record(selections, sel)
@@ -370,15 +368,14 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
     if contract.via_op and applies.op:
         gates.extend(_through_op(backend, case, ins, go, n_rows, first))
 
-    recorded = _recorded(case, contract, pack, go, fused, eager_t, oracle_t, parity_t, slots)
+    recorded = _recorded(case, pack, go, fused, eager_t, oracle_t, slots)
     where = locate_failures(gates, first, eager_t, oracle_t, pack)
     if where:
         recorded["where"] = where
     return gates, recorded
 
 
-def _recorded(case: Case, contract: Contract, pack, go, fused, eager_t, oracle_t, parity_t,
-              slots) -> dict[str, Any]:
+def _recorded(case: Case, pack, go, fused, eager_t, oracle_t, slots) -> dict[str, Any]:
     """The numbers kept beside the gates (not gated)."""
     first = {name: runs[0] for name, runs in fused.items()}
     recorded: dict[str, Any] = {
@@ -391,10 +388,6 @@ def _recorded(case: Case, contract: Contract, pack, go, fused, eager_t, oracle_t
     }
     if "dape" in fused:
         recorded["dape_replay_delta"] = comparators.replay_delta(fused["dape"])
-    if contract.parity_ref != "fp32":
-        recorded["parity_ref"] = contract.parity_ref
-        recorded["err_parity_ref"] = {n: comparators.max_abs_error(parity_t[n], oracle_t[n])
-                                      for n in TENSORS}
     if slots:
         recorded["nonfinite_slots"] = [{"tensor": t, "token": tok, "column": col,
                                         "value": str(v)} for t, tok, col, v in slots]
@@ -407,8 +400,12 @@ def _recorded(case: Case, contract: Contract, pack, go, fused, eager_t, oracle_t
 
 def _gate(gate: str, tensor: str, check, status: str | None = None,
           reason: str | None = None) -> GateResult:
+    """A check's record as a gate result; a passing check that judged no element (an empty
+    tensor, or a mask with nothing in it) concludes nothing: ``inconclusive``."""
     if status is None:
         status = PASS if check.ok else FAIL
+        if status == PASS and getattr(check, "numel", None) == 0:
+            status, reason = INCONCLUSIVE, "inconclusive: no element to judge"
     return GateResult(gate, tensor, status, asdict(check),
                       check.summary() if reason is None else reason)
 
@@ -434,7 +431,7 @@ def _g2(contract: Contract, case: Case, fused, eager, masks=None) -> list[GateRe
             continue
         mask = None if masks is None else masks[name]
         out.append(_gate("G2", name, rule.apply(fused[name], eager[name], scale=case.scale,
-                                                mask=mask)))
+                                                mask=mask, window=case.coff * case.ratio)))
     return out
 
 
@@ -457,8 +454,7 @@ def _g3(case: Case, fused, eager, oracle, masks=None) -> list[GateResult]:
     return out
 
 
-def _finite_g2_g3(contract: Contract, case: Case, fused, eager, parity_ref,
-                  oracle) -> list[GateResult]:
+def _finite_g2_g3(contract: Contract, case: Case, fused, eager, oracle) -> list[GateResult]:
     """Some inputs non-finite: NaN masks equal eager's on all four outputs, G2 where eager is
     not NaN (an infinity, e.g. from a -inf kv a padding row reads, must be matched exactly)
     and G3 where eager is finite (docs/CONTRACT.md section 7.2)."""
@@ -467,8 +463,8 @@ def _finite_g2_g3(contract: Contract, case: Case, fused, eager, parity_ref,
            if name in fused else _na("G2", f"{name}[NaN mask]") for name in TENSORS]
     not_nan = {name: ~torch.isnan(eager[name]) for name in TENSORS}
     finite = {name: torch.isfinite(eager[name]) for name in TENSORS}
-    return out + _g2(contract, case, fused, eager, not_nan) + _g3(case, fused, parity_ref,
-                                                                oracle, finite)
+    return out + _g2(contract, case, fused, eager, not_nan) + _g3(case, fused, eager, oracle,
+                                                                finite)
 
 
 def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:
@@ -476,8 +472,7 @@ def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:
     finite and equal to the same pack's without them (dKV/dScore bitwise, as G1 makes them
     deterministic; dAPE, accumulated with atomics in another order, within G2's dAPE bound),
     and the reference keeps them out too (else the case is not what it claims)."""
-    out = [_gate("isolation", name, comparators.tolerance(fused[name], clean[name], bound=0.0,
-                                                     allowed=0))
+    out = [_gate("isolation", name, comparators.bitwise(fused[name], clean[name]))
            for name in GRADS]
     out.append(_gate("isolation", "dape", comparators.tolerance(
         fused["dape"], clean["dape"], bound=limits.DAPE_MAX_ABS, allowed=None)))

@@ -13,8 +13,8 @@ from typing import Any
 from csagate.gates.cases import Case
 from csagate.kernels.schedule import config_name
 
-# Statuses. A GateResult is pass/fail/skip/recorded; a CaseResult pass/fail/error/untrusted;
-# coverage pass/fail/not asserted.
+# Statuses. A GateResult is pass/fail/skip/recorded/inconclusive; a CaseResult
+# pass/fail/error/untrusted; coverage pass/fail/not asserted.
 PASS = "pass"
 FAIL = "fail"
 SKIP = "skip"              # not evaluated, with the reason recorded (overflow G3)
@@ -23,6 +23,7 @@ ERROR = "error"            # the case raised; its one-line error is the reason
 UNTRUSTED = "untrusted"    # not run: the reference drift check failed
 NOT_ASSERTED = "not asserted"  # coverage of a subset run
 NA = "n/a"                 # does not apply to the implementation judged (never a pass)
+INCONCLUSIVE = "inconclusive"  # a gate with no element to judge: it concludes nothing
 
 GATES = ("G1", "G2", "G3", "zeros", "isolation")
 TENSORS = ("out", "dkv", "dscore", "dape")
@@ -105,7 +106,7 @@ class CaseResult:
         found = self.results(gate)
         if not found:
             return ""
-        for status in (FAIL, PASS, RECORDED, SKIP, NA):
+        for status in (FAIL, PASS, RECORDED, SKIP, INCONCLUSIVE, NA):
             if any(g.status == status for g in found):
                 return status
         return found[0].status

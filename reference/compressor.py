@@ -1,17 +1,18 @@
-"""Eager reference of the CSA compressor (gated softmax KV pooling), forward and backward.
+"""The reference of the CSA compressor (gated softmax KV pooling), forward and backward.
 
-This mirrors the eager region the fused kernels replace (Megatron-LM ``Compressor._forward_thd``)
-and is written to be audited in place. One function computes all three references; the
-``precision`` switch picks the numerics:
+It is written to be audited in place, and it defines its own numerics: every value the
+contract compares bit for bit is built here from elementwise IEEE operations in an order
+written below, never from a torch reduction whose order torch picks by shape or device.
+One function per direction computes the contract's references; the ``precision`` switch
+picks the numerics:
 
-* ``"fp32"``: the contract's comparator. kv and score are upcast to fp32, the softmax, the
-  weighted sum and everything else run in fp32, and ``out`` is rounded to bf16 once.
-  Backward by autograd with the bf16 kv/score and the fp32 ape as leaves, so dKV/dScore come
-  back bf16 and dAPE fp32.
-* ``"upstream"``: Megatron's eager numerics: the softmax weights are cast to bf16 before the
-  multiply with the bf16 kv.
-* ``"fp64"``: the oracle. kv, score and ape are upcast to fp64 (the leaves are the fp64
-  copies, so the gradients stay fp64) and nothing is rounded.
+* ``"fp32"``: the contract's comparator (docs/CONTRACT.md section 3). kv and score are upcast
+  to fp32 and every step below is one fp32 operation rounded to nearest even.
+* ``"fp64"``: the oracle. The same steps in fp64 from the exact fp64 upcasts of kv, score and
+  ape; nothing is rounded to fp32 or bf16.
+* ``"upstream"``: Megatron-LM's eager numerics, by definition torch's own eager ops
+  (softmax weights cast to bf16 before the multiply with the bf16 kv; backward by autograd).
+  It is what the fused op replaces; no contract compares it bit for bit.
 
 Layout is THD (packed sequences). For output row ``b`` of segment ``s`` with block index
 ``i = b - cuc[s]``, the window starts at token ``tok0 = cu[s] + i*ratio``:
@@ -20,15 +21,38 @@ Layout is THD (packed sequences). For output row ``b`` of segment ``s`` with blo
 * coff=2: the window is 2*ratio long. Positions [0, ratio) read the PREVIOUS block's tokens
   (tok0-ratio+k) in columns [0, d) with APE[k, :d]; positions [ratio, 2*ratio) read the own
   tokens in columns [d, 2d) with APE[k-ratio, d:]. A segment's first block (i == 0) has no
-  previous block: that half is filled with kv 0 and score -inf (weight exactly 0).
+  previous block: that half is invalid, score -inf and kv 0 (weight exactly 0).
 
-Rows ``cuc[B] <= b < N`` are capacity padding rows (a static CUDA-graph capacity). The eager
-gather computes them as a first block starting at token 0; the backward excludes them: their
-windows are cut from the graph, so neither their grad_out nor a non-finite value only they
-read (0 * inf = NaN) reaches a gradient (docs/CONTRACT.md section 7.1). Tokens beyond a
-segment's last full block (tails) and tokens ``[cu[B], T)`` are never read.
-``never_consumed_mask`` names every (token, column) slot no window reads: the gradients there
-are exact zeros.
+Rows ``cuc[B] <= b < N`` are capacity padding rows (a static CUDA-graph capacity). The
+forward computes them as a first block starting at token 0 (what the eager gather does); the
+backward excludes them: they are not read at all, so neither their grad_out nor a non-finite
+value only they read (0 * inf = NaN) reaches a gradient (docs/CONTRACT.md section 2.3).
+Tokens beyond a segment's last full block (tails) and tokens ``[cu[B], T)`` are never read;
+``never_consumed_mask`` names those slots, whose gradients are exact zeros.
+
+The numerics (docs/CONTRACT.md section 3.1), per output row and column, over the window
+positions k = 0, 1, ..., W-1 in ascending order (W = coff*ratio):
+
+    s_k = fp32(score) + ape            u_k = fp32(kv)       (invalid: s_k = -inf, u_k = 0)
+    m   = s_0, then m = s_k wherever s_k > m                (strict: a NaN s_k never wins)
+    e_k = exp(s_k - m)                                      (torch.exp on the tensors' device)
+    den = (((0 + e_0) + e_1) + ...) + e_{W-1}
+    p_k = e_k / den                                         (IEEE division)
+    out = bf16( (((0 + u_0*p_0) + u_1*p_1) + ...) )         (each product rounded, then added)
+
+and, with go = fp32(grad_out), for the valid rows and valid positions:
+
+    t_k    = (go * u_k) * p_k
+    S      = (((0 + t_0) + t_1) + ...) + t_{W-1}
+    ds_k   = fma(p_k, -S, t_k)                              (one rounding: ``_fma``)
+    dKV    = bf16(go * p_k)           dScore = bf16(ds_k)   (into the slot position k read)
+    dAPE[k mod ratio, column] = the sum over valid rows of ds_k, in fp64, rounded once to fp32
+
+This is the order the small-ratio kernels use and, at the head dims where torch's CUDA
+softmax reduces serially along the window, the order of torch's own fp32 eager autograd.
+The one device dependence left is ``exp``: torch.exp is CUDA's expf on a GPU and a vectorized
+libm exp on the CPU, which differ in the last bit on some inputs (CONTRACT section 3.1 says
+how many, measured).
 """
 
 from __future__ import annotations
@@ -50,8 +74,12 @@ class Grads:
     dape: torch.Tensor    # (ratio, coff*d): fp32 or fp64
 
 
+# --- where each window position reads ---------------------------------------------------------
+
+
 def _row_geometry(cu: torch.Tensor, cuc: torch.Tensor, n_rows: int, ratio: int):
-    """Per output row: first token of its window and whether it opens its segment.
+    """Per output row: first token of its window, whether it opens its segment, whether it
+    is a real row (not capacity padding).
 
     Padding rows (b >= cuc[B]) read tokens [0, ratio) and count as a first block, even when
     that crosses a segment boundary: that is what the eager gather does.
@@ -68,50 +96,98 @@ def _row_geometry(cu: torch.Tensor, cuc: torch.Tensor, n_rows: int, ratio: int):
     return tok0, local == 0, valid
 
 
-def _region(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int, precision: str,
-            cut_padding: bool = False):
-    """The eager region: gather, add APE, overlap transform, softmax, weighted sum.
+@dataclass(frozen=True)
+class _Slots:
+    """Where each (window position k, row) reads: position-major, shapes (W, N) and (W,)."""
 
-    ``cut_padding``: the capacity padding rows' windows keep their values but lose their path
-    back to kv, score and ape (``where(valid, x, x.detach())``; where's backward selects, it
-    does not multiply), so the backward excludes those rows. Every other value, shape and
-    reduction is the same, so finite gradients are unchanged bitwise.
+    token: torch.Tensor   # (W, N) token index (clamped to 0 where invalid)
+    valid: torch.Tensor   # (W, N) the position holds a token (not a first block's empty half)
+    half: torch.Tensor    # (W,) column half: 0 for [0, d), 1 for [d, 2d)
+    ape_row: torch.Tensor  # (W,) APE row k mod ratio
+
+
+def _slots(cu, cuc, n_rows: int, ratio: int, coff: int) -> _Slots:
+    tok0, first_block, _ = _row_geometry(cu, cuc, n_rows, ratio)
+    k = torch.arange(coff * ratio, device=cu.device)
+    shift = (coff - 1) * ratio                    # coff=2: positions [0, ratio) look back
+    token = tok0[None, :] + (k - shift)[:, None]
+    valid = ~((k < shift)[:, None] & first_block[None, :])
+    half = (k >= ratio).long() if coff == 2 else torch.zeros_like(k)
+    return _Slots(token.clamp(min=0), valid, half, k % ratio)
+
+
+def _windows(kv, score, ape, slots: _Slots, coff: int, dtype):
+    """(s, u), each (W, N, d) in ``dtype``: s = score + ape and u = kv at every position,
+    -inf and 0 at the invalid ones."""
+    d = kv.shape[1] // coff
+    kv3 = kv.view(kv.shape[0], coff, d)
+    sc3 = score.view(score.shape[0], coff, d)
+    ape3 = ape.view(ape.shape[0], coff, d).to(dtype)
+    half = slots.half[:, None]
+    u = kv3[slots.token, half].to(dtype)                          # (W, N, d), exact upcast
+    s = sc3[slots.token, half].to(dtype) + ape3[slots.ape_row, slots.half][:, None, :]
+    invalid = ~slots.valid[:, :, None]
+    s = torch.where(invalid, torch.full((), float("-inf"), dtype=dtype, device=s.device), s)
+    u = torch.where(invalid, torch.zeros((), dtype=dtype, device=u.device), u)
+    return s, u
+
+
+# --- the arithmetic, in the documented order ---------------------------------------------------
+
+
+def _serial_sum(x: torch.Tensor) -> torch.Tensor:
+    """(((0 + x_0) + x_1) + ...) over dim 0, one rounded add at a time."""
+    acc = torch.zeros_like(x[0]) if x.shape[0] else x.new_zeros(x.shape[1:])
+    for k in range(x.shape[0]):
+        acc = acc + x[k]
+    return acc
+
+
+def _softmax(s: torch.Tensor):
+    """(p, den) over dim 0 (the window): strict serial max, exp, serial sum, IEEE division."""
+    m = s[0]
+    for k in range(1, s.shape[0]):
+        m = torch.where(s[k] > m, s[k], m)
+    e = torch.exp(s - m)
+    den = _serial_sum(e)
+    return e / den, den
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a*b + c`` with one rounding, as ``fma.rn``, elementwise.
+
+    fp64: a*b + c (the oracle rounds at fp64 only). fp32: the product of two fp32 values is
+    exact in fp64; the fp64 sum is made round-to-odd (its error from TwoSum; an inexact
+    even result moves one ulp toward the exact value), and rounding a round-to-odd fp64
+    value to fp32 rounds the exact sum correctly (53 >= 24 + 2 bits; Boldo and Melquiond,
+    "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to
+    odd", 2008). Zeros keep IEEE's signs: (-0) + (-0) = -0, (+0) + (-0) = +0.
     """
-    width = kv.shape[1]
-    d = width // coff
-    tok0, first_block, valid = _row_geometry(cu, cuc, n_rows, ratio)
-    idx = tok0[:, None] + torch.arange(ratio, device=kv.device)  # (N, ratio) token ids
+    if a.dtype == torch.float64:
+        return a * b + c
+    prod = a.double() * b.double()
+    cc = c.double()
+    total = prod + cc
+    back = total - prod
+    err = (prod - (total - back)) + (cc - back)          # TwoSum: total + err is exact
+    odd = (total.view(torch.int64) & 1) == 1
+    inexact = (err != 0) & torch.isfinite(total)
+    toward = torch.where(err > 0, torch.full_like(total, float("inf")),
+                         torch.full_like(total, float("-inf")))
+    total = torch.where(inexact & ~odd, torch.nextafter(total, toward), total)
+    return total.float()
 
-    if precision == "fp32":
-        kv, score = kv.float(), score.float()
-    elif precision == "fp64":
-        kv, score, ape = kv.double(), score.double(), ape.double()
 
-    kv_w = kv[idx]                   # (N, ratio, coff*d)
-    s_w = score[idx] + ape[None]     # upstream: bf16 + fp32 promotes to fp32
-    if cut_padding:
-        keep = valid[:, None, None]
-        kv_w = torch.where(keep, kv_w, kv_w.detach())
-        s_w = torch.where(keep, s_w, s_w.detach())
+# --- forward and backward -------------------------------------------------------------------
 
-    if coff == 2:
-        # Own half: columns [d, 2d) of the own tokens. Previous half: columns [0, d) of the
-        # previous row's tokens (roll by one row); a segment's first block gets kv 0, score -inf.
-        prev_kv = torch.roll(kv_w[:, :, :d], shifts=1, dims=0)
-        prev_s = torch.roll(s_w[:, :, :d], shifts=1, dims=0)
-        hole = first_block[:, None, None]
-        prev_kv = torch.where(hole, torch.zeros_like(prev_kv), prev_kv)
-        prev_s = torch.where(hole, torch.full_like(prev_s, float("-inf")), prev_s)
-        kv_w = torch.cat([prev_kv, kv_w[:, :, d:]], dim=1)   # (N, 2*ratio, d)
-        s_w = torch.cat([prev_s, s_w[:, :, d:]], dim=1)
 
-    if precision == "fp64":
-        p = torch.softmax(s_w, dim=1)
-        return (p * kv_w).sum(dim=1)
-    p = torch.softmax(s_w, dim=1, dtype=torch.float32)
-    if precision == "upstream":
-        return (p.to(torch.bfloat16) * kv_w).sum(dim=1)
-    return (p * kv_w).sum(dim=1).to(torch.bfloat16)
+def _dtype(precision: str) -> torch.dtype:
+    return torch.float64 if precision == "fp64" else torch.float32
+
+
+def _out(p: torch.Tensor, u: torch.Tensor, precision: str) -> torch.Tensor:
+    acc = _serial_sum(u * p)                      # (N, d)
+    return acc if precision == "fp64" else acc.to(torch.bfloat16)
 
 
 def _check(kv, score, ape, cu, cuc, ratio, coff, precision):
@@ -129,35 +205,125 @@ def _check(kv, score, ape, cu, cuc, ratio, coff, precision):
 
 def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,
             precision: str = "fp32") -> torch.Tensor:
-    """``out`` (N, d) of the eager region; N defaults to cuc[B] (no capacity padding)."""
+    """``out`` (N, d) in the documented order; N defaults to cuc[B] (no capacity padding)."""
     _check(kv, score, ape, cu, cuc, ratio, coff, precision)
     if n_rows is None:
         n_rows = int(cuc[-1])
     with torch.no_grad():
-        return _region(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows,
-                       precision=precision)
+        if precision == "upstream":
+            return _torch_eager(kv, score, ape, cu, cuc, ratio=ratio, coff=coff,
+                                n_rows=n_rows, precision=precision)
+        s, u = _windows(kv, score, ape, _slots(cu, cuc, n_rows, ratio, coff), coff,
+                        _dtype(precision))
+        p, _ = _softmax(s)
+        return _out(p, u, precision)
 
 
 def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
              precision: str = "fp32") -> Grads:
-    """Forward and autograd backward; capacity padding rows are excluded from the backward.
+    """``out`` for all N rows and the gradients of the valid rows, in the documented order.
 
-    Their windows are cut from the graph (``_region(cut_padding=True)``) and their grad_out is
-    zeroed, so no value of theirs, finite or not, reaches dKV, dScore or dAPE.
+    Capacity padding rows take no part: only rows ``b < cuc[B]`` are read for the gradients,
+    so no value of theirs, finite or not, reaches dKV, dScore or dAPE. Every (token, column)
+    slot some valid window position reads is written once; every other slot is +0.
     """
     _check(kv, score, ape, cu, cuc, ratio, coff, precision)
+    if precision == "upstream":
+        return _torch_eager_backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
+    dtype = _dtype(precision)
     n_rows = grad_out.shape[0]
-    if precision == "fp64":
-        leaves = [kv.double(), score.double(), ape.double()]
-    else:
-        leaves = [kv, score, ape]
-    leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+    with torch.no_grad():
+        slots = _slots(cu, cuc, n_rows, ratio, coff)
+        s, u = _windows(kv, score, ape, slots, coff, dtype)
+        p, _ = _softmax(s)
+        out = _out(p, u, precision)
+
+        n_valid = min(int(cuc[-1]), n_rows)          # the backward reads real rows only
+        p, u = p[:, :n_valid], u[:, :n_valid]
+        go = grad_out[:n_valid].to(dtype)
+        t = (go * u) * p                              # t_k = dp_k * p_k, dp_k = go * u_k
+        S = _serial_sum(t)
+        ds = _fma(p, -S, t)
+        dkv_k = go * p
+        grad_dtype = dtype if precision == "fp64" else torch.bfloat16
+        dkv, dscore = (_scatter(vals.to(grad_dtype), slots, n_valid, kv.shape)
+                       for vals in (dkv_k, ds))
+        dape = _dape(ds, slots, n_valid, ape, dtype)
+    return Grads(out, dkv, dscore, dape)
+
+
+def _scatter(vals: torch.Tensor, slots: _Slots, n_valid: int, shape) -> torch.Tensor:
+    """(T, coff*d) holding ``vals`` (W, n_valid, d) at the slots the valid positions read,
+    +0 elsewhere (each slot is read by at most one (row, position), so nothing adds)."""
+    n_tokens, width = shape
+    d = vals.shape[-1]
+    grad = torch.zeros((n_tokens, width // d, d), dtype=vals.dtype, device=vals.device)
+    valid = slots.valid[:, :n_valid]
+    token = slots.token[:, :n_valid][valid]
+    half = slots.half[:, None].expand(valid.shape)[valid]
+    grad[token, half] = vals[valid]
+    return grad.view(n_tokens, width)
+
+
+def _dape(ds: torch.Tensor, slots: _Slots, n_valid: int, ape, dtype) -> torch.Tensor:
+    """dAPE[k mod ratio, column half of k]: ds summed over the valid rows in fp64, once
+    rounded to ``dtype`` (an invalid position's ds is never added)."""
+    ratio, width = ape.shape
+    d = ds.shape[-1]
+    valid = slots.valid[:, :n_valid, None]
+    summed = torch.where(valid, ds.double(), torch.zeros((), dtype=torch.float64,
+                                                          device=ds.device)).sum(dim=1)
+    dape = torch.zeros((ratio, width // d, d), dtype=torch.float64, device=ds.device)
+    dape[slots.ape_row, slots.half] = summed       # each (row k mod ratio, half) once
+    return dape.to(dtype).view(ratio, width)
+
+
+# --- upstream: torch's own eager ops (Megatron-LM's numerics) ------------------------------
+
+
+def _torch_eager(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int,
+                 precision: str = "upstream", cut_padding: bool = False):
+    """The eager region as Megatron-LM writes it, in torch ops: gather, add APE, overlap
+    transform, ``torch.softmax`` over the window, weighted sum (``precision``: "upstream" casts
+    the weights to bf16 before the multiply with the bf16 kv; "fp32" keeps fp32, for
+    comparisons with torch's own order). ``cut_padding``: the capacity padding rows' windows
+    keep their values and lose their path back to the leaves, so autograd excludes them."""
+    d = kv.shape[1] // coff
+    tok0, first_block, valid = _row_geometry(cu, cuc, n_rows, ratio)
+    idx = tok0[:, None] + torch.arange(ratio, device=kv.device)  # (N, ratio) token ids
+    if precision == "fp32":
+        kv, score = kv.float(), score.float()
+    kv_w = kv[idx]                   # (N, ratio, coff*d)
+    s_w = score[idx] + ape[None]     # bf16 + fp32 promotes to fp32
+    if cut_padding:
+        keep = valid[:, None, None]
+        kv_w = torch.where(keep, kv_w, kv_w.detach())
+        s_w = torch.where(keep, s_w, s_w.detach())
+    if coff == 2:
+        prev_kv = torch.roll(kv_w[:, :, :d], shifts=1, dims=0)
+        prev_s = torch.roll(s_w[:, :, :d], shifts=1, dims=0)
+        hole = first_block[:, None, None]
+        prev_kv = torch.where(hole, torch.zeros_like(prev_kv), prev_kv)
+        prev_s = torch.where(hole, torch.full_like(prev_s, float("-inf")), prev_s)
+        kv_w = torch.cat([prev_kv, kv_w[:, :, d:]], dim=1)   # (N, 2*ratio, d)
+        s_w = torch.cat([prev_s, s_w[:, :, d:]], dim=1)
+    p = torch.softmax(s_w, dim=1, dtype=torch.float32)
+    if precision == "upstream":
+        return (p.to(torch.bfloat16) * kv_w).sum(dim=1)
+    return (p * kv_w).sum(dim=1).to(torch.bfloat16)
+
+
+def _torch_eager_backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
+                          precision: str = "upstream") -> Grads:
+    """Autograd through ``_torch_eager`` with the padding rows cut from the graph."""
+    n_rows = grad_out.shape[0]
+    leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
     with torch.enable_grad():
-        out = _region(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows,
-                      precision=precision, cut_padding=True)
+        out = _torch_eager(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows,
+                           precision=precision, cut_padding=True)
         _, _, valid = _row_geometry(cu, cuc, n_rows, ratio)
-        go = torch.where(valid[:, None], grad_out.to(out.dtype), torch.zeros((), dtype=out.dtype,
-                                                                               device=out.device))
+        go = torch.where(valid[:, None], grad_out.to(out.dtype),
+                         torch.zeros((), dtype=out.dtype, device=out.device))
         if out.numel():
             out.backward(go)
     dkv, dscore, dape = (t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves)

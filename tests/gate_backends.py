@@ -21,7 +21,7 @@ from csagate.gates.cases import Case
 from csagate.gates.limits import BucketEdge
 from csagate.gates.verdict import Selection
 from csagate.reference import backward, forward, never_consumed_mask
-from csagate.reference.compressor import _region, _row_geometry
+from csagate.reference.compressor import _row_geometry, _torch_eager
 from csagate.reference.inputs import PAD_GRAD_SEED
 
 RATIO = 8
@@ -329,8 +329,8 @@ class FaultyBackend(RefBackend):
 def leaky_backward(kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
     """The backward before CONTRACT.md 7.1: padding rows in the graph, grad_out times zero."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
-    out = _region(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=grad_out.shape[0],
-                  precision="fp32")
+    out = _torch_eager(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=grad_out.shape[0],
+                       precision="fp32")
     _, _, valid = _row_geometry(cu, cuc, grad_out.shape[0], ratio)
     out.backward(torch.where(valid[:, None], grad_out, torch.zeros((), dtype=grad_out.dtype)))
     return tuple(t.grad for t in leaves)

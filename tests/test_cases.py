@@ -134,9 +134,8 @@ def test_every_small_ratio_has_a_contract_of_its_own():
     for ratio, k in _small_contracts().items():
         assert k.ratio == ratio and k.drift == DRIFT and not k.hardening and not k.edges
         assert k.coverage_configs == R4.coverage_configs
-        # the ratio=4 rules, the forward's noise floor for the longer window
-        assert [(n, r.check) for n, r in k.g2] == [(n, r.check) for n, r in R4.g2]
-        assert k.rule("out").noise_atol >= R4.rule("out").noise_atol
+        # the ratio=4 rules (the forward's rate and noise floor follow each case's window)
+        assert k.g2 == R4.g2
         assert all(c.ratio == ratio and c.name.startswith(f"r{ratio}/") for c in k.all_cases)
 
 

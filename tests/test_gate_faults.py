@@ -608,7 +608,7 @@ def test_padding_only_nonfinite_rules(clean):
     for tensor in ("dkv", "dscore"):
         assert not r.result("G1", tensor).numbers["allow_nan"]
         iso = r.result("isolation", tensor).numbers
-        assert iso["n_diff"] == 0 and iso["allowed"] == 0 and iso["bound"] == 0.0
+        assert iso["n_diff"] == 0 and iso["numel"] > 0 and iso["first_index"] is None
     assert r.result("isolation", "dape").numbers["bound"] == limits.DAPE_MAX_ABS
     assert r.result("isolation", "eager").status == PASS
     assert r.recorded["pad_rows_grad_out_nonzero"] is True
@@ -669,15 +669,14 @@ def test_r4_unfaulted_passes_with_its_own_rules(clean_r4):
     assert v.ratio == 4 and v.hardening_total == 0
     assert v.coverage.summary == "fwd 4/4, bwd 4/4" and v.coverage.edges is None
     r = row(v, "r4/c1d16/ragged")
-    for tensor in ("dkv", "dscore"):   # bitwise
+    for tensor in ("dkv", "dscore"):   # bit patterns
         g2 = r.result("G2", tensor).numbers
-        assert (g2["allowed"], g2["bound"], g2["n_diff"]) == (0, 0.0, 0)
-    out = r.result("G2", "out").numbers   # one bf16 step on at most 1e-4 of the elements
+        assert (g2["n_diff"], g2["n_zero_sign"]) == (0, 0) and g2["numel"] > 0
+    out = r.result("G2", "out").numbers   # one bf16 step at the window's calibrated rate
     assert out["allowed"] == limits.count_allowance(out["numel"], limits.R4_FWD_FRACTION)
     assert out["noise_atol"] == 8e-6 and out["n_beyond"] == 0
     assert r.result("G2", "dape").numbers["bound"] == limits.DAPE_MAX_ABS
-    assert r.recorded["parity_ref"] == "upstream"      # TESTS.md 1.3: G3 vs upstream eager
-    assert set(r.recorded["err_parity_ref"]) == {"out", "dkv", "dscore", "dape"}
+    assert "parity_ref" not in r.recorded      # G3 against the fp32 reference, every family
     over = row(v, "r4/c1d16/overflow")
     assert over.result("G3", "out").status == SKIP
     partial = row(v, "r4/c2d16/ragged/partial-overflow")
@@ -690,7 +689,7 @@ def test_r4_one_ulp_dkv_change_fails_bitwise():
     assert_only_case_failed(v, name, SMALL_R4_CONTRACT)
     r = row(v, name)
     assert ("G2", "dkv") in failed_gates(r) and failed_gates(r) <= {("G2", "dkv"), ("G3", "dkv")}
-    assert "1 differing > 0 allowed" in r.result("G2", "dkv").reason
+    assert "1 of 1152 elements differ in their bits" in r.result("G2", "dkv").reason
 
 
 def test_r4_forward_count_and_step_boundaries():

@@ -190,18 +190,17 @@ def test_bad_precision_rejected():
         R.forward(*pack.inputs(), ratio=4, coff=1, precision="fp16")
 
 
-# --- capacity padding rows are excluded from the backward (CONTRACT.md 7.1) ------------------
+# --- capacity padding rows are excluded from the backward (CONTRACT.md 2.3) ------------------
 
 
-def _multiply_by_zero_backward(kv, score, ape, cu, cuc, grad_out, *, ratio, coff, precision):
-    """The reference before amendment 7.1: padding rows in the graph, their grad_out zeroed."""
-    from csagate.reference.compressor import _region, _row_geometry
+def _multiply_by_zero_backward(kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+    """Padding rows left in torch's eager graph with their grad_out zeroed (what the contract
+    forbids, section 2.3): 0 * inf = NaN reaches the gradients."""
+    from csagate.reference.compressor import _row_geometry, _torch_eager
 
-    leaves = [kv.double(), score.double(), ape.double()] if precision == "fp64" else \
-        [kv, score, ape]
-    leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
-    out = _region(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=grad_out.shape[0],
-                  precision=precision)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
+    out = _torch_eager(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=grad_out.shape[0],
+                       precision="fp32")
     _, _, valid = _row_geometry(cu, cuc, grad_out.shape[0], ratio)
     out.backward(torch.where(valid[:, None], grad_out.to(out.dtype),
                              torch.zeros((), dtype=out.dtype)))
@@ -226,20 +225,22 @@ PADDED = [
 ]
 
 
-@pytest.mark.parametrize("precision", R.PRECISIONS)
+@pytest.mark.parametrize("precision", ["fp32", "fp64"])   # upstream: torch's order, by shape
 @pytest.mark.parametrize("lens,ratio,coff,d,pad_rows,pad_tokens", PADDED)
-def test_excluding_padding_rows_keeps_finite_results_bitwise(lens, ratio, coff, d, pad_rows,
-                                                             pad_tokens, precision):
-    """Cutting the padding rows from the graph changes no bit of a finite pack's results
-    (signs of zero included) against multiplying their grad_out by zero."""
+def test_padding_rows_change_no_gradient_bit(lens, ratio, coff, d, pad_rows, pad_tokens,
+                                             precision):
+    """The gradients of a pack with capacity padding rows (nonzero grad_out there) are the
+    bits of the same pack without them (signs of zero included)."""
     pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d, pad_rows=pad_rows,
                        pad_tokens=pad_tokens)
     go = R.make_grad_out(pack.n_rows, d, seed=11)
     new = R.backward(*pack.inputs(), go, ratio=ratio, coff=coff, precision=precision)
-    old = _multiply_by_zero_backward(*pack.inputs(), go, ratio=ratio, coff=coff,
-                                     precision=precision)
-    for name, a, b in zip(("out", "dkv", "dscore", "dape"), (new.out, new.dkv, new.dscore,
-                                                              new.dape), old):
+    bare = R.backward(*pack.inputs(), go[:pack.n_valid_rows], ratio=ratio, coff=coff,
+                      precision=precision)
+    assert go[pack.n_valid_rows:].abs().sum() > 0
+    for name, a, b in zip(("out", "dkv", "dscore", "dape"), (new.out[:pack.n_valid_rows],
+                                                              new.dkv, new.dscore, new.dape),
+                          (bare.out, bare.dkv, bare.dscore, bare.dape)):
         assert a.dtype == b.dtype and torch.equal(_bits(a), _bits(b)), name
 
 
@@ -263,11 +264,11 @@ def test_non_finite_values_only_padding_rows_read_reach_no_gradient(coff):
     n_valid = pack.n_valid_rows
     assert got.out[n_valid:].isnan().any() and not got.out[:n_valid].isnan().any()
     old = _multiply_by_zero_backward(kv, score, pack.ape, pack.cu, pack.cuc, go, ratio=128,
-                                     coff=coff, precision="fp32")
-    assert not torch.isfinite(old[3]).all()   # 0 * inf = NaN reached dAPE before 7.1
+                                     coff=coff)
+    assert not torch.isfinite(old[3]).all()   # 0 * inf = NaN: why the rows are excluded
 
 
-# --- non-finite placements of the hardening cases (CONTRACT.md 7.2) ---------------------------
+# --- non-finite placements of the hardening cases (CONTRACT.md 5.3) ---------------------------
 
 
 @pytest.mark.parametrize("ratio,coff,d", [(128, 2, 8), (128, 1, 8), (4, 2, 8), (8, 1, 16)])
@@ -311,3 +312,146 @@ def test_pad_nonfinite_placements_are_read_by_padding_rows_only():
         assert values == ["-inf", "inf", "nan", "nan"]
     with pytest.raises(ValueError, match="segment 0"):
         R.pad_nonfinite_slots((128, 5), ratio=128, coff=1, d=8)
+
+
+# --- the reference defines its own order (CONTRACT.md 3.1) ---------------------------------------
+
+
+def _serial_loop(pack, grad_out):
+    """The documented fp32 order as scalar loops over rows, columns and window positions (0-d
+    fp32 tensors, so every step is one IEEE fp32 operation; exp is torch.exp as in the
+    reference)."""
+    f32 = torch.float32
+    kv, score, ape = pack.kv.float(), pack.score.float(), pack.ape
+    cu, cuc = pack.cu.tolist(), pack.cuc.tolist()
+    r, coff, d = pack.ratio, pack.coff, pack.d
+    n_rows = grad_out.shape[0]
+    out = torch.zeros(n_rows, d, dtype=torch.bfloat16)
+    dkv = torch.zeros(kv.shape, dtype=torch.bfloat16)
+    dscore = torch.zeros(kv.shape, dtype=torch.bfloat16)
+    zero, ninf = torch.tensor(0.0, dtype=f32), torch.tensor(-math.inf, dtype=f32)
+    for b in range(n_rows):
+        if b < cuc[-1]:
+            seg = max(i for i in range(len(cu) - 1) if cuc[i] <= b < cuc[i + 1])
+            i, tok0 = b - cuc[seg], cu[seg] + (b - cuc[seg]) * r
+        else:
+            i, tok0 = 0, 0
+        for j in range(d):
+            if coff == 1:
+                slots = [(tok0 + k, j, k) for k in range(r)]
+            else:
+                slots = [None if i == 0 else (tok0 - r + k, j, k) for k in range(r)]
+                slots += [(tok0 + k, d + j, k) for k in range(r)]
+            s = [ninf if sl is None else score[sl[0], sl[1]] + ape[sl[2], sl[1]] for sl in slots]
+            u = [zero if sl is None else kv[sl[0], sl[1]] for sl in slots]
+            m = s[0]
+            for x in s[1:]:
+                m = x if x > m else m
+            e = [torch.exp(x - m) for x in s]
+            den = zero
+            for x in e:
+                den = den + x
+            p = [x / den for x in e]
+            acc = zero
+            for pk, uk in zip(p, u):
+                acc = acc + uk * pk
+            out[b, j] = acc.to(torch.bfloat16)
+            if b >= cuc[-1]:
+                continue
+            go = grad_out[b, j].float()
+            t = [(go * uk) * pk for uk, pk in zip(u, p)]
+            big_s = zero
+            for x in t:
+                big_s = big_s + x
+            for sl, pk, tk in zip(slots, p, t):
+                if sl is not None:
+                    dkv[sl[0], sl[1]] = (go * pk).to(torch.bfloat16)
+                    dscore[sl[0], sl[1]] = _fma_exact(pk, -big_s, tk).to(torch.bfloat16)
+    return out, dkv, dscore
+
+
+def _fma_exact(a, b, c):
+    """a*b + c rounded once to fp32, from exact rationals (the test's own fma)."""
+    from fractions import Fraction
+
+    a, b, c = float(a), float(b), float(c)
+    if not all(map(math.isfinite, (a, b, c))):
+        return torch.tensor(a * b + c, dtype=torch.float32)
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:   # IEEE: an exact zero sum is +0 unless both addends are -0
+        neg = math.copysign(1, a * b) < 0 and math.copysign(1, c) < 0
+        return torch.tensor(-0.0 if neg else 0.0, dtype=torch.float32)
+    near = torch.tensor(float(exact), dtype=torch.float32)
+    cands = [near, torch.nextafter(near, torch.tensor(math.inf)),
+             torch.nextafter(near, torch.tensor(-math.inf))]
+    return min(cands, key=lambda t: (abs(Fraction(float(t)) - exact),
+                                     int(t.view(torch.int32)) & 1))
+
+
+@pytest.mark.parametrize("lens,ratio,coff,d,pad_rows", [
+    ((9, 0, 13, 3, 8), 4, 2, 3, 2),
+    ((5, 4, 11), 4, 1, 2, 1),
+    ((70, 35), 32, 2, 2, 1),
+    ((20,), 8, 2, 5, 0),
+])
+def test_fp32_reference_is_the_documented_serial_order(lens, ratio, coff, d, pad_rows):
+    """Bit for bit (signs of zero included) the scalar loop of the documented order."""
+    pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d, pad_rows=pad_rows)
+    go = R.make_grad_out(pack.n_rows, d)
+    got = R.backward(*pack.inputs(), go, ratio=ratio, coff=coff)
+    want = _serial_loop(pack, go)
+    for name, a, b in zip(("out", "dkv", "dscore"), (got.out, got.dkv, got.dscore), want):
+        assert torch.equal(_bits(a), _bits(b)), name
+
+
+def test_fma_is_one_rounding():
+    """``_fma`` against exact rationals: cancellation, signed zeros, non-finite values."""
+    from csagate.reference.compressor import _fma
+
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(3000, generator=gen)
+    b = torch.randn(3000, generator=gen)
+    c = -(a * b) * (1 + torch.randn(3000, generator=gen) * 2.0**-20)   # deep cancellation
+    c[:1000] = torch.randn(1000, generator=gen) * 1e-3
+    specials = torch.tensor([[0.0, 0.0, -0.0], [-0.0, 1.0, -0.0], [0.0, -1.0, 0.0],
+                             [1e-30, 1e-30, -0.0], [math.inf, 1.0, -math.inf],
+                             [math.nan, 1.0, 0.0], [3.0, 0.0, -0.0], [1e-38, 1e-3, 0.0]])
+    a = torch.cat([a, specials[:, 0]])
+    b = torch.cat([b, specials[:, 1]])
+    c = torch.cat([c, specials[:, 2]])
+    got = _fma(a, b, c)
+    for i in range(a.numel()):
+        want = _fma_exact(a[i], b[i], c[i])
+        if math.isnan(float(want)):
+            assert math.isnan(float(got[i])), i
+        else:
+            assert int(got[i].view(torch.int32)) == int(want.view(torch.int32)), i
+
+
+def test_zero_signs_follow_the_expression():
+    """grad_out = 0 and kv < 0: t_k = (0 * u_k) * p_k = -0, so ds_k = fma(p_k, -0, -0) = -0.
+    The reference keeps that -0 (torch's autograd adds +0 contributions and turns it +0)."""
+    pack = R.make_pack((16,), ratio=4, coff=1, d=4)
+    go = torch.zeros(pack.n_rows, 4, dtype=torch.bfloat16)
+    g = R.backward(*pack.inputs(), go, ratio=4, coff=1)
+    negative = pack.kv < 0
+    bits = _bits(g.dscore)
+    assert negative.any() and (bits[negative] == torch.tensor(-0x8000, dtype=torch.int16)).all()
+    assert (bits[~negative] == 0).all()
+
+
+@pytest.mark.parametrize("ratio,coff", [(32, 2), (128, 1), (4, 2)])
+def test_same_bits_for_the_same_columns_at_every_head_dim(ratio, coff):
+    """Columns [0, 64) of a d=128 pack and the d=64 pack made of them: the same bits (torch's
+    CUDA softmax picks another reduction tree for d <= 64 at a 64-position window)."""
+    big = R.make_pack((300, 1090, 77), ratio=ratio, coff=coff, d=128, pad_rows=2)
+    go = R.make_grad_out(big.n_rows, 128)
+    keep = torch.cat([torch.arange(64) + h * 128 for h in range(coff)])
+    small = R.Pack(big.kv[:, keep].contiguous(), big.score[:, keep].contiguous(),
+                   big.ape[:, keep].contiguous(), big.cu, big.cuc, big.n_rows, ratio, coff, 64,
+                   big.lens)
+    a = R.backward(*big.inputs(), go, ratio=ratio, coff=coff)
+    b = R.backward(*small.inputs(), go[:, :64].contiguous(), ratio=ratio, coff=coff)
+    assert torch.equal(_bits(a.out[:, :64]), _bits(b.out))
+    assert torch.equal(_bits(a.dkv[:, keep]), _bits(b.dkv))
+    assert torch.equal(_bits(a.dscore[:, keep]), _bits(b.dscore))
