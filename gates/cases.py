@@ -2,9 +2,9 @@
 
 * ``DRIFT``: the reference drift check (docs/CONTRACT.md section 5, step 0).
 * ``CASES``: the 21 upstream cases of the ratio=128 gate (section 5).
-* ``HARDENING``: the three hardening cases run after them (section 7.2).
-* ``R4_CASES``: the production ratio=4 kernels' own cases (section 7.4).
-* ``DETERMINISTIC``, ``R4_DETERMINISTIC``: the deterministic backward (section 7.5): cases
+* ``HARDENING``: the three hardening cases run after them (section 5.3).
+* ``R4_CASES``: the production ratio=4 kernels' own cases (section 7).
+* ``DETERMINISTIC``, ``R4_DETERMINISTIC``: the deterministic backward (section 2.5): cases
   run with ``deterministic=True``, in which G1 covers dAPE bitwise too.
 * ``SMALL_CASES[r]``, ``SMALL_DETERMINISTIC[r]`` for the other small ratios r in
   ``SMALL_RATIOS`` (2, 8, 16, 32): the same kinds at that ratio (``small_cases``), plus a
@@ -51,7 +51,7 @@ class Case:
     pad_rows: int = 0
     pad_tokens: int = 0
     inputs: str = "random"
-    deterministic: bool = False  # the backward runs with deterministic=True (section 7.5)
+    deterministic: bool = False  # the backward runs with deterministic=True (section 2.5)
 
     @property
     def config(self) -> str:

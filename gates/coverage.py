@@ -1,4 +1,4 @@
-"""The coverage check (docs/CONTRACT.md section 7.3): every kernel of every dispatch-table
+"""The coverage check (docs/CONTRACT.md section 5.4): every kernel of every dispatch-table
 entry is selected by some case (``table_coverage``), and the dispatcher's buckets start and end
 at the declared rows (``bucket_edges``, probed at edge-1, edge, edge+1).
 
@@ -18,7 +18,7 @@ from csagate.kernels.schedule import config_name
 __all__ = ["BucketEdges", "EdgeProbe", "TableCoverage", "bucket_edges", "declared_bucket",
            "edge_probes", "entry_configs", "table_coverage"]
 
-# --- coverage over the dispatch tables' entries (docs/CONTRACT.md section 7.3) --------------------
+# --- coverage over the dispatch tables' entries (docs/CONTRACT.md section 5.4) --------------------
 
 
 def _name(kernel: Any) -> str:
@@ -63,7 +63,7 @@ def table_coverage(direction: str, entries: Mapping[Any, Any],
                          unexpected=unexpected, ok=not missing and not unexpected)
 
 
-# --- pinned bucket edges (docs/CONTRACT.md section 7.3) -------------------------------------------
+# --- pinned bucket edges (docs/CONTRACT.md section 5.4) -------------------------------------------
 
 
 def declared_bucket(edges: Sequence[BucketEdge], entries: Mapping[tuple[str, str, Any], Any],

@@ -1,5 +1,5 @@
 """The contract's numbers and declared bucket edges as plain data (docs/CONTRACT.md sections
-4.2 and 7.3). ``csagate.gates.comparators`` judges with them; ``csagate.gates.contracts`` states the
+4.2 and 5.4). ``csagate.gates.comparators`` judges with them; ``csagate.gates.contracts`` states the
 rules with them. Importing this imports no torch, so listing or naming cases stays fast.
 """
 

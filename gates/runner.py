@@ -23,7 +23,7 @@ Per case:
   eager is not NaN and G3 where it is finite;
 * ``isolation`` (padding-only inf/NaN): the gradients equal a backward of the same pack
   without the non-finite values, and the reference itself keeps them out (docs/CONTRACT.md
-  section 7.1).
+  section 2.3).
 
 A case that raises is an ``error`` row with the exception's one-line text; the run goes on.
 """
@@ -457,7 +457,7 @@ def _g3(case: Case, fused, eager, oracle, masks=None) -> list[GateResult]:
 def _finite_g2_g3(contract: Contract, case: Case, fused, eager, oracle) -> list[GateResult]:
     """Some inputs non-finite: NaN masks equal eager's on all four outputs, G2 where eager is
     not NaN (an infinity, e.g. from a -inf kv a padding row reads, must be matched exactly)
-    and G3 where eager is finite (docs/CONTRACT.md section 7.2)."""
+    and G3 where eager is finite (docs/CONTRACT.md section 5.3)."""
     out = [_gate("G2", f"{name}[NaN mask]",
                  comparators.nan_mask(fused[name], eager[name], require_full=False))
            if name in fused else _na("G2", f"{name}[NaN mask]") for name in TENSORS]

@@ -134,7 +134,7 @@ class CaseResult:
 @dataclass(frozen=True)
 class CoverageResult:
     """Selected kernels per direction against every kernel of the tables' entries, and the
-    bucket-edge probes (docs/CONTRACT.md section 7.3); ``table``/``edges`` are the checks' own
+    bucket-edge probes (docs/CONTRACT.md section 5.4); ``table``/``edges`` are the checks' own
     records."""
 
     status: str
@@ -203,7 +203,7 @@ class Verdict:
 
     def _of(self, hardening: bool) -> tuple[CaseResult, ...]:
         """hardening True: the hardening cases; False: the named (upstream) cases (the
-        deterministic-mode cases, section 7.5, are counted apart: ``_kind``)."""
+        deterministic-mode cases, section 2.5, are counted apart: ``_kind``)."""
         if hardening:
             return self._kind("hardening")
         return tuple(c for c in self.cases if c.applies

@@ -113,7 +113,7 @@ def overflow_pack(lens=(128,), *, ratio: int = 128, coff: int = 1, d: int = 128,
     return pack, go
 
 
-# --- non-finite placements of the hardening cases (docs/CONTRACT.md section 7.2) ------------------
+# --- non-finite placements of the hardening cases (docs/CONTRACT.md section 5.3) ------------------
 
 Slot = tuple[str, int, int, float]   # (tensor "kv"/"score", token, column, value)
 

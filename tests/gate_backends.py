@@ -73,7 +73,7 @@ SMALL_EDGES = (BucketEdge("fwd", "small", FWD_SMALL_MAX, upper=True),
 SMALL_CONTRACT = replace(contracts.R128, ratio=RATIO, drift=SMALL_DRIFT, cases=SMALL_CASES,
                          hardening=SMALL_HARDENING, edges=SMALL_EDGES, deterministic=())
 
-# The deterministic-mode cases (CONTRACT.md 7.5): run with deterministic=True, G1 on dAPE too.
+# The deterministic-mode cases (CONTRACT.md 2.5): run with deterministic=True, G1 on dAPE too.
 SMALL_DETERMINISTIC: tuple[Case, ...] = (
     _case("c1d16/edge/deterministic", 1, 16, EDGE, "deterministic", deterministic=True),
     _case("c2d32/ragged+pad2r3t/deterministic", 2, 32, RAGGED, "deterministic",
@@ -327,7 +327,7 @@ class FaultyBackend(RefBackend):
 
 
 def leaky_backward(kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
-    """The backward before CONTRACT.md 7.1: padding rows in the graph, grad_out times zero."""
+    """The backward before CONTRACT.md 2.3: padding rows in the graph, grad_out times zero."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
     out = _torch_eager(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=grad_out.shape[0],
                        precision="fp32")

@@ -103,7 +103,7 @@ def test_case_names_are_unique_across_both_contracts():
 
 
 def test_deterministic_cases():
-    """CONTRACT.md 7.5: ratio=128 one per config on a ragged/edge pack, ratio=4 two; each runs
+    """CONTRACT.md 2.5: ratio=128 one per config on a ragged/edge pack, ratio=4 two; each runs
     the backward with deterministic=True (G1 then covers dAPE too)."""
     from csagate.gates.cases import DETERMINISTIC, R4_DETERMINISTIC, case_by_name
 

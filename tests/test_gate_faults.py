@@ -574,7 +574,7 @@ class _Null:
         return False
 
 
-# --- hardening cases (CONTRACT.md 7.2) -----------------------------------------------------------
+# --- hardening cases (CONTRACT.md 5.3) -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["c2d16/ragged/partial-overflow",
@@ -727,7 +727,7 @@ def test_r4_coverage_names_a_config_no_case_has():
                          "coverage (table entries): no case selects bwd c1d64 r4")
 
 
-# --- the deterministic backward (CONTRACT.md 7.5) -------------------------------------------
+# --- the deterministic backward (CONTRACT.md 2.5) -------------------------------------------
 
 
 def test_deterministic_cases_run_with_deterministic_true_and_pass():
