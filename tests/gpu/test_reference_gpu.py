@@ -3,8 +3,8 @@ device except through ``exp``, and the small-ratio kernels are bitwise to it at 
 no named case uses.
 
 * ``exp``: torch.exp on the CPU and CUDA's expf compared over every fp32 argument the
-  reference can hand it (``s - m`` in [-104, 0], where exp is neither 0 nor 1 in fp32); the
-  measured count is printed (``-s``) and CONTRACT quotes it; at most one ulp apart.
+  reference can hand it (``s - m`` in [-104, 0]); the measured count is printed (``-s``) and
+  CONTRACT section 3.1 quotes it.
 * the reference on the CPU and on the GPU: the same bits, except in windows that hold an exp
   argument on which the two exps differ.
 * the kernels (``csagate.kernels.api``) against the reference: out, dKV and dScore bitwise
@@ -31,8 +31,10 @@ def _negative_floats(hi_bits: int, start: int):
     return (bits - (1 << 32)).to(torch.int32).view(torch.float32)
 
 
-def test_exp_cpu_and_cuda_differ_by_at_most_one_ulp():
-    """Every fp32 x in [-104, -0]: torch.exp on the CPU vs on CUDA."""
+def test_exp_cpu_and_cuda_differ_within_their_error_bounds():
+    """Every fp32 x in [-104, -0]: torch.exp on the CPU vs on CUDA. CUDA's expf is within 2 ulp
+    of exp (CUDA C++ Programming Guide), a vectorized libm expf within 1, so they differ by at
+    most 3 ulp (measured on the H200 host: at most 2, on 9.2% of the arguments)."""
     lo = 0x80000000                      # -0.0
     hi = int(torch.tensor(-104.0).view(torch.int32)) + (1 << 32) + 1
     n_diff = n_total = 0
@@ -47,7 +49,7 @@ def test_exp_cpu_and_cuda_differ_by_at_most_one_ulp():
         n_total += x.numel()
     print(f"\nexp: {n_diff} of {n_total} fp32 arguments in [-104, 0] differ CPU vs CUDA "
           f"(at most {worst} ulp), torch {torch.__version__}")
-    assert worst <= 1
+    assert worst <= 3
 
 
 def _tainted(pack, device_a, device_b):
@@ -121,4 +123,25 @@ def test_small_kernels_bitwise_to_the_reference_at_every_head_dim(ratio, coff, d
     for name, got, want in (("out", out, ref.out), ("dkv", dkv, ref.dkv),
                             ("dscore", dscore, ref.dscore)):
         found = bitwise(got, want)
+        assert found.ok, f"{name}: {found.summary()}"
+
+
+@pytest.mark.parametrize("ratio,coff,d", [(4, 2, 128), (4, 1, 512), (32, 2, 128), (128, 1, 128),
+                                          (128, 2, 512), (16, 1, 128)])
+def test_torch_eager_happens_to_be_the_reference_at_wide_heads(ratio, coff, d):
+    """A measured property of torch's CUDA kernels (CONTRACT section 3.2), not the definition:
+    at d >= 128 (and windows of at most 64 positions, or any window at d > 64) torch's fp32
+    eager softmax reduces serially along the window, so its dKV and dScore are the
+    reference's bits."""
+    from csagate.gates.comparators import bitwise
+    from csagate.reference import backward, make_grad_out, make_pack
+    from csagate.reference.compressor import _torch_eager_backward
+
+    pack = make_pack((1023, 2048, 509), ratio=ratio, coff=coff, d=d, device="cuda")
+    go = make_grad_out(pack.n_rows, d, device="cuda")
+    ref = backward(*pack.inputs(), go, ratio=ratio, coff=coff)
+    torch_eager = _torch_eager_backward(*pack.inputs(), go, ratio=ratio, coff=coff,
+                                        precision="fp32")
+    for name in ("dkv", "dscore"):
+        found = bitwise(getattr(torch_eager, name), getattr(ref, name))
         assert found.ok, f"{name}: {found.summary()}"
