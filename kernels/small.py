@@ -1,7 +1,7 @@
 """The small-ratio kernels of the CSA compressor (forward and backward, CuTe DSL): every
 power-of-two ratio in ``small_schedule.SMALL_RATIOS``, the ratio compile-time, the whole
-window of a row in registers. dKV and dScore are bitwise equal to torch's fp32 eager autograd:
-each value follows torch's expression tree and rounding, every step pinned (``mul.rn`` /
+window of a row in registers. out, dKV and dScore are bitwise equal to the fp32 reference:
+each value follows the reference's order and rounding, every step pinned (``mul.rn`` /
 ``add.rn`` / ``fma.rn``). Semantics: docs/CONTRACT.md sections 1-2; design and numerics:
 docs/KERNELS.md section 4. At ratio 4 these are the production ratio=4 kernels.
 """
