@@ -143,12 +143,17 @@ class Envelope:
         return self.covers(case) and case.rows >= 1 and pack_refuses(case) is None
 
     def text(self) -> str:
+        """``r4 c1 d 1..1024, r128 c1 d 128/512, ...``: per (ratio, coff), its head dims."""
         parts = []
         for (ratio, coff), dims in self.dims.items():
-            span = f"d {dims[0]}" if len(dims) == 1 else \
-                f"{len(dims)} head dims in {dims[0]}..{dims[-1]}"
-            parts.append(f"r{ratio} c{coff}: {span}")
-        return "; ".join(parts)
+            if len(dims) <= 3:
+                span = "/".join(map(str, dims))
+            else:
+                span = f"{dims[0]}..{dims[-1]}"
+                if len(dims) != dims[-1] - dims[0] + 1:
+                    span += f" ({len(dims)} dims)"
+            parts.append(f"r{ratio} c{coff} d {span}")
+        return ", ".join(parts)
 
 
 def envelope(supports, *, ratios: tuple[int, ...] | None = None, deterministic: bool = False,

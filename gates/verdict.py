@@ -264,7 +264,7 @@ class Verdict:
         if self.scope:
             line += f" [{self.scope}]"
         if not self.drift_run:
-            line += f" (drift check not run: {self.drift.error.removeprefix('n/a: ')})"
+            line += f" (drift check {self.drift.error or 'not run'})"
         return line
 
     @property
