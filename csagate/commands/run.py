@@ -300,7 +300,8 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
         selection = {"ratio": k.ratio, "requested": ratio, "quick": quick, "cases": list(names),
                      "device": "cpu" if device.cpu else device.index, "impl": impl.name}
         if case_files:
-            selection["case_files"] = [f.path for f in case_files if f.case in cases]
+            selection["case_files"] = list(dict.fromkeys(f.path for f in case_files
+                                                         if f.case in cases))
         reports[k.ratio] = Reports(report_path(json_path, k.ratio, several),
                                    report_path(junit_path, k.ratio, several),
                                    selection=selection, total=len(cases),
