@@ -31,11 +31,12 @@ COMMANDS = {
     "reference": "Show the in-place eager reference; --check runs the drift check alone.",
     "impls": "List the implementations --impl can judge here, and why the others cannot.",
     "compare": "Run the same inputs through two implementations (--impl A --impl B).",
+    "fuzz": "Fuzz an implementation with seeded random packs; shrink and save failures.",
 }
 
 
 # The commands that compile kernels: the DSL keeps its PTX under CSAGATE_CACHE_DIR.
-COMPILING = ("run", "build", "probe", "bench")
+COMPILING = ("run", "build", "probe", "bench", "fuzz")
 
 
 def check_cache_dir() -> None:

@@ -31,7 +31,7 @@ SHORT2 = (1, 515, 1024, 129, 1, 0, 3)  # ratio=2: one-token segments, the first 
 SMALL_RATIOS = (2, 8, 16, 32)  # the small ratios with cases of their own (4: R4_CASES)
 
 KINDS = ("drift", "union", "scaled", "padding", "overflow", "partial-overflow", "hardening",
-         "deterministic", "zero-ape")
+         "deterministic", "zero-ape", "fuzz")  # fuzz: a seeded random pack (gates/fuzz.py)
 INPUTS = ("random", "overflow", "partial_overflow", "pad_nonfinite", "zero_ape")
 
 

@@ -99,8 +99,8 @@ def build_targets(cases: Sequence[Case], drift: Case | None) -> tuple[Target, ..
 
 
 def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | None = None,
-             progress: ProgressFn | None = None, drift_backend: Backend | None = None
-             ) -> Verdict:
+             progress: ProgressFn | None = None, drift_backend: Backend | None = None,
+             drift_na: str | None = None) -> Verdict:
     """Drift check, then every case (a failure never hides the others), then coverage.
 
     ``cases`` (default: the contract's cases and hardening cases) may be a subset, in the
@@ -108,7 +108,9 @@ def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | No
     reported as untrusted and not run. ``drift_backend`` (default ``backend``): the kernels the
     drift check judges the reference with, when ``backend`` is another implementation. What
     does not apply to ``backend`` (its ``applies``: a direction, the deterministic mode, the
-    dispatch hooks, a case outside its envelope) is ``n/a``.
+    dispatch hooks, a case outside its envelope) is ``n/a``. ``drift_na`` (a reason): the
+    drift check is not run (no production kernels here, e.g. on the CPU); it is ``n/a`` and
+    the cases run.
     """
     applies = applies_to(backend)
     start = perf_counter()
@@ -116,10 +118,12 @@ def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | No
     full = set(cases) == set(contract.all_cases)
     total = len(cases) + 2
     _tick(progress, 0, total, f"drift check {contract.drift.name}")
-    drift_result = run_drift(drift_backend or backend, contract.drift)
+    drift_result = CaseResult(contract.drift, NA, error=drift_na) if drift_na else \
+        run_drift(drift_backend or backend, contract.drift)
+    trusted = drift_result.ok or drift_result.status == NA
     results = []
     for i, case in enumerate(cases, start=1):
-        if not drift_result.ok:
+        if not trusted:
             results.append(CaseResult(case, UNTRUSTED,
                                       error="not run: the reference drift check failed"))
             continue
@@ -133,7 +137,7 @@ def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | No
     if not applies.dispatch:
         cov = CoverageResult(status=NA, expected={}, selected={})
     else:
-        if not drift_result.ok:
+        if not trusted:
             status = UNTRUSTED
         else:
             status = None if full else NOT_ASSERTED

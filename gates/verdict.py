@@ -239,8 +239,15 @@ class Verdict:
         return len(self._of(True))
 
     @property
+    def drift_run(self) -> bool:
+        """False when the drift check was not run (``n/a``: no production kernels here, e.g.
+        on the CPU); the verdict then follows the cases, and the headline says so."""
+        return self.drift.status != NA
+
+    @property
     def ok(self) -> bool:
-        return (self.drift.ok and all(c.ok for c in self.cases if c.applies)
+        return ((self.drift.ok or not self.drift_run)
+                and all(c.ok for c in self.cases if c.applies)
                 and self.coverage.ok and (self.coverage.status in (PASS, NA) or not self.full))
 
     @property
@@ -257,12 +264,14 @@ class Verdict:
             line += " (subset run: schedule coverage not asserted, not the full contract)"
         if self.scope:
             line += f" [{self.scope}]"
+        if not self.drift_run:
+            line += f" (drift check {self.drift.error or 'not run'})"
         return line
 
     @property
     def reasons(self) -> tuple[str, ...]:
         out = []
-        if not self.drift.ok:
+        if not self.drift.ok and self.drift_run:
             out.extend(self.drift.reasons)
             out.append(f"the reference drift check failed: the {len(self.cases)} cases are "
                        "not trusted and were not run")

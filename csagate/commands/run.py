@@ -28,6 +28,7 @@ import click
 
 from csagate import __version__, console
 from csagate.commands.reports import STDOUT, Reports, check_report_paths, report_path
+from csagate.device_choice import DRIFT_NA, DeviceType
 from csagate.exitcodes import ExitCode
 from csagate.gates.contracts import CONTRACTS  # plain data: no torch
 from csagate.impl_choice import impl_option, report_option
@@ -179,6 +180,28 @@ def _check_names(ctx, param, names):
     return names
 
 
+def _load_case_files(ctx, param, paths):
+    from csagate.gates.casefile import CaseFileError, load
+
+    found = []
+    for path in paths:
+        try:
+            found.append(load(path))
+        except CaseFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--case-file") from exc
+    return tuple(found)
+
+
+def _from_case_files(files) -> list:
+    """(contract, cases) per ratio the case files name, in CONTRACTS' order."""
+    by_ratio: dict[int, list] = {}
+    for f in files:
+        by_ratio.setdefault(f.contract_ratio, [])
+        if f.case not in by_ratio[f.contract_ratio]:
+            by_ratio[f.contract_ratio].append(f.case)
+    return [(CONTRACTS[r], tuple(by_ratio[r])) for r in CONTRACTS if r in by_ratio]
+
+
 def _select(cases, names, quick):
     if quick:
         return tuple(cases[:QUICK_CASES])
@@ -196,8 +219,11 @@ def impl_backend(impl, device_index: int):
     return as_backend(impl, torch.device("cuda", device_index))
 
 
-def _header(env: dict, device_index: int) -> str:
-    """The run's first status line: what judges, where."""
+def _header(env: dict, device_index: int | str) -> str:
+    """The run's first status line: what judges, where (``device_index`` "cpu": the CPU)."""
+    if device_index == "cpu":
+        return (f"csagate {__version__}: {env.get('implementation', '?')} on the CPU, torch "
+                f"{env.get('torch', '?')}; drift check not run (no production kernels here)")
     where = ", ".join(str(x) for x in (env.get("arch"), f"cuda:{device_index}") if x)
     return (f"csagate {__version__}: {env.get('gpu', env.get('device', '?'))} ({where}), "
             f"torch {env.get('torch', '?')}, nvidia-cutlass-dsl "
@@ -213,8 +239,17 @@ RUN_OPTIONS = (
     click.option("--quick", is_flag=True,
                  help=f"Drift check and the first {QUICK_CASES} cases only (coverage not "
                       "asserted)."),
-    click.option("--device", "device_index", type=click.IntRange(min=0), default=0,
-                 show_default=True, help="CUDA device index (named in the header and reports)."),
+    click.option("--device", "device", type=DeviceType(), default="cuda:0", show_default=True,
+                 help="Where to judge: N, cuda or cuda:N (a CUDA device, named in the header "
+                      "and reports), or cpu: a CPU-capable implementation (--impl) against the "
+                      "references on the CPU. The drift check needs the production kernels: on "
+                      "the CPU it is n/a (the headline says so) and the exit code follows the "
+                      "cases."),
+    click.option("--case-file", "case_files", multiple=True, metavar="FILE",
+                 callback=_load_case_files,
+                 help="Replay a case file (`csagate fuzz --out` writes them; repeatable) under "
+                      "its ratio's contract instead of the named cases. A bad file is one line, "
+                      "exit 2."),
     click.option("-v", "--verbose", is_flag=True,
                  help="Also print the detail tables: schedules, differing elements / max |diff| "
                       "per tensor, dAPE max, seconds per case."),
@@ -244,28 +279,36 @@ def _with_options(fn):
 @_with_options
 @impl_option
 @report_option
-def command(ratio: str, names: tuple[str, ...], quick: bool, device_index: int, verbose: bool,
+def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files, verbose: bool,
             json_path: str | None, junit_path: str | None, impl, report_dir) -> None:
     if quick and names:
         raise click.UsageError("--quick and --case are exclusive: --quick already picks the "
                                f"first {QUICK_CASES} cases")
+    if case_files and (quick or names):
+        raise click.UsageError("--case-file replays its own cases: leave out --case and --quick")
     started = perf_counter()
-    families = [(k, _select(k.all_cases, names, quick)) for k in contracts(ratio)]
-    families = [(k, cases) for k, cases in families if cases or not names]
+    if case_files:
+        families = _from_case_files(case_files)
+    else:
+        families = [(k, _select(k.all_cases, names, quick)) for k in contracts(ratio)]
+        families = [(k, cases) for k, cases in families if cases or not names]
     several = len(families) > 1
     check_report_paths({"--json": json_path, "--junit-xml": junit_path},
                        [k.ratio for k, _ in families])
     reports = {}
     for k, cases in families:
         selection = {"ratio": k.ratio, "requested": ratio, "quick": quick, "cases": list(names),
-                     "device": device_index, "impl": impl.name}
+                     "device": "cpu" if device.cpu else device.index, "impl": impl.name}
+        if case_files:
+            selection["case_files"] = list(dict.fromkeys(f.path for f in case_files
+                                                         if f.case in cases))
         reports[k.ratio] = Reports(report_path(json_path, k.ratio, several),
                                    report_path(junit_path, k.ratio, several),
                                    selection=selection, total=len(cases),
                                    full=len(cases) == len(k.all_cases))
     to_stdout = STDOUT in (json_path, junit_path)
     try:
-        code = _evaluate(families, device_index, reports, verbose, started, to_stdout,
+        code = _evaluate(families, device, reports, verbose, started, to_stdout,
                          impl=impl, report_dir=report_dir)
     except console.Aborted as exc:
         if exc.exit_code == ExitCode.COULD_NOT_EVALUATE:
@@ -299,33 +342,48 @@ def _build(backend, drift_backend, families):
         list(dict.fromkeys(t for k, _ in families for t in build_targets((), k.drift)))
     try:
         with StderrProgress("build") as progress:
-            records = drift_backend.build(tuple(drift_targets), progress=progress)
+            records = [] if drift_backend is None else \
+                drift_backend.build(tuple(drift_targets), progress=progress)
             if backend is not drift_backend:
                 records += backend.build(tuple(targets), progress=progress)
     except BuildError as exc:
         console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
     seconds = perf_counter() - start
     hits = sum(1 for r in records if getattr(r, "hit", False))
-    console.err().print(f"built {len(records)} kernel(s) ({hits} from the cache) for "
-                        f"{len(targets)} config(s) in {seconds:.1f} s")
+    if records or drift_backend is not None:   # on the CPU: nothing to build, no line
+        console.err().print(f"built {len(records)} kernel(s) ({hits} from the cache) for "
+                            f"{len(targets)} config(s) in {seconds:.1f} s")
     return {"targets": [list(t) for t in targets], "kernels": len(records), "cache_hits": hits,
             "seconds": seconds, "records": records}
 
 
-def _evaluate(families, device_index: int, reports: dict, verbose: bool, started: float,
+def _backends(impl, device):
+    """(backend judged, drift check's backend or None, the drift check's n/a reason or None,
+    the device index or "cpu"); exit 3 when nothing can be judged here."""
+    if device.cpu:
+        from csagate.device_choice import cpu_backend
+
+        return cpu_backend(impl), None, DRIFT_NA, "cpu"
+    preflight(device.index)
+
+    from csagate.impl_choice import backends
+
+    backend, drift_backend = backends(impl, device.index, kernel_backend, impl_backend)
+    return backend, drift_backend, None, device.index
+
+
+def _evaluate(families, device, reports: dict, verbose: bool, started: float,
               to_stdout: bool = False, *, impl, report_dir: Path | None) -> ExitCode:
     """Preflight, build, then each family's gate, verdict and reports; the worse exit code.
-    Exit 3 goes through ``console.abort``."""
-    preflight(device_index)
+    Exit 3 goes through ``console.abort``. On the CPU: no preflight, no drift check."""
+    backend, drift_backend, drift_na, device_index = _backends(impl, device)
 
     from csagate import render
     from csagate.gates.errors import one_line
     from csagate.gates.runner import run_gate
-    from csagate.impl_choice import backends
     from csagate.where import print_where
 
     err = console.err()
-    backend, drift_backend = backends(impl, device_index, kernel_backend, impl_backend)
     env = {**backend.describe(), "device_index": device_index}
     for rep in reports.values():
         rep.env.update(env)
@@ -338,7 +396,7 @@ def _evaluate(families, device_index: int, reports: dict, verbose: bool, started
         try:
             with StderrProgress(f"gate ratio={k.ratio}" if several else "gate") as progress:
                 verdict = run_gate(backend, k, cases=cases, progress=progress,
-                                   drift_backend=drift_backend)
+                                   drift_backend=drift_backend, drift_na=drift_na)
         except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
             if os.environ.get("CSAGATE_DEBUG"):
                 err.print_exception()
