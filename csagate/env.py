@@ -40,7 +40,7 @@ def integer(name: str, minimum: int | None = None) -> int | None:
     try:
         value = int(raw.strip(), 10)
     except ValueError:
-        raise EnvError(f"{name}={raw!r} is not an integer (e.g. {name}=9)") from None
+        raise EnvError(f"{name}={raw!r} is not an integer") from None
     if minimum is not None and value < minimum:
         raise EnvError(f"{name}={raw!r} must be >= {minimum}")
     return value

@@ -35,7 +35,7 @@ def command(arch: str) -> None:
                     smem = (S.fwd_smem_bytes(sched) if direction == "forward"
                             else S.bwd_smem_bytes(coff, sched))
                     problems = S.config_problems(coff, d, sched)
-                    table.add_row(S.config_name(coff, d), bucket, sched.tag,
+                    table.add_row(S.config_name(coff, d), bucket, console.Ident(sched.tag),
                                   console.schedule_text(sched), str(smem),
                                   "yes" if not problems else "; ".join(problems))
             console.print_table(table, out)
