@@ -33,7 +33,6 @@ def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, 
         named[out_name] = out_or_grad_out
     _check_types(named, out_name)
     d = _check_shapes(kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
-    n_rows = None
     if out_or_grad_out is not None:
         if out_or_grad_out.dim() != 2 or out_or_grad_out.shape[1] != d:
             raise ValueError(f"{out_name} must be (N, head_dim) = (N, {d}), got shape "
