@@ -135,9 +135,10 @@ def test_unexpected_error_is_one_line_and_exit_3(monkeypatch, capsys):
     assert len(err) == 1, err
     assert err[0].startswith("csagate: internal error, could not evaluate: AttributeError")
     assert "CSAGATE_DEBUG=1" in err[0]
-    monkeypatch.setenv("CSAGATE_DEBUG", "1")
-    with pytest.raises(AttributeError):
+    monkeypatch.setenv("CSAGATE_DEBUG", "1")   # the traceback, and still exit 3
+    with pytest.raises(SystemExit) as exc:
         cli_mod.main()
+    assert exc.value.code == 3 and "AttributeError" in capsys.readouterr().err
 
 
 def test_help_says_what_the_exit_codes_and_debug_are():
