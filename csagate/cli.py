@@ -9,6 +9,7 @@ cannot be a folder), and a disabled disk cache is one ``csagate: warning:`` line
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -20,8 +21,16 @@ import click
 from csagate import __version__, console
 from csagate.exitcodes import ExitCode
 
+
+def _ratios_text() -> str:
+    """``128, 4, 2, 8, 16, 32 or all``: the families of the contracts registry (plain data)."""
+    from csagate.gates.contracts import CONTRACTS
+
+    return ", ".join(str(r) for r in CONTRACTS) + " or all"
+
+
 COMMANDS = {
-    "run": "Run the numerics gate (--ratio 128, 4 or all) on this GPU; report the verdict.",
+    "run": f"Run the numerics gate (--ratio {_ratios_text()}) on this GPU; report the verdict.",
     "cases": "List the drift check and the named gate cases (-v: why each case exists).",
     "build": "Compile (or cross-compile) every kernel a ratio can select.",
     "probe": "Register probe: ptxas -v on every kernel's PTX (spills, stack, ex2.approx).",
@@ -41,7 +50,8 @@ COMPILING = ("run", "build", "probe", "bench", "fuzz")
 
 def check_cache_dir() -> None:
     """Exit 2 with one line when ``CSAGATE_CACHE_DIR`` cannot be a folder (a file, a parent
-    that is a file, an uncreatable path); the disk cache's own rules (a symlink, another
+    that is a file, an uncreatable path) or is a folder no file can be created in; the disk
+    cache's own rules (a symlink, another
     owner, group/other-writable) only turn it off, with one warning."""
     root = os.environ.get("CSAGATE_CACHE_DIR")
     if root is None:
@@ -55,6 +65,14 @@ def check_cache_dir() -> None:
     if os.path.lexists(path) and not path.is_dir():
         console.abort(f"CSAGATE_CACHE_DIR={root} is not a directory: point it at a folder, or "
                       "unset it", ExitCode.USAGE)
+    if path.is_dir():
+        from csagate.kernels.diskcache import write_problem
+
+        problem = write_problem(path)
+        if problem:
+            console.abort(f"CSAGATE_CACHE_DIR={root} is not writable: the compiler keeps its "
+                          f"PTX there ({problem}); point it at a writable folder, or unset it",
+                          ExitCode.USAGE)
     problem = None if path.is_dir() else root_problem(path)
     if problem:
         console.abort(f"CSAGATE_CACHE_DIR={root}: {problem}", ExitCode.USAGE)
@@ -83,9 +101,29 @@ def _checked(command: click.Command) -> click.Command:
     return command
 
 
+def check_env() -> None:
+    """Exit 2 with one line naming the variable when a csagate environment variable holds a
+    value it does not accept (``CSAGATE_DEBUG=maybe``, ``CSAGATE_DISK_CACHE=banana``)."""
+    from csagate.env import EnvError, check_all
+
+    try:
+        check_all()
+    except EnvError as exc:
+        console.abort(str(exc), ExitCode.USAGE)
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return list(COMMANDS)
+
+    def resolve_command(self, ctx, args):
+        """An unknown command name is a usage error that names the closest commands."""
+        name = args[0] if args else None
+        if name is not None and name not in COMMANDS and not name.startswith("-"):
+            close = difflib.get_close_matches(name, list(COMMANDS), n=3, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint} (`csagate --help` lists them)")
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx, name):
         if name not in COMMANDS:
@@ -134,22 +172,31 @@ def cli(color: bool | None):
     pattern, the op check), checks schedule coverage and the bucket edges, and reports the
     verdict as a table and through the exit code.
 
-    An unexpected error prints one line and exits 3; CSAGATE_DEBUG=1 shows the traceback.
+    An unexpected error prints one line and exits 3; CSAGATE_DEBUG=1 shows the traceback
+    (the exit code stays 3).
     """
     console.reset(color=color)
+    check_env()
     warnings.showwarning = _show_warning
 
 
 def main() -> None:
     """The ``csagate`` entry point: click's usage errors exit 2; any unexpected exception is
     one line on stderr and exit 3 (could not evaluate), with the traceback under
-    CSAGATE_DEBUG=1."""
+    CSAGATE_DEBUG=1 (still exit 3)."""
+    from csagate.env import EnvError, debug
+
     try:
         cli(prog_name="csagate")
     except Exception as exc:
-        if os.environ.get("CSAGATE_DEBUG"):
-            raise
-        console.err().print(f"csagate: internal error, could not evaluate: "
-                            f"{console.one_line(exc)} (CSAGATE_DEBUG=1 shows the traceback)",
-                            style="bold red")
+        try:
+            show = debug()
+        except EnvError:  # already refused by the group (exit 2) unless it failed earlier
+            show = False
+        if show:
+            console.err().print_exception()
+        else:
+            console.err().print(f"csagate: internal error, could not evaluate: "
+                                f"{console.one_line(exc)} (CSAGATE_DEBUG=1 shows the "
+                                "traceback)", style="bold red")
         sys.exit(int(ExitCode.COULD_NOT_EVALUATE))

@@ -75,6 +75,44 @@ def prose(text: str, style: str = "") -> Text:
     return Text(text, style=style, no_wrap=False, overflow="fold")
 
 
+class Ident:
+    """A table cell holding an identifier (a kernel tag) that a narrow column breaks only
+    after a ``sep`` (``fwd_c1d128_`` / ``v4t4x32_fastexp``), never inside a word; a word
+    wider than the column alone folds."""
+
+    def __init__(self, text: str, sep: str = "_", style: str = ""):
+        self.text, self.sep, self.style = text, sep, style
+
+    def parts(self) -> list[str]:
+        pieces = self.text.split(self.sep)
+        return [p + self.sep for p in pieces[:-1]] + [pieces[-1]]
+
+    def lines(self, width: int) -> list[str]:
+        """The parts packed greedily into lines of at most ``width`` cells."""
+        from rich.cells import cell_len
+
+        lines = [""]
+        for part in self.parts():
+            if lines[-1] and cell_len(lines[-1] + part) > width:
+                lines.append("")
+            lines[-1] += part
+        return lines
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __rich_measure__(self, console, options):
+        from rich.cells import cell_len
+        from rich.measure import Measurement
+
+        widest = max(cell_len(p) for p in self.parts())
+        return Measurement(widest, cell_len(self.text)).with_maximum(options.max_width)
+
+    def __rich_console__(self, console, options):
+        yield Text("\n".join(self.lines(options.max_width)), style=self.style,
+                   overflow="fold")
+
+
 def schedule_text(schedule) -> str:
     """Every field of a schedule dataclass, ``name=value`` (booleans T/F), space-separated so
     a narrow column wraps between fields, never inside one."""

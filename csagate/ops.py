@@ -69,8 +69,12 @@ def _fwd_cuda(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, n_rows=N
 
 @csa_compress_fwd.register_fake
 def _fwd_fake(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, n_rows=None):
+    # n_rows too: T < ratio is refused exactly as the api refuses it
     api.check_support(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=ratio, coff=coff,
-                      devices=False)
+                      devices=False, n_rows=n_rows)
+    if n_rows is None and kv.device.type == "meta":
+        raise ValueError("meta tensors need n_rows: the row count is cu_seqlens_comp[-1], a "
+                         "value meta tensors do not hold (pass n_rows, the row capacity)")
     if n_rows is None:
         # cuc[-1] is known only at run time (torch's guidance for data-dependent sizes).
         n_rows = torch.library.get_ctx().new_dynamic_size()

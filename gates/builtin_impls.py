@@ -27,7 +27,6 @@ in the backward.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from typing import Any
 
@@ -277,8 +276,9 @@ class Cudnn:
     @staticmethod
     def lowered_cc() -> int | None:
         """The measurement-only compute-capability major (``CSAGATE_MEASURE_CUDNN_MIN_CC``)."""
-        value = os.environ.get(CUDNN_MEASURE_ENV, "").strip()
-        return int(value) if value.isdigit() else None
+        from csagate.env import cudnn_min_cc
+
+        return cudnn_min_cc()
 
     @property
     def label(self) -> str:

@@ -52,6 +52,12 @@ def cute_modules():
 def dsl_available() -> tuple[bool, str]:
     """Whether nvidia-cutlass-dsl imports here; the reason when it does not."""
     try:
+        _prepare_env()
+    except OSError as exc:  # the folder of the PTX dumps: not the DSL's fault
+        return False, (f"the kernel cache folder {cache_root()} is not writable "
+                       f"({exc.strerror or type(exc).__name__}: {exc.filename or ''}); set "
+                       "CSAGATE_CACHE_DIR to a writable folder")
+    try:
         cute_modules()
     except Exception as exc:  # ImportError, or a broken install raising anything else
         return False, f"nvidia-cutlass-dsl is not importable ({type(exc).__name__}: {exc})"

@@ -244,7 +244,6 @@ def _bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_inde
 def _prepare(direction: str, tensors: dict, stream, *, ratio: int, coff: int, check: bool,
              rows_per_cta=None) -> torch.device:
     """The full path's validation of a launch into caller buffers: the device to launch on."""
-    require_cuda()
     rows_name = "out" if direction == "fwd" else "grad_out"
     t = tensors
     check_support(t["kv"], t["score"], t["ape"], t["cu_seqlens"], t["cu_seqlens_comp"],
@@ -252,6 +251,7 @@ def _prepare(direction: str, tensors: dict, stream, *, ratio: int, coff: int, ch
     if direction == "bwd":
         check_grad_buffers(t["kv"], t["ape"], t["dkv"], t["dscore"], t["dape"])
         check_rows_per_cta(ratio, rows_per_cta)
+    require_cuda()
     device = check_launchable(tensors, stream)
     if check:
         check_values(t["cu_seqlens"], t["cu_seqlens_comp"], ratio=ratio,
@@ -360,8 +360,9 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
         hit = _fast("fwd", ratio, coff, n_rows, (kv, score, ape, cu, cuc))
         if hit is not None:
             return hit[1][0]
+    # the arguments first (the op's ValueErrors, CPU tensors included), then the machine
+    check_support(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
     require_cuda()
-    check_support(kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
     device = check_launchable({"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
                                "cu_seqlens_comp": cuc}, stream)
     if n_rows is None:
@@ -389,9 +390,9 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream
                     (kv, score, ape, cu, cuc, grad_out), None, 1)
         if hit is not None:
             return hit[1]
-    require_cuda()
     check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
                   out_name="grad_out")
+    require_cuda()
     device = check_launchable({"kv": kv, "grad_out": grad_out}, stream)
     alloc = torch.zeros_like if grad_out.shape[0] == 0 else torch.empty_like
     with torch.cuda.device(device), torch.cuda.stream(_launch_stream(device, stream)):

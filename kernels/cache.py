@@ -8,7 +8,6 @@ this module imports neither cutlass nor torch.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -172,7 +171,9 @@ def _kernel_sources() -> str:
 
 def default_disk_cache():
     """The per-user disk cache, or None when ``CSAGATE_DISK_CACHE=0`` turns it off."""
-    if os.environ.get("CSAGATE_DISK_CACHE", "1") == "0":
+    from csagate.env import disk_cache
+
+    if not disk_cache():
         return None
     from csagate.kernels import diskcache
 

@@ -118,6 +118,14 @@ def default_root() -> Path:
     return Path.home() / ".cache" / "csagate"
 
 
+def default_ptx_dir() -> Path:
+    """Where kernels/_dsl.py has the DSL dump PTX (a ``CUTE_DSL_DUMP_DIR`` of the user's own
+    is theirs: never counted or cleared)."""
+    from csagate.kernels._dsl import cache_root
+
+    return cache_root() / "ptx"
+
+
 def _check_dir(path: Path) -> None:
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
@@ -139,8 +147,26 @@ def _ensure_private_dir(path: Path) -> None:
     _check_dir(path)
 
 
+def _write_probe(directory: Path) -> None:
+    """Create and remove one temp file in ``directory`` (OSError when it cannot be written:
+    permission bits do not tell, root bypasses them)."""
+    fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=directory)
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def write_problem(directory: Path) -> str | None:
+    """Why no file can be created in the existing folder ``directory`` (or None)."""
+    try:
+        _write_probe(Path(directory))
+    except OSError as exc:
+        return f"{directory} is not writable ({exc.strerror or type(exc).__name__})"
+    return None
+
+
 def root_problem(root: Path) -> str | None:
-    """Why ``root`` cannot hold the cache (or None), without creating anything."""
+    """Why ``root`` cannot hold the cache (or None); leaves nothing behind (an existing folder
+    is probed with a temp file that is removed again)."""
     root = Path(root)
     for path in (root, root / "kernels"):
         if os.path.lexists(path):
@@ -148,6 +174,9 @@ def root_problem(root: Path) -> str | None:
                 _check_dir(path)
             except CacheUnsafe as exc:
                 return str(exc)
+            problem = write_problem(path)
+            if problem:
+                return problem
     if os.path.lexists(root):
         return None
     parent = root.parent
@@ -174,9 +203,13 @@ class Record:
 class DiskCache:
     """Compiled kernels on disk; ``get(key, build)`` returns ``(fn, ptx, Record)``."""
 
-    def __init__(self, root: Path | str | None = None, *, loader=None):
+    def __init__(self, root: Path | str | None = None, *, loader=None,
+                 ptx_dir: Path | str | None = None):
         self.root = Path(root) if root is not None else default_root()
         self.dir = self.root / "kernels"
+        # the compiler's PTX dumps (kernels/_dsl.py): ROOT/ptx, or where the DSL keeps them
+        self.ptx_dir = Path(ptx_dir) if ptx_dir is not None else (
+            self.root / "ptx" if root is not None else default_ptx_dir())
         self._loader = loader or load_object
         self._lock = threading.Lock()
         self._usable = None
@@ -308,13 +341,22 @@ class DiskCache:
             return []
         return sorted(p for p in self.dir.glob("*" + _SUFFIX) if not p.name.startswith("."))
 
+    def _ptx_files(self) -> list[Path]:
+        """The compiler's PTX dumps (regular files, not symlinks) under ``ptx_dir``."""
+        if not self.ptx_dir.is_dir() or self.ptx_dir.is_symlink():
+            return []
+        return sorted(p for p in self.ptx_dir.rglob("*") if p.is_file() and not p.is_symlink())
+
     def info(self) -> dict:
         """Where the cache is, whether it can be used, what it holds (creates nothing)."""
         problem = root_problem(self.root)
         entries = self._entries() if problem is None else []
+        ptx = self._ptx_files()
         return {"root": str(self.root), "exists": self.dir.is_dir(), "usable": problem is None,
                 "problem": problem, "entries": len(entries),
                 "bytes": sum(p.stat().st_size for p in entries),
+                "ptx_dir": str(self.ptx_dir), "ptx_files": len(ptx),
+                "ptx_bytes": sum(p.stat().st_size for p in ptx),
                 "max_bytes": MAX_BYTES, "max_entries": MAX_ENTRIES}
 
     def prune(self, max_bytes: int = MAX_BYTES, max_entries: int = MAX_ENTRIES, *,
@@ -341,12 +383,15 @@ class DiskCache:
         return removed, freed
 
     def clear(self) -> int:
-        """Remove our entries and stale temp files; returns how many files were removed."""
-        if not self.dir.is_dir():
-            return 0
-        _check_dir(self.dir)
+        """Remove our entries, stale temp files and the PTX dumps; returns how many files
+        were removed."""
         n = 0
-        for p in self._entries() + sorted(self.dir.glob(".tmp-*")):
+        if self.dir.is_dir():
+            _check_dir(self.dir)
+            for p in self._entries() + sorted(self.dir.glob(".tmp-*")):
+                p.unlink(missing_ok=True)
+                n += 1
+        for p in self._ptx_files():
             p.unlink(missing_ok=True)
             n += 1
         return n

@@ -222,10 +222,10 @@ RATIOS = tuple(dict.fromkeys(ratio for ratio, _ in FAMILIES))
 def check_ratio(ratio) -> None:
     """ValueError unless ``ratio`` is an int some family serves (the message lists them)."""
     if isinstance(ratio, bool) or not isinstance(ratio, numbers.Integral):
-        raise ValueError(f"ratio must be an int, one of {list(RATIOS)}, got "
+        raise ValueError(f"ratio must be an int, one of {sorted(RATIOS)}, got "
                          f"{type(ratio).__name__} {ratio!r}")
     if ratio not in RATIOS:
-        raise ValueError(f"ratio must be one of {list(RATIOS)}, got {ratio}")
+        raise ValueError(f"ratio must be one of {sorted(RATIOS)}, got {ratio}")
 
 
 def family(ratio: int, direction: str) -> Family:

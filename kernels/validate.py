@@ -23,21 +23,23 @@ _DTYPES = {"kv": torch.bfloat16, "score": torch.bfloat16, "ape": torch.float32,
 
 
 def check_support(kv, score, ape, cu, cuc, out_or_grad_out=None, *, ratio: int, coff: int,
-                  out_name: str = "out", devices: bool = True) -> None:
+                  out_name: str = "out", devices: bool = True, n_rows=None) -> None:
     """Raise ValueError, naming the argument, unless the inputs are in the kernels' envelope
-    (cu/cuc values are not read: :func:`check_values`)."""
+    (cu/cuc values are not read: :func:`check_values`). ``n_rows``: the row count when no
+    output tensor is given (the forward's ``n_rows``), held to the same rules."""
     check_ratio_coff(ratio, coff)
     named = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu, "cu_seqlens_comp": cuc}
     if out_or_grad_out is not None:
         named[out_name] = out_or_grad_out
     _check_types(named, out_name)
     d = _check_shapes(kv, score, ape, cu, cuc, ratio=ratio, coff=coff)
-    n_rows = None
     if out_or_grad_out is not None:
         if out_or_grad_out.dim() != 2 or out_or_grad_out.shape[1] != d:
             raise ValueError(f"{out_name} must be (N, head_dim) = (N, {d}), got shape "
                              f"{tuple(out_or_grad_out.shape)}")
         n_rows = out_or_grad_out.shape[0]
+    elif n_rows is not None and guard_or_false(n_rows < 0):
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
     _check_sizes(kv.shape[0], d, n_rows, ratio=ratio, coff=coff, out_name=out_name)
     for name, t in named.items():
         if not t.is_contiguous():
@@ -108,7 +110,8 @@ def guard_or_false(cond) -> bool:
 def check_ratio_coff(ratio: int, coff: int) -> None:
     registry.check_ratio(ratio)
     if coff not in COFFS:
-        raise ValueError(f"ratio={ratio} supports coff in {COFFS}, got coff={coff}")
+        raise ValueError(f"ratio={ratio} supports coff in {tuple(sorted(COFFS))}, got "
+                         f"coff={coff}")
 
 
 def check_values(cu, cuc, *, ratio: int, n_tokens: int, n_rows: int | None = None,

@@ -450,12 +450,14 @@ def test_fast_path_forward_launches_and_allocates(fast):
     out = api.forward(*inputs, ratio=4, coff=2, n_rows=8)
     assert out.shape == (8, 128) and out.dtype == BF16 and out.is_contiguous()
     assert call.calls[-1][5] is out and len(call.calls) == 2
-    # what the fast path cannot decide goes to the full path (no CUDA here: its first refusal)
-    for bad in ({"ratio": 4, "coff": 2, "check": True}, {"ratio": 4, "coff": 1}):
-        with pytest.raises(RuntimeError, match="CUDA is not available"):
+    # what the fast path cannot decide goes to the full path: its argument checks come first
+    # (CPU tensors, a coff that does not fit, too few tokens), before the device's
+    for bad, rule in (({"ratio": 4, "coff": 2, "check": True}, "must be a CUDA tensor"),
+                      ({"ratio": 4, "coff": 1}, r"out must be \(N, head_dim\)")):
+        with pytest.raises(ValueError, match=rule):
             api.run_forward(*inputs, t["out"], **bad)
     few = tensors(device="cpu", N=8, T=3)
-    with pytest.raises(RuntimeError, match="CUDA is not available"):
+    with pytest.raises(ValueError, match="requires at least ratio=4 tokens"):
         api.run_forward(few["kv"], few["score"], few["ape"], few["cu"], few["cuc"], few["out"],
                         ratio=4, coff=2)
     assert len(call.calls) == 2
@@ -500,3 +502,79 @@ def test_small_backward_rows_per_cta_bounded_by_its_schedule():
             -(-100 // sched.rows_per_cta), sched.rows_per_cta)
         with pytest.raises(ValueError, match=f"exceeds the {sched.rows_per_cta} rows per CTA"):
             api._bwd_ctas(key, 100, sched.rows_per_cta + 1, 0)
+
+
+# --- a CPU-only machine: the arguments first, then the device --------------------------------
+
+
+def _cpu(**override):
+    t = tensors(ratio=128, coff=1, device="cpu", N=2, **override)
+    return t["kv"], t["score"], t["ape"], t["cu"], t["cuc"]
+
+
+def _op_error(call) -> str:
+    with pytest.raises(ValueError) as err:
+        call()
+    return str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["ratio", "dtype", "shape"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_api_validates_arguments_before_the_device_as_the_op_does(bad, direction):
+    from csagate import ops
+
+    ratio = 5 if bad == "ratio" else 128
+    override = {}
+    if bad == "dtype":
+        override["ape"] = torch.empty(128, 128, dtype=BF16)
+    if bad == "shape":
+        override["score"] = torch.empty(64, 128, dtype=BF16)
+    ins = _cpu(**override)
+    go = torch.empty(2, 128, dtype=BF16)
+    if direction == "fwd":
+        api_msg = _op_error(lambda: api.forward(*ins, ratio=ratio, coff=1, n_rows=2))
+        op_msg = _op_error(lambda: torch.ops.csagate.csa_compress_fwd(*ins, ratio, 1, 2))
+    else:
+        api_msg = _op_error(lambda: api.backward(*ins, go, ratio=ratio, coff=1))
+        op_msg = _op_error(lambda: torch.ops.csagate.csa_compress_bwd(*ins, go, ratio, 1))
+    assert api_msg == op_msg and "\n" not in api_msg
+    assert "CUDA" not in api_msg
+    if bad == "ratio":
+        assert api_msg == "ratio must be one of [2, 4, 8, 16, 32, 128], got 5"
+    del ops
+
+
+def test_api_valid_cpu_arguments_get_the_ops_device_error():
+    ins = _cpu()
+    with pytest.raises(ValueError, match=r"^kv must be a CUDA tensor \(or meta for checks\), "
+                                         r"got device cpu$"):
+        api.forward(*ins, ratio=128, coff=1, n_rows=2)
+
+
+def test_ratio_and_coff_lists_are_sorted():
+    with pytest.raises(ValueError) as e:
+        registry.check_ratio(3)
+    listed = [int(x) for x in str(e.value).split("[")[1].split("]")[0].split(",")]
+    assert listed == sorted(listed)
+
+
+def test_meta_op_without_n_rows_is_one_clear_line():
+    from csagate import ops
+
+    t = tensors(ratio=128, coff=1, T=256)
+    with pytest.raises(ValueError, match="^meta tensors need n_rows") as e:
+        ops.csa_compress(t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], ratio=128, coff=1)
+    assert "\n" not in str(e.value)
+
+
+def test_meta_op_refuses_t_below_ratio_as_check_support_does():
+    from csagate import ops
+
+    t = tensors(ratio=128, coff=1, T=100, N=2)
+    with pytest.raises(ValueError) as api_err:
+        check(t, ratio=128, coff=1)
+    with pytest.raises(ValueError) as op_err:
+        ops.csa_compress(t["kv"], t["score"], t["ape"], t["cu"], t["cuc"], ratio=128, coff=1,
+                         n_rows=2)
+    assert str(op_err.value) == str(api_err.value)
+    assert "requires at least ratio=128 tokens" in str(op_err.value)

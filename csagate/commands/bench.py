@@ -7,7 +7,7 @@ import click
 from rich.table import Table
 
 from csagate import console
-from csagate.commands.build import existing_parent
+from csagate.commands.reports import checked_file
 from csagate.commands.run import RATIOS
 from csagate.exitcodes import ExitCode
 from csagate.kernels import schedule as S
@@ -382,8 +382,8 @@ def _parse_shapes(shapes, ratio: str) -> list[tuple[int, int, int]]:
               help="Also time a released implementation's kernels against ours on the same "
                    "inputs, cold, in both orders (cudnn: nvidia-cudnn-frontend; ratios 2, 4, "
                    "128).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              callback=existing_parent, help="Also write every number to this JSON file.")
+@click.option("--json", "json_path", metavar="PATH", default=None, callback=checked_file,
+              help="Also write every number to this JSON file (checked before anything runs).")
 def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, peer_name,
             json_path) -> None:
     from csagate.perf import bench

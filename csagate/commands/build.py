@@ -92,12 +92,20 @@ def kernels_doc(command: str, ratio: str, arch: str, kernels: list[dict], **extr
 
 def progress_bar(total: int, what: str):
     """A rich progress bar on stderr when it is a terminal; otherwise one status line."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     err = console.err()
     if not err.is_terminal:
         err.print(f"{what}: {total} kernels")
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                     TextColumn("{task.fields[tag]}"), console=err, transient=True,
                     disable=not err.is_terminal)
 
@@ -109,7 +117,7 @@ def build_table(records, arch: str):
                               ("kernel", "schedule", "cached", "s"), marks=("cached", "s"),
                               right=("s",))
     for rec in records:
-        table.add_row(rec.key.tag, console.schedule_text(rec.key.schedule),
+        table.add_row(console.Ident(rec.key.tag), console.schedule_text(rec.key.schedule),
                       "hit" if rec.hit else "no", f"{rec.seconds:.2f}")
     return table
 

@@ -54,13 +54,16 @@ def info(as_json: bool) -> None:
     table = console.new_table("csagate kernel cache", ("fact", "value"))
     for name, value in (("folder", facts["root"]), ("usable", usable),
                         ("kernels", str(facts["entries"])), ("bytes", str(facts["bytes"])),
+                        ("PTX dumps", f"{facts['ptx_files']} file(s), {facts['ptx_bytes']} "
+                                      f"bytes in {facts['ptx_dir']} (`csagate cache clear`)"),
                         ("bound", f"{facts['max_entries']} entries, "
                                   f"{facts['max_bytes'] >> 20} MiB (`csagate cache prune`)")):
         table.add_row(name, value)
     console.print_table(table)
 
 
-@command.command("clear", help="Remove every cached kernel (the next build compiles again).")
+@command.command("clear", help="Remove every cached kernel and the compiler's PTX dumps (the "
+                 "next build compiles again).")
 def clear() -> None:
     cache = _cache()
     _usable_or_abort(cache)

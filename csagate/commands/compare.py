@@ -2,8 +2,11 @@
 
 Per case and output: max |A - B|, the count of differing elements, and each one's max error
 against the fp64 oracle and the fp32 eager reference, in an 80-column table (``--json`` for
-every number). Exit 0 when it ran (a difference is a measurement, not a failure), 2 on a bad
-value, 3 when either implementation cannot run here.
+every number). Without a bound a difference is a measurement: exit 0 when it ran. With
+``--max-abs`` (every output) and ``--bound TENSOR=VALUE`` (one output; wins over
+``--max-abs``) it is a check: exit 1 when some max |A - B| exceeds its bound (NaN in one only
+counts as infinite; a case where either side raised counts as beyond). Exit 2 on a bad value,
+3 when either implementation cannot run here.
 """
 
 from __future__ import annotations
@@ -15,11 +18,58 @@ from pathlib import Path
 import click
 
 from csagate import console
+from csagate.commands.reports import STDOUT, check_report_paths
 from csagate.commands.run import RATIOS
 from csagate.exitcodes import ExitCode
 from csagate.impl_choice import load_impl
 
 COLUMNS = ("case / output", "|A-B|", "n diff", "A-fp64", "B-fp64", "A-fp32", "B-fp32")
+TENSORS = ("out", "dkv", "dscore", "dape")
+EXITS = ("Exit codes: 0 compared (and, with a bound, every max |A - B| within it), 1 some "
+         "max |A - B| beyond its bound (only with --max-abs/--bound), 2 usage error, 3 could "
+         "not compare (an implementation cannot run here, no GPU).")
+
+
+def _bound(ctx, param, values):
+    """``--bound TENSOR=VALUE`` (repeatable) -> {tensor: bound}."""
+    bounds: dict[str, float] = {}
+    for value in values:
+        name, sep, number = value.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in TENSORS:
+            raise click.BadParameter(f"{value!r}: give TENSOR=VALUE with TENSOR one of "
+                                     f"{', '.join(TENSORS)} (e.g. dape=1e-3)")
+        try:
+            bound = float(number)
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: {number!r} is not a number") from None
+        if not bound >= 0 or bound == float("inf"):
+            raise click.BadParameter(f"{value!r}: the bound must be a finite number >= 0")
+        bounds[name] = bound
+    return bounds
+
+
+def bounds_of(max_abs: float | None, per_tensor: dict[str, float]) -> dict[str, float]:
+    """The bound of each output (``--bound`` wins over ``--max-abs``); empty: no check."""
+    found = {t: max_abs for t in TENSORS} if max_abs is not None else {}
+    return found | per_tensor
+
+
+def breaches(diffs, bounds: dict[str, float]) -> list[str]:
+    """One line per output whose max |A - B| exceeds its bound (NaN: beyond), and per case
+    that raised, when any bound is set."""
+    if not bounds:
+        return []
+    found = []
+    for d in diffs:
+        if d.error:
+            found.append(f"{d.case.name}: not compared ({d.error})")
+        for x in d.tensors:
+            bound = bounds.get(x.tensor)
+            if bound is not None and not x.max_abs <= bound:
+                found.append(f"{d.case.name} {x.tensor}: max |A-B| {_num(x.max_abs)} > "
+                             f"{bound:g}")
+    return found
 
 
 def _num(x: float) -> str:
@@ -45,14 +95,16 @@ def table(diffs, a: str, b: str):
 
 
 def _cases(ratio: str, names, a, b):
-    from csagate.commands.run import contracts
+    from csagate.commands.run import contracts, unknown_case_message
 
     cases = [c for k in contracts(ratio) for c in k.cases + k.hardening]
     if names:
-        valid = {c.name for k in contracts(ratio) for c in k.all_cases}
+        valid = [c.name for k in contracts(ratio) for c in k.all_cases]
+        elsewhere = [c.name for k in contracts("all") if k not in contracts(ratio)
+                     for c in k.all_cases]
         bad = [n for n in names if n not in valid]
         if bad:
-            raise click.BadParameter(f"unknown case {bad[0]!r} (`csagate cases` lists them)",
+            raise click.BadParameter(unknown_case_message(bad[0], valid, elsewhere),
                                      param_hint="--case")
         cases = [c for c in cases if c.name in set(names)]
     return [c for c in cases if a.supports.covers(c.ratio, c.coff, c.d)
@@ -78,7 +130,8 @@ def _ready(impl, device):
 @click.command("compare", help="Run the same inputs (the gate's cases) through two "
                "implementations and print, per case and output, max |A - B|, the count of "
                "differing elements, and each one's error against the fp64 oracle and the fp32 "
-               "eager reference.", epilog=ExitCode.help_text())
+               "eager reference. --max-abs / --bound turn it into a check (exit 1 beyond).",
+               epilog=EXITS)
 @click.option("--impl", "impls", multiple=True, required=True, metavar="NAME",
               callback=lambda ctx, p, v: tuple(load_impl(x) for x in v),
               help="An implementation (twice: A, then B); as for `csagate run --impl`.")
@@ -88,13 +141,18 @@ def _ready(impl, device):
               help="Only this case (repeatable).")
 @click.option("--device", "device_index", type=click.IntRange(min=0), default=0,
               show_default=True, help="CUDA device index.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every number to this file.")
-def command(impls, ratio, names, device_index, json_path) -> None:
+@click.option("--json", "json_path", metavar="PATH",
+              help="Write every number to PATH ('-': stdout, the table then goes to stderr); "
+                   "checked before anything runs.")
+@click.option("--max-abs", "max_abs", type=click.FloatRange(min=0, max=1e308), default=None,
+              metavar="FLOAT", help="Exit 1 when max |A - B| of any output exceeds FLOAT.")
+@click.option("--bound", "per_tensor", multiple=True, metavar="TENSOR=VALUE", callback=_bound,
+              help=f"Exit 1 when max |A - B| of TENSOR ({', '.join(TENSORS)}) exceeds VALUE "
+                   "(repeatable; wins over --max-abs for that output).")
+def command(impls, ratio, names, device_index, json_path, max_abs, per_tensor) -> None:
     a, b = _check(impls)
-    if json_path is not None and not json_path.resolve().parent.is_dir():
-        raise click.BadParameter(f"directory {str(json_path.resolve().parent)!r} does not "
-                                 "exist", param_hint="--json")
+    check_report_paths({"--json": json_path}, [0])
+    bounds = bounds_of(max_abs, per_tensor)
     cases = _cases(ratio, names, a, b)
     device = compare_device(device_index)
     for impl in (a, b):
@@ -112,17 +170,33 @@ def command(impls, ratio, names, device_index, json_path) -> None:
                 console.abort(f"{impl.name}: preparing it failed: {console.one_line(exc)}",
                               ExitCode.COULD_NOT_EVALUATE)
     diffs = compare(a, b, cases, device)
-    console.print_table(table(diffs, a.name, b.name), console.out())
+    to_stdout = json_path == STDOUT
+    shown = console.err() if to_stdout else console.out()
+    console.print_table(table(diffs, a.name, b.name), shown)
+    beyond = breaches(diffs, bounds)
     if json_path is not None:
         from csagate.render import _jsonable
 
         doc = {"schema": "csagate.compare/1", "a": a.name, "b": b.name, "ratio": ratio,
+               "bounds": bounds, "beyond": beyond,
                "cases": [{"name": d.case.name, "error": d.error,
                           "tensors": [dataclasses.asdict(x) for x in d.tensors]}
                          for d in diffs]}
-        json_path.write_text(json.dumps(_jsonable(doc), indent=2) + "\n")
-        console.err().print(f"wrote {json_path}")
-    raise click.exceptions.Exit(int(ExitCode.PASS))
+        text = json.dumps(_jsonable(doc), indent=2) + "\n"
+        if to_stdout:
+            click.echo(text, nl=False)
+        else:
+            Path(json_path).write_text(text)
+            console.err().print(f"wrote {json_path}")
+    if bounds:
+        for line in beyond:
+            console.print_wrapped(shown, f"beyond the bound: {line}", indent="  ",
+                                  hang="    ")
+        verdict = (f"DRIFT: {len(beyond)} beyond the bound" if beyond
+                   else "within the bounds")
+        shown.print(f"compare {a.name} vs {b.name}: {verdict}", soft_wrap=True)
+    code = ExitCode.CONTRACT_FAILURE if beyond else ExitCode.PASS
+    raise click.exceptions.Exit(int(code))
 
 
 def compare_device(device_index: int):

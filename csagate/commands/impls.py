@@ -53,7 +53,17 @@ def rows() -> list[tuple[str, str, str, str, str]]:
                "group csagate.implementations, and for each whether it can run here (or why "
                "not: a missing package, the compute capability). A local adapter is passed as "
                "--impl path/to/file.py:NAME or module:NAME.")
-def command() -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the implementations as JSON on stdout.")
+def command(as_json: bool) -> None:
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"schema": "csagate.impls/1", "impls": [
+            {"name": name, "from": origin, "provides": provides, "envelope": envelope,
+             "available": why == "available", "why": None if why == "available" else why}
+            for name, origin, provides, envelope, why in rows()]}, indent=2))
+        return
     out = console.out()
     table = console.new_table("implementations", ("name", "from", "provides", "envelope",
                                                   "here"), marks=("name", "from", "here"),

@@ -27,7 +27,7 @@ def probe_table(rows, arch: str):
     table = console.new_table(f"csagate probe: ptxas -v -arch={arch}", cols,
                               marks=cols[1:5], right=cols[1:5])
     for r in rows:
-        table.add_row(r.tag, _num(r.regs), f"{_num(r.spill_st)}/{_num(r.spill_ld)}",
+        table.add_row(console.Ident(r.tag), _num(r.regs), f"{_num(r.spill_st)}/{_num(r.spill_ld)}",
                       _num(r.stack), _num(r.ex2), r.note, style=None if r.clean else "bold red")
     return table
 

@@ -19,7 +19,6 @@ tests can stand in for the GPU.
 from __future__ import annotations
 
 import difflib
-import os
 import sys
 from pathlib import Path
 from time import perf_counter
@@ -29,6 +28,7 @@ import click
 from csagate import __version__, console
 from csagate.commands.reports import STDOUT, Reports, check_report_paths, report_path
 from csagate.device_choice import DRIFT_NA, DeviceType
+from csagate.env import debug
 from csagate.exitcodes import ExitCode
 from csagate.gates.contracts import CONTRACTS  # plain data: no torch
 from csagate.impl_choice import impl_option, report_option
@@ -293,7 +293,7 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
         families = [(k, _select(k.all_cases, names, quick)) for k in contracts(ratio)]
         families = [(k, cases) for k, cases in families if cases or not names]
     several = len(families) > 1
-    check_report_paths({"--json": json_path, "--junit-xml": junit_path},
+    check_report_paths({"--json": json_path, "--junit-xml": junit_path, "--report": report_dir},
                        [k.ratio for k, _ in families])
     reports = {}
     for k, cases in families:
@@ -305,7 +305,8 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
         reports[k.ratio] = Reports(report_path(json_path, k.ratio, several),
                                    report_path(junit_path, k.ratio, several),
                                    selection=selection, total=len(cases),
-                                   full=len(cases) == len(k.all_cases))
+                                   full=len(cases) == len(k.all_cases),
+                                   report_dir=report_dir, several=several)
     to_stdout = STDOUT in (json_path, junit_path)
     try:
         code = _evaluate(families, device, reports, verbose, started, to_stdout,
@@ -318,7 +319,7 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
     except (click.ClickException, click.exceptions.Exit):
         raise  # a usage error (--device out of range): no report, exit 2
     except Exception as exc:  # anything else: still a report, still exit 3
-        if os.environ.get("CSAGATE_DEBUG"):
+        if debug():
             console.err().print_exception()
         message = f"could not evaluate: {console.one_line(exc)}"
         console.err().print(f"csagate: {message}", style="bold red")
@@ -398,7 +399,7 @@ def _evaluate(families, device, reports: dict, verbose: bool, started: float,
                 verdict = run_gate(backend, k, cases=cases, progress=progress,
                                    drift_backend=drift_backend, drift_na=drift_na)
         except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
-            if os.environ.get("CSAGATE_DEBUG"):
+            if debug():
                 err.print_exception()
             console.abort(f"the gate could not finish: {one_line(exc)}",
                           ExitCode.COULD_NOT_EVALUATE)
