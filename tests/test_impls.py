@@ -181,11 +181,22 @@ def test_cli_run_with_a_file_adapter_prints_where_and_writes_the_report(adapter,
     assert pngs[0] in page
 
 
-def test_cli_forward_only_exit_0_and_shows_na(adapter, cpu_run):
-    result = invoke("run", "--impl", f"{adapter}:ForwardOnly")
+def test_cli_forward_only_exit_0_and_shows_na(adapter, cpu_run, tmp_path):
+    """No backward: every row of dKV, dScore, dAPE (and their zeros) is n/a in the table and
+    the JSON, counted apart from the passes; the headline says what was judged."""
+    path = tmp_path / "v.json"
+    result = invoke("run", "--impl", f"{adapter}:ForwardOnly", "--json", str(path))
     assert result.exit_code == 0, result.output
     assert "forward contract only" in result.stdout
     assert "n/a" in result.stdout
+    doc = json.loads(path.read_text())
+    assert "forward contract only" in doc["headline"]
+    assert doc["gate_counts"]["n/a"] > 0 and doc["gate_counts"]["pass"] > 0
+    for case in doc["cases"]:
+        assert case["gate_status"]["zeros"] == "n/a"
+        backward_rows = [g for g in case["gates"] if g["tensor"].startswith("d")]
+        assert backward_rows and all(g["status"] == "n/a" for g in backward_rows), case["name"]
+        assert case["gate_counts"]["n/a"] == len(backward_rows)
 
 
 @pytest.mark.parametrize("value, words", [
