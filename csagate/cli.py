@@ -15,6 +15,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -181,13 +182,28 @@ def cli(color: bool | None):
 
 
 def main() -> None:
-    """The ``csagate`` entry point: click's usage errors exit 2; any unexpected exception is
-    one line on stderr and exit 3 (could not evaluate), with the traceback under
-    CSAGATE_DEBUG=1 (still exit 3)."""
+    """The ``csagate`` entry point: click's usage errors exit 2; Ctrl-C (KeyboardInterrupt) in
+    any command is one line, ``csagate: interrupted``, and exit 130; any unexpected exception
+    is one line on stderr and exit 3 (could not evaluate), with the traceback under
+    CSAGATE_DEBUG=1 (still exit 3).
+
+    click runs outside its standalone mode so that an interrupt reaches this function instead
+    of becoming click's "Aborted!" and exit 1; its usage errors are shown as click shows them.
+    """
     from csagate.env import EnvError, debug
 
     try:
-        cli(prog_name="csagate")
+        code = cli.main(prog_name="csagate", standalone_mode=False)
+    except KeyboardInterrupt:
+        _interrupted()
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):   # click's wrapping of a Ctrl-C
+            _interrupted()
+        console.err().print("Aborted!")
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
     except Exception as exc:
         try:
             show = debug()
@@ -200,3 +216,10 @@ def main() -> None:
                                 f"{console.one_line(exc)} (CSAGATE_DEBUG=1 shows the "
                                 "traceback)", style="bold red")
         sys.exit(int(ExitCode.COULD_NOT_EVALUATE))
+    sys.exit(code if isinstance(code, int) else int(ExitCode.PASS))
+
+
+def _interrupted() -> NoReturn:
+    """Ctrl-C: one line, exit 130; no traceback, no verdict."""
+    console.err().print("csagate: interrupted", style="bold red")
+    sys.exit(int(ExitCode.INTERRUPTED))

@@ -8,10 +8,13 @@ from enum import IntEnum
 class ExitCode(IntEnum):
     PASS = 0                 # every gate passed
     CONTRACT_FAILURE = 1     # something was evaluated and failed
-    USAGE = 2                # bad arguments (click's own usage errors exit 2 too)
+    USAGE = 2                # bad arguments (click's own usage errors exit 2 too), an --impl
+    #                          adapter that cannot be loaded (whatever it raised, exits included)
     COULD_NOT_EVALUATE = 3   # no GPU, no DSL, build failure: nothing was judged
+    INTERRUPTED = 130        # Ctrl-C (SIGINT): stopped before a verdict (128 + SIGINT, as shells)
 
     @classmethod
     def help_text(cls) -> str:
         return ("Exit codes: 0 pass, 1 contract failure, 2 usage error, "
-                "3 could not evaluate (no GPU, missing DSL, build failure, an internal error).")
+                "3 could not evaluate (no GPU, missing DSL, build failure, an internal error), "
+                "130 interrupted (Ctrl-C).")

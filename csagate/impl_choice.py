@@ -53,17 +53,27 @@ report_option = click.option(
          "verdict and the pictures.")
 
 
+def checked_unavailable(impl, device):
+    """Why ``impl`` cannot run on ``device`` (None: it can); exit 2 with one line when its own
+    check exits or raises another BaseException (as loading it would)."""
+    from csagate.gates.implementation import ImplError, unavailable
+
+    try:
+        return unavailable(impl, device)
+    except ImplError as exc:
+        console.abort(f"--impl {exc}", ExitCode.USAGE)
+
+
 def backends(impl, device_index: int, kernel_backend, impl_backend):
     """(the backend judged, the backend of the drift check): the gate's kernels for both by
-    default; exit 3 with one line when ``impl`` cannot run here."""
+    default; exit 3 with one line when ``impl`` cannot run here (2 when its check exits)."""
     from csagate.gates.builtin_impls import Csagate
-    from csagate.gates.implementation import unavailable
 
     drift = kernel_backend(device_index)
     if type(impl) is Csagate:
         return drift, drift
     backend = impl_backend(impl, device_index)
-    why = unavailable(impl, backend.device)
+    why = checked_unavailable(impl, backend.device)
     if why:
         console.abort(f"{impl.name}: {why} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
     return backend, drift

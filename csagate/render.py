@@ -243,12 +243,22 @@ def case_json(result: CaseResult) -> dict:
         "seeds": {"input": c.input_seed, "grad": c.grad_seed, "pad_token": c.pad_seed},
         "status": result.status, "error": result.error, "seconds": result.seconds,
         "gate_status": {g: result.gate_status(g) or None for g in ("G1", "G2", "G3", "zeros")},
+        "gate_counts": gate_counts(result.gates),
         "schedules": {d: list(result.schedules(d)) for d in ("fwd", "bwd")},
         "selections": [_selection_json(s) for s in result.selections],
         "gates": [_gate_json(g) for g in result.gates],
         "recorded": result.recorded,
         "reasons": list(result.reasons),
     }
+
+
+def gate_counts(gates) -> dict[str, int]:
+    """How many gate rows have each status: an ``n/a`` row (a direction the implementation
+    does not provide) is counted as n/a, never as a pass."""
+    counts: dict[str, int] = {}
+    for g in gates:
+        counts[g.status] = counts.get(g.status, 0) + 1
+    return counts
 
 
 def coverage_json(cov: CoverageResult) -> dict:
@@ -262,6 +272,7 @@ def coverage_json(cov: CoverageResult) -> dict:
             "selected": [s.name for s in cov.selected.get(d, ())],
             "missing": [s.name for s in cov.missing(d)],
             "unexpected": [s.name for s in cov.unexpected(d)],
+            "beyond": [s.name for s in cov.beyond(d)],
         }
         if d in cov.table:
             out[d]["table"] = dataclasses.asdict(cov.table[d])
@@ -289,6 +300,7 @@ def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
         "hardening_passed": verdict.hardening_passed,
         "hardening_total": verdict.hardening_total,
         "full_contract": verdict.full,
+        "gate_counts": gate_counts(g for c in verdict.cases for g in c.gates),
         "reasons": list(verdict.reasons),
         "scope": verdict.scope,
         "env": dict(verdict.env),

@@ -10,6 +10,12 @@
   ``SMALL_RATIOS`` (2, 8, 16, 32): the same kinds at that ratio (``small_cases``), plus a
   CSA2-style coff=1 zero-APE case (Megatron-LM's ratio-2 variant trains without APE).
 
+Beyond the four table configs (c1d128 ... c2d512) the small ratios have cases at head dims
+that are not a multiple of 32 (65 and 40 at ratio 4, 72 at every other small ratio, 40 at
+ratio 32's 64-position window): where a CTA's last column group is partial, a forward or
+backward that skipped it (or read past it) passes every case of the table configs. Coverage
+counts their kernels apart (``beyond``), neither expected nor a failure.
+
 The odd packs are the point: ``ragged3`` has tails in every segment, ``edgepack`` has a short
 first segment, an empty segment, a 3-token segment, exact multiples and one-token tails; the
 padding cases add capacity rows and token rows. ``Case.inputs`` names how a case's inputs are
@@ -22,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from csagate.kernels.schedule import config_name
+from csagate.kernels.small_schedule import FWD_VEC2_MAX_WINDOW, MAX_WINDOW
 from csagate.reference.seeds import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_TOKEN_SEED
 
 RAGGED3 = (1023, 2048, 509)
@@ -173,6 +180,10 @@ R4_CASES: tuple[Case, ...] = (
     _r4(2, 512, RAGGED3, "widest window, tails"),
     _r4(2, 512, EDGEPACK, "widest window, first-block rule"),
     _r4(2, 512, (65536,), "long context, widest window"),
+    _r4(1, 65, RAGGED3, "odd head dim: the forward's one-column form, 65 column groups, so a "
+        "last CTA holds the one group past 64 threads; tails in every segment"),
+    _r4(2, 40, EDGEPACK, "head dim 40, not a multiple of 32: narrow CTAs, every column "
+        "guarded (40 of a backward CTA's 128 threads); short and empty segments"),
     _r4_padding(2, 128, RAGGED3, 8, 21,
                 "capacity rows get nonzero grad_out on the fused side; token rows stay zero"),
     _r4_padding(1, 512, SHORT4, 8, 37,
@@ -210,6 +221,8 @@ R4_DETERMINISTIC: tuple[Case, ...] = (
 )
 
 
+_D72_WHY = ("head dim 72, not a multiple of 32, at the 64-position window: the forward's "
+            "one-column form, 72 column groups, so a last CTA holds the 8 past 64 threads; tails")
 _OVERFLOW = "fp32 score+ape overflows: NaN patterns must match eager, the fp64 oracle stays finite"
 
 
@@ -232,6 +245,8 @@ def small_cases(ratio: int) -> tuple[Case, ...]:
         _small(ratio, 1, 512, edge, "wide head, short and empty segments"),
         _small(ratio, 2, 512, (8192,), "widest window"),
         _small(ratio, 2, 512, RAGGED3, "widest window, tails"),
+        _small(ratio, 2, 72, RAGGED3, _D72_WHY if 2 * ratio > FWD_VEC2_MAX_WINDOW else
+               "head dim 72, not a multiple of 32: narrow CTAs, every column guarded; tails"),
         _small_padding(ratio, 2, 128, RAGGED3, 8, 21, "capacity rows get nonzero grad_out on "
                        "the fused side; token rows stay zero"),
         _small_padding(ratio, 1, 512, short, 8, 37, "a first segment shorter than ratio: "
@@ -246,6 +261,10 @@ def small_cases(ratio: int) -> tuple[Case, ...]:
         _small(ratio, 1, 128, RAGGED3, "CSA2-style: coff=1, zero APE (s = f32(score))",
                "zero-ape", "/zero-ape", inputs="zero_ape"),
     ]
+    if 2 * ratio == MAX_WINDOW:
+        cases.append(_small(ratio, 2, 40, edge, "a small head dim at the largest window (64 "
+                            "positions, the APE re-read per row): 40 of a backward CTA's 128 "
+                            "threads; short and empty segments"))
     if ratio == 2:
         cases.append(_small(ratio, 1, 128, (32768,), "CSA2-style (Megatron-LM's ratio-2 "
                             "variant): coff=1, zero APE, a long segment", "zero-ape",

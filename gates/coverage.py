@@ -15,8 +15,9 @@ from typing import Any
 from csagate.gates.limits import BucketEdge
 from csagate.kernels.schedule import config_name
 
-__all__ = ["BucketEdges", "EdgeProbe", "TableCoverage", "bucket_edges", "declared_bucket",
-           "edge_probes", "entry_configs", "table_coverage"]
+__all__ = ["BucketEdges", "EdgeProbe", "TableCoverage", "beyond_configs", "bucket_edges",
+           "declared_bucket", "edge_probes", "entry_config", "entry_configs", "kernel_config",
+           "table_coverage"]
 
 # --- coverage over the dispatch tables' entries (docs/CONTRACT.md section 5.4) --------------------
 
@@ -38,8 +39,10 @@ class TableCoverage:
     n_expected: int                 # distinct kernels among them
     n_covered: int                  # of those, selected by some case
     missing: tuple[str, ...]        # table kernels no case selects
-    unexpected: tuple[str, ...]     # selected kernels that are in no table entry
+    unexpected: tuple[str, ...]     # selected kernels of the tables' configs in no table entry
     ok: bool
+    beyond: tuple[str, ...] = ()    # selected kernels of configs the tables do not list: a
+    #                                 case beyond the contract's configs (recorded, not gated)
 
     def summary(self) -> str:
         text = (f"{self.direction} {self.n_covered}/{self.n_expected} kernels of "
@@ -51,16 +54,50 @@ class TableCoverage:
         return text
 
 
+def _minus(these: Sequence[Any], those: Sequence[Any]) -> tuple[Any, ...]:
+    """The kernels of ``these`` that are not in ``those``, in ``these``' order."""
+    return tuple(k for k in these if k not in those)
+
+
+def entry_config(key: Any) -> Any:
+    """The ``(coff, d)`` config of a table entry key ``(..., (coff, d))``; None if the key
+    names none."""
+    if isinstance(key, tuple) and key and isinstance(key[-1], tuple):
+        return key[-1]
+    return None
+
+
+def kernel_config(kernel: Any) -> Any:
+    """The ``(coff, d)`` config of a selected kernel (a Selection); None if it names none."""
+    coff, d = getattr(kernel, "coff", None), getattr(kernel, "d", None)
+    return None if coff is None or d is None else (coff, d)
+
+
+def beyond_configs(kernels: Iterable[Any], configs: set) -> tuple[Any, ...]:
+    """The kernels whose config is known and not one of ``configs`` (the tables' configs):
+    a case at an extra head dim selects them; no table entry expects them."""
+    return tuple(k for k in kernels
+                 if configs and kernel_config(k) is not None and kernel_config(k) not in configs)
+
+
 def table_coverage(direction: str, entries: Mapping[Any, Any],
                    selected: Iterable[Any]) -> TableCoverage:
-    """Every distinct kernel of ``entries`` (table entry -> kernel) is in ``selected``."""
-    expected = list(dict.fromkeys(entries.values()))
-    got = list(dict.fromkeys(selected))
-    missing = tuple(_name(k) for k in expected if k not in set(got))
-    unexpected = tuple(_name(k) for k in got if k not in set(expected))
-    return TableCoverage(direction=direction, n_entries=len(entries), n_expected=len(expected),
-                         n_covered=len(expected) - len(missing), missing=missing,
-                         unexpected=unexpected, ok=not missing and not unexpected)
+    """Every distinct kernel of ``entries`` (table entry -> kernel) is in ``selected``, and
+    every selected kernel of the entries' configs is one of them. A selected kernel of a config
+    the entries do not list (a case beyond the contract's configs: an odd head dim) is neither
+    expected nor unexpected: it is reported in ``beyond``."""
+    want = tuple(dict.fromkeys(entries.values()))
+    got = tuple(dict.fromkeys(selected))
+    configs = {c for c in map(entry_config, entries) if c is not None}
+    missing = _minus(want, got)
+    beyond = beyond_configs(_minus(got, want), configs)
+    unexpected = _minus(_minus(got, want), beyond)
+    return TableCoverage(direction=direction, n_entries=len(entries), n_expected=len(want),
+                         n_covered=len(want) - len(missing),
+                         missing=tuple(map(_name, missing)),
+                         unexpected=tuple(map(_name, unexpected)),
+                         ok=not missing and not unexpected,
+                         beyond=tuple(map(_name, beyond)))
 
 
 # --- pinned bucket edges (docs/CONTRACT.md section 5.4) -------------------------------------------

@@ -52,6 +52,32 @@ class ImplError(ValueError):
     """A bad ``--impl`` value: one line, a usage error."""
 
 
+class AdapterExit(RuntimeError):
+    """An implementation's hook tried to exit the process (or raised another BaseException
+    that is not an Exception) while the gate ran it: an error of that case."""
+
+
+def _guarded(where: str, what: str, fn, *args):
+    """``fn(*args)``, with anything it raises as an :class:`ImplError` naming ``where`` and
+    ``what`` raised. Anything: an adapter's ``sys.exit(0)``, a ``KeyboardInterrupt`` or another
+    ``BaseException`` in its import or construction would otherwise end the process silently
+    (or with a traceback) before a verdict; loading it is a usage error instead (exit 2)."""
+    try:
+        return fn(*args)
+    except ImplError:
+        raise
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt on purpose
+        raise ImplError(f"{where}: {what} raised {_raised(exc)}") from exc
+
+
+def _raised(exc: BaseException) -> str:
+    """``one_line(exc)``, saying why an exit or an interrupt is refused."""
+    text = one_line(exc)
+    if not isinstance(exc, Exception):
+        text += " (an implementation must not exit or interrupt the process)"
+    return text
+
+
 @dataclass(frozen=True)
 class Supports:
     """The envelope an implementation declares: a case outside it is ``n/a`` for it."""
@@ -148,7 +174,13 @@ def unavailable(impl, device: torch.device) -> str | None:
     """Why ``impl`` cannot run on ``device`` (one line), or None."""
     hook = getattr(impl, "unavailable", None)
     if callable(hook):           # its own check, when it has one, decides
-        return hook(device)
+        try:
+            return hook(device)
+        except Exception:        # an error: the caller says it could not evaluate
+            raise
+        except BaseException as exc:  # an exit or interrupt: a usage error
+            raise ImplError(f"{impl.name}: its availability check (unavailable) raised "
+                            f"{_raised(exc)}") from exc
     cc = impl.supports.min_compute_capability
     if cc is not None:
         if device.type != "cuda" or not torch.cuda.is_available():
@@ -175,9 +207,20 @@ class ImplBackend:
         if not callable(prepare):
             return []
         try:
-            return list(prepare(tuple(targets), progress) or [])
+            return list(self._call("prepare", prepare, tuple(targets), progress) or [])
         except Exception as exc:
             raise BuildError(f"preparing {self.impl.name} failed: {one_line(exc)}") from exc
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        """An implementation's hook; an exit or a ``BaseException`` of its own it raises (not
+        Ctrl-C) becomes an :class:`AdapterExit`, so the case is an ``error`` row and the run
+        goes on, instead of the process ending (with exit 0 for ``sys.exit(0)``) mid-verdict."""
+        try:
+            return fn(*args, **kwargs)
+        except (Exception, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # SystemExit and the like
+            raise AdapterExit(f"{self.impl.name}.{what} raised {_raised(exc)}") from exc
 
     def _select(self, direction: str, ratio: int, coff: int, d: int, n_rows: int):
         if not self.applies.dispatch:
@@ -185,7 +228,8 @@ class ImplBackend:
         return self.impl.dispatch(ratio, direction, coff, d, n_rows)
 
     def forward(self, kv, score, ape, cu, cuc, out, *, ratio: int, coff: int):
-        got = self.impl.forward(kv, score, ape, cu, cuc, out.shape[0], ratio=ratio, coff=coff)
+        got = self._call("forward", self.impl.forward, kv, score, ape, cu, cuc, out.shape[0],
+                         ratio=ratio, coff=coff)
         _copy_into(out, got, "out")
         return self._select("fwd", ratio, coff, out.shape[1], out.shape[0])
 
@@ -194,8 +238,8 @@ class ImplBackend:
         if not self.applies.backward:
             raise NotImplementedError(f"{self.impl.name} provides no backward")
         det = {"deterministic": True} if deterministic else {}
-        got = self.impl.backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
-                                 **det)
+        got = self._call("backward", self.impl.backward, kv, score, ape, cu, cuc, grad_out,
+                         ratio=ratio, coff=coff, **det)
         if len(got) != 3:
             raise ValueError(f"{self.impl.name}.backward returned {len(got)} tensors, "
                              "expected (dkv, dscore, dape)")
@@ -260,21 +304,26 @@ class Found:
 
 
 def _instantiate(obj, where: str):
-    """An implementation from what ``where`` names: the object, a class, or a factory."""
+    """An implementation from what ``where`` names: the object, a class, or a factory. What
+    its construction or its attributes raise is an :class:`ImplError` (:func:`_guarded`)."""
+    return _guarded(where, "loading it", _instantiate_checked, obj, where)
+
+
+def _instantiate_checked(obj, where: str):
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "forward")):
-        try:
-            obj = obj()
-        except Exception as exc:
-            raise ImplError(f"{where}: constructing it raised {one_line(exc)}") from exc
-    missing = [a for a in ("name", "supports", "forward") if not hasattr(obj, a)]
+        obj = _guarded(where, "constructing it", obj)
+    missing = _guarded(where, "reading its attributes", lambda: [
+        a for a in ("name", "supports", "forward") if not hasattr(obj, a)])
     if missing:
         raise ImplError(f"{where} is not an implementation: it has no "
                         + ", ".join(missing) + " (see `csagate impls --help`)")
-    if not isinstance(obj.name, str) or not obj.name:
-        raise ImplError(f"{where}: name must be a non-empty string, got {obj.name!r}")
-    if not isinstance(obj.supports, Supports):
+    name = _guarded(where, "reading its name", getattr, obj, "name")
+    if not isinstance(name, str) or not name:
+        raise ImplError(f"{where}: name must be a non-empty string, got {name!r}")
+    supports = _guarded(where, "reading its supports", getattr, obj, "supports")
+    if not isinstance(supports, Supports):
         raise ImplError(f"{where}: supports must be a csagate.gates.implementation.Supports, "
-                        f"got {type(obj.supports).__name__}")
+                        f"got {type(supports).__name__}")
     if not callable(obj.forward):
         raise ImplError(f"{where}: forward is not callable")
     return obj
@@ -296,12 +345,8 @@ def entry_points() -> dict[str, Found]:
         dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
 
         def load(ep=ep):
-            try:
-                obj = ep.load()
-            except Exception as exc:
-                raise ImplError(f"entry point {ep.name!r} ({ep.value}): {one_line(exc)}"
-                                ) from exc
-            return _instantiate(obj, f"entry point {ep.name!r} ({ep.value})")
+            where = f"entry point {ep.name!r} ({ep.value})"
+            return _instantiate(_guarded(where, "importing it", ep.load), where)
 
         found[ep.name] = Found(ep.name, f"entry point ({dist})", load)
     return found
@@ -323,19 +368,22 @@ def _from_file(path: str, attr: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
+        _guarded(f"--impl {path}:{attr}", "importing it", spec.loader.exec_module, module)
+    except ImplError:
         sys.modules.pop(mod_name, None)
-        raise ImplError(f"--impl {path}:{attr}: importing it raised {one_line(exc)}") from exc
+        raise
     return module
 
 
 def _from_module(name: str, attr: str):
     try:
         return importlib.import_module(name)
-    except Exception as exc:
-        raise ImplError(f"--impl {name}:{attr}: cannot import {name!r} ({one_line(exc)})"
+    except BaseException as exc:  # an exit or interrupt on import too, as in _guarded
+        raise ImplError(f"--impl {name}:{attr}: cannot import {name!r} ({_raised(exc)})"
                         ) from exc
+
+
+_MISSING = object()
 
 
 def resolve(value: str) -> Found:
@@ -349,9 +397,10 @@ def resolve(value: str) -> Found:
                             "module:NAME")
         is_file = where.endswith(".py") or "/" in where
         module = _from_file(where, attr) if is_file else _from_module(where, attr)
-        if not hasattr(module, attr):
+        found = _guarded(f"--impl {value}", f"reading {attr}", getattr, module, attr, _MISSING)
+        if found is _MISSING:
             raise ImplError(f"--impl {value}: {where} has no attribute {attr!r}")
-        obj = _instantiate(getattr(module, attr), f"--impl {value}")
+        obj = _instantiate(found, f"--impl {value}")
         return Found(obj.name, "file" if is_file else "module", lambda: obj)
     found = known()
     if value not in found:

@@ -284,16 +284,41 @@ def _through_op(backend: Backend, case: Case, ins, go, n_rows: int,
                 first: dict[str, torch.Tensor]) -> list[GateResult]:
     """Gate ``op``: the torch op (forward, then the autograd backward) gives what the direct
     kernel path gave: out, dKV, dScore bitwise (NaN patterns too), dAPE within the fp32
-    atomics' order noise (1e-5, scaled like dScore). The op adds no numerics."""
+    atomics' order noise (1e-5, scaled like dScore). The op adds no numerics.
+
+    Each op tensor is compared with the direct path's buffer of the same name (``first``, run
+    1), and the two must be distinct storage: an op tensor that aliases the direct path's
+    buffer, or another op output, would compare a tensor with itself (an op that swapped dKV
+    and dScore, say, could then pass), so it fails the gate instead."""
     out, (dkv, dscore, dape) = backend.through_op(*ins, go, n_rows=n_rows, ratio=case.ratio,
                                                   coff=case.coff)
-    gates = [_gate("op", name, comparators.bitwise_replay([first[name], t], allow_nan=True))
-             for name, t in (("out", out), ("dkv", dkv), ("dscore", dscore))]
-    both_nan = torch.isnan(dape) & torch.isnan(first["dape"])  # NaN in one only still fails
-    gates.append(_gate("op", "dape", comparators.tolerance(dape, first["dape"],
-                                                      bound=OP_DAPE_NOISE * case.scale ** 2,
-                                                      allowed=None, mask=~both_nan)))
+    via_op = {"out": out, "dkv": dkv, "dscore": dscore, "dape": dape}
+    gates = []
+    for name in TENSORS:
+        direct, got = first[name], via_op[name]
+        shared = [f"the direct path's {name}"] if _same_storage(got, direct) else []
+        shared += [f"the op's {other}" for other in TENSORS
+                   if other != name and _same_storage(got, via_op[other])]
+        if shared:
+            gates.append(GateResult("op", name, FAIL, {"aliases": shared},
+                                    f"the op's {name} shares storage with "
+                                    f"{' and '.join(shared)}: nothing would be compared"))
+        elif name == "dape":
+            both_nan = torch.isnan(got) & torch.isnan(direct)  # NaN in one only still fails
+            gates.append(_gate("op", name, comparators.tolerance(
+                got, direct, bound=OP_DAPE_NOISE * case.scale ** 2, allowed=None,
+                mask=~both_nan)))
+        else:
+            gates.append(_gate("op", name, comparators.bitwise_replay([direct, got],
+                                                                      allow_nan=True)))
     return gates
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are one object or views of one storage."""
+    if a is b:
+        return True
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() > 0
 
 
 def _fused_runs(backend: Backend, case: Case, ins, go, n_rows: int, applies: Applies,

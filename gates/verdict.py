@@ -147,9 +147,24 @@ class CoverageResult:
         got = set(self.selected.get(direction, ()))
         return tuple(s for s in self.expected.get(direction, ()) if s not in got)
 
-    def unexpected(self, direction: str) -> tuple[Selection, ...]:
+    def _outside(self, direction: str) -> tuple[Selection, ...]:
         want = set(self.expected.get(direction, ()))
         return tuple(s for s in self.selected.get(direction, ()) if s not in want)
+
+    def _configs(self) -> set[tuple[int, int]]:
+        return {(s.coff, s.d) for sels in self.expected.values() for s in sels}
+
+    def unexpected(self, direction: str) -> tuple[Selection, ...]:
+        """Selected kernels of the expected configs that no table entry holds."""
+        beyond = set(self.beyond(direction))
+        return tuple(s for s in self._outside(direction) if s not in beyond)
+
+    def beyond(self, direction: str) -> tuple[Selection, ...]:
+        """Selected kernels of configs beyond the expected ones (a case at an extra head dim):
+        reported, neither expected nor a failure."""
+        configs = self._configs()
+        return tuple(s for s in self._outside(direction)
+                     if configs and (s.coff, s.d) not in configs)
 
     def covered(self, direction: str) -> int:
         want = set(self.expected.get(direction, ()))

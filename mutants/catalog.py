@@ -5,6 +5,12 @@ would worry about: window edges, padding rows, tail tokens, chunk merges, atomic
 block of a coff=2 segment, bucket edges, summation order. ``expect`` names the gate that must
 fail; a mutant that stays inside the contract (an ulp-level change the tolerances are meant to
 absorb) sets ``in_contract`` to the reason instead, and the gate must then pass.
+
+The gate-logic mutants (``cpu_test`` set) plant the slip in the gate itself: n/a counted as a
+pass, the op check or G1 comparing a tensor with itself, swapped coverage arguments, an empty
+zeros mask, zero prefill, an adapter's exit let through. A gate run on correct kernels still
+passes under them, so each names the CPU test whose planted fault the expected gate must catch;
+that test must fail in the mutated tree.
 """
 
 from __future__ import annotations
@@ -22,10 +28,22 @@ class Mutant:
     expect: str          # the gate that must fail ("G1", "G2", "zeros", "coverage", ...)
     why: str             # the bug, in a few words
     in_contract: str = ""  # non-empty: the reason this change is within the contract
+    # Non-empty: the mutant weakens the gate's own logic (gates/, the CLI's loading of an
+    # implementation) and is judged on the CPU: this pytest node, which plants a fault the
+    # expected gate must catch, must FAIL in the mutated tree (``mutants/run.py cpu``). A
+    # gate run on correct kernels cannot see such a mutant: it still passes.
+    cpu_test: str = ""
+
+    @property
+    def judge(self) -> str:
+        """Where the mutant is judged: "cpu" (a planted-fault test) or "gpu" (csagate run)."""
+        return "cpu" if self.cpu_test else "gpu"
 
 
 FWD, BWD, SMALL, DEV = ("kernels/r128_fwd.py", "kernels/r128_bwd.py", "kernels/small.py",
                         "kernels/device.py")
+RUNNER, COVERAGE, IMPL = "gates/runner.py", "gates/coverage.py", "gates/implementation.py"
+FAULTS, IMPLS = "tests/test_gate_faults.py", "tests/test_impls.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # (Every mutant stays in bounds: a kernel that reads or writes outside its tensors faults the
@@ -122,6 +140,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "c % self.d])", 32, "G2",
            "coff=2, ratio 32 (the APE re-read per row): the own half reads the APE of columns "
            "[0, d)"),
+    Mutant("fwd-column-guard-rounds-down", SMALL,
+           "        if col < self.d // self.vec:",
+           "        if col < self.d // self.vec // self.threads * self.threads:", 4, "G2",
+           "the forward's column guard rounds down to whole CTAs: the last, partial group of "
+           "column threads is skipped (d = 65: column 64 never written; no table config has a "
+           "partial CTA, r4/c1d65/ragged3 does)"),
     # --- dispatch tables and the case list ----------------------------------------------------
     Mutant("large-bucket-edge-moved", "kernels/schedule.py",
            "    if n_rows >= LARGE_NB_MIN and (coff, d) in FWD_LARGE:",
@@ -131,4 +155,60 @@ MUTANTS: tuple[Mutant, ...] = (
            "    _union(1, 128, (131072,), \"N=1024: forward large bucket (two-phase)\"),\n",
            "", 128, "coverage",
            "the only case that reaches the c1d128 large-bucket kernels is deleted"),
+    # --- the gate's own logic (judged on the CPU: cpu_test must fail in the mutated tree) -----
+    Mutant("na-counted-as-pass", RUNNER,
+           '    return GateResult(gate, tensor, NA, {}, "n/a: the implementation provides no '
+           'backward")',
+           '    return GateResult(gate, tensor, PASS, {}, "n/a: the implementation provides no '
+           'backward")', 128, "n/a",
+           "a direction the implementation does not provide (no backward) is reported PASS, "
+           "not n/a",
+           cpu_test=f"{IMPLS}::test_forward_only_adapter_gets_na_for_the_backward"),
+    Mutant("op-compares-op-output-with-itself", RUNNER,
+           "comparators.bitwise_replay([direct, got],",
+           "comparators.bitwise_replay([got, got],", 128, "op",
+           "the op check compares each op output with itself (an op that swaps dKV and dScore "
+           "passes)",
+           cpu_test=f"{FAULTS}::test_an_op_that_swaps_dkv_and_dscore_fails_op"),
+    Mutant("op-storage-check-off", RUNNER,
+           "    if a is b:\n        return True\n",
+           "    return False\n", 128, "op",
+           "the op check's distinct-storage test always says distinct (an op handing back the "
+           "direct path's own buffers compares them with themselves)",
+           cpu_test=f"{FAULTS}::test_an_op_that_returns_the_direct_paths_buffers_fails_op"),
+    Mutant("coverage-missing-arguments-swapped", COVERAGE,
+           "    missing = _minus(want, got)",
+           "    missing = _minus(got, want)", 128, "coverage",
+           "the table coverage subtracts the table from the selections instead of the "
+           "selections from the table (a table kernel no case reaches goes unreported)",
+           cpu_test=f"{FAULTS}::test_an_entry_no_case_reaches_fails_table_coverage_alone"),
+    Mutant("coverage-beyond-takes-table-configs", COVERAGE,
+           "if configs and kernel_config(k) is not None and kernel_config(k) not in configs)",
+           "if configs and kernel_config(k) is not None)", 128, "coverage",
+           "every selected kernel outside the table entries counts as beyond the configs (a "
+           "stray kernel of a table config is no longer unexpected)",
+           cpu_test=f"{FAULTS}::test_a_case_beyond_the_contracts_configs_does_not_fail_coverage"),
+    Mutant("g1-compares-run-1-with-itself", RUNNER,
+           '_gate("G1", name, comparators.bitwise_replay(fused[name],',
+           '_gate("G1", name, comparators.bitwise_replay(fused[name][:1] * RUNS,', 128, "G1",
+           "G1 replays run 1 against itself: a run-to-run difference is never seen",
+           cpu_test=f"{FAULTS}::test_nondeterministic_output_fails_g1"),
+    Mutant("zeros-mask-all-false", RUNNER,
+           "                               n_tokens=n_tokens)\n",
+           "                               n_tokens=n_tokens) & False\n", 128, "zeros",
+           "the zeros gate is given an all-False never-consumed mask (checks no slot)",
+           cpu_test=f"{FAULTS}::test_a_never_consumed_slot_left_tiny_fails_zeros_alone"),
+    Mutant("nan-prefill-becomes-zero-prefill", RUNNER,
+           "    return 0.0 if run == 0 else math.nan",
+           "    return 0.0", 128, "G1",
+           "runs 2 and 3 are zero-filled like run 1: a slot the kernel never writes looks like "
+           "an exact zero",
+           cpu_test=f"{FAULTS}::test_unwritten_never_consumed_slot_fails_g1_and_zeros"),
+    Mutant("adapter-exit-not-caught", IMPL,
+           "    except BaseException as exc:  # SystemExit and KeyboardInterrupt on purpose",
+           "    except Exception as exc:  # SystemExit and KeyboardInterrupt on purpose", 128,
+           "exit 2",
+           "loading an --impl adapter catches Exception only: its sys.exit(0) on import ends "
+           "csagate run with exit 0 and no verdict",
+           cpu_test=f"{IMPLS}::test_an_adapter_that_exits_on_import_is_a_usage_error"),
 )

@@ -3,6 +3,7 @@ catches it.
 
     python mutants/run.py check [--arch sm_90a] [--jobs N] [--sample] [NAME ...]  # CPU: builds
     python mutants/run.py gate  [--jobs N] [--report FILE] [NAME ...]     # GPU: the gate must fail
+    python mutants/run.py cpu   [--jobs N] [NAME ...]      # CPU: the gate-logic mutants are caught
 
 ``check``: every mutant's find-text occurs exactly once in its file, the mutated file still
 parses, and the mutated tree cross-compiles for ``--arch`` the kernels of the mutant's ratio
@@ -13,7 +14,11 @@ others apply and parse.
 its own fresh compile cache, ``--jobs`` at a time (the builds are CPU work; the gates share the
 GPU); an out-of-contract mutant must exit 1 with its expected gate among the failed ones, an
 in-contract mutant must exit 0. Prints one row per mutant and writes a Markdown table with
-``--report``.
+``--report``. The gate-logic mutants (``Mutant.cpu_test``) are left out: on correct kernels
+the weakened gate still passes.
+``cpu``: the gate-logic mutants, each in its copy of the tree: its ``cpu_test`` (a pytest node
+that plants a fault the expected gate must catch, on the reference-backed CPU backends) must
+fail there. No GPU, no kernel build.
 
 Each mutated tree is a copy of the tracked files; ``csagate`` is imported from it through a
 symlink tree first on PYTHONPATH (``csagate.kernels`` -> ``<copy>/kernels`` ...), so the
@@ -215,6 +220,24 @@ def judge(mutant: Mutant, base: Path) -> Outcome:
     return Outcome(mutant, ok, detail, proc.returncode, failed)
 
 
+def judge_cpu(mutant: Mutant, base: Path) -> Outcome:
+    """Run the mutant's ``cpu_test`` in its mutated tree: caught when the test fails (pytest
+    exit 1); a passing test means the weakened gate went unnoticed."""
+    tree = base / mutant.name / "tree"
+    test_file, _, test = mutant.cpu_test.partition("::")
+    node = str(tree / test_file) + (f"::{test}" if test else "")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                           node], cwd=base / mutant.name, env=env_for(mutant, base),
+                          capture_output=True, text=True)
+    if proc.returncode == 1:
+        return Outcome(mutant, True, f"caught: {mutant.cpu_test} fails", 1, (mutant.expect,))
+    if proc.returncode == 0:
+        return Outcome(mutant, False, f"MISSED: {mutant.cpu_test} passes in the mutated tree",
+                       0)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["?"]
+    return Outcome(mutant, False, f"pytest exit {proc.returncode}: {tail[0]}", proc.returncode)
+
+
 def select(names: list[str]) -> list[Mutant]:
     if not names:
         return list(MUTANTS)
@@ -256,7 +279,7 @@ def report_md(outcomes: list[Outcome]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("check", "gate"))
+    ap.add_argument("mode", choices=("check", "gate", "cpu"))
     ap.add_argument("names", nargs="*")
     ap.add_argument("--arch", default=None, help="check: cross-compile target (default sm_90a)")
     ap.add_argument("--jobs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 2)))
@@ -266,13 +289,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="check: build one mutant per kernel source file (the rest parse)")
     args = ap.parse_intermixed_args(argv)
     mutants = select(args.names)
+    if args.mode in ("gate", "cpu"):
+        judged = "gpu" if args.mode == "gate" else "cpu"
+        mutants = [m for m in mutants if m.judge == judged]
+        if not mutants:
+            print(f"no mutant judged by `{args.mode}` among those named", file=sys.stderr)
+            return 1
     base = Path(tempfile.mkdtemp(prefix="csagate-mutants-"))
     try:
-        if args.mode == "check":
+        if args.mode == "check":   # the gate-logic mutants apply and parse (no kernel of theirs)
             chosen = sampled(mutants) if args.sample else {m.name for m in mutants}
             with ThreadPoolExecutor(args.jobs) as pool:
                 outcomes = list(pool.map(
-                    lambda m: build(m, base, args.arch or "sm_90a", m.name in chosen), mutants))
+                    lambda m: build(m, base, args.arch or "sm_90a",
+                                    m.name in chosen and m.judge == "gpu"), mutants))
+        elif args.mode == "cpu":
+            def one_cpu(m: Mutant) -> Outcome:
+                try:
+                    make_tree(m, base)
+                except ValueError as exc:
+                    return Outcome(m, False, str(exc))
+                return judge_cpu(m, base)
+
+            with ThreadPoolExecutor(args.jobs) as pool:
+                outcomes = list(pool.map(one_cpu, mutants))
         else:  # each `csagate run` builds its own tree's kernels in its fresh cache
             def one(m: Mutant) -> Outcome:
                 try:
@@ -289,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         for o in outcomes:
             print(f"{'ok  ' if o.ok else 'FAIL'} {o.mutant.name:<{width}}  {o.detail}")
         bad = sum(not o.ok for o in outcomes)
-        what = "checked" if args.mode == "check" else "as expected"
+        what = {"check": "checked", "gate": "as expected", "cpu": "caught on the CPU"}[
+            args.mode]
         print(f"{len(outcomes) - bad}/{len(outcomes)} mutants {what}")
         if args.report is not None:
             args.report.write_text(report_md(outcomes))

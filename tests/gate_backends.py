@@ -235,8 +235,13 @@ class FaultyBackend(RefBackend):
     def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows, ratio, coff):
         out, grads = super().through_op(kv, score, ape, cu, cuc, grad_out, n_rows=n_rows,
                                         ratio=ratio, coff=coff)
-        if self.fault == "op" and self._hit(kv, cu, ratio, coff):
+        hit = self._hit(kv, cu, ratio, coff)
+        if self.fault == "op" and hit:
             bump(grads[1], (0, 0))  # the op's dScore differs from the direct path's by a step
+        elif self.fault == "op_swap" and hit:
+            return out, (grads[1], grads[0], grads[2])   # dKV and dScore swapped
+        elif self.fault == "op_alias" and hit:
+            return self.direct[0], self.direct[1:]   # the direct path's own run-1 buffers
         return out, grads
 
     def _hit(self, kv, cu, ratio, coff) -> bool:
@@ -246,6 +251,8 @@ class FaultyBackend(RefBackend):
         if not self._hit(kv, cu, ratio, coff):
             return
         self.fwd_calls += 1
+        if self.fwd_calls == 1:
+            self.direct = [out]                     # run 1's buffer (op_alias returns it)
         if self.fault == "large_error":
             out[3, 5] += 0.5
         elif self.fault == "nondeterministic" and self.fwd_calls == 3:
@@ -274,6 +281,8 @@ class FaultyBackend(RefBackend):
         if not self._hit(kv, cu, ratio, coff):
             return
         self.bwd_calls += 1
+        if self.bwd_calls == 1:
+            self.direct[1:] = [dkv, dscore, dape]
         if self.fault == "count":
             # ``steps`` consumed slots of dkv moved by one bf16 step (well inside max_abs).
             for i in range(self.opts["n"]):
@@ -297,6 +306,11 @@ class FaultyBackend(RefBackend):
                 dkv.copy_((dkv.float() + extra.dkv.float()).to(dkv.dtype))
                 dscore.copy_((dscore.float() + extra.dscore.float()).to(dscore.dtype))
                 dape += extra.dape
+        elif self.fault == "tail_tiny":
+            # the first never-consumed slot (a tail token) left at 2^-100 instead of zero
+            mask = never_consumed_mask(cu, ratio=ratio, coff=coff, d=dkv.shape[1] // coff,
+                                       n_tokens=dkv.shape[0])
+            dkv[tuple(int(i) for i in mask.nonzero()[0])] = 2.0 ** -100
         elif self.fault == "token_pad_row":
             dkv[-1, 0] = 2.0 ** -100  # tiny: no tolerance notices, exact zeros must
         elif self.fault == "dape":

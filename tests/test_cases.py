@@ -67,7 +67,7 @@ def test_r4_cases_are_the_contracts():
     from csagate.gates.cases import R4_CASES, R4_DETERMINISTIC, SHORT4
     from csagate.gates.contracts import R4
 
-    assert R4.all_cases == R4_CASES + R4_DETERMINISTIC and len(R4_CASES) == 18
+    assert R4.all_cases == R4_CASES + R4_DETERMINISTIC
     assert all(c.ratio == 4 and c.name.startswith("r4/") for c in R4_CASES)
     union = [(c.config, c.lens) for c in R4_CASES if c.kind == "union"]
     for config in ("c1d128", "c2d128", "c1d512", "c2d512"):
@@ -75,7 +75,10 @@ def test_r4_cases_are_the_contracts():
             assert (config, lens) in union
     assert [u for u in union if u[1] == (65536,)] == [("c2d128", (65536,)),
                                                       ("c2d512", (65536,))]
-    assert len(union) == 14
+    # beyond the table configs: an odd head dim and one not a multiple of 32, both coffs
+    beyond = {(c.coff, c.d) for c in R4_CASES if c.d not in (128, 512)}
+    assert any(d % 2 for _, d in beyond) and any(d % 32 and not d % 2 for _, d in beyond)
+    assert {coff for coff, _ in beyond} == {1, 2}
     padding = [(c.config, c.lens, c.pad_rows, c.pad_tokens) for c in R4_CASES
                if c.kind == "padding"]
     assert padding == [("c2d128", RAGGED3, 8, 21), ("c1d512", SHORT4, 8, 37)]
@@ -83,7 +86,7 @@ def test_r4_cases_are_the_contracts():
     kinds = {c.kind: c for c in R4_CASES}
     assert kinds["overflow"].inputs == "overflow" and kinds["overflow"].lens == (128,)
     assert kinds["partial-overflow"].inputs == "partial_overflow"
-    assert len({c.name for c in R4_CASES}) == 18
+    assert len({c.name for c in R4_CASES}) == len(R4_CASES)
 
 
 def test_case_names_are_unique_across_both_contracts():
@@ -190,3 +193,41 @@ def test_csa2_case_and_names_resolve():
     for k in _small_contracts().values():
         for c in k.all_cases:
             assert case_by_name(c.name) == c
+
+
+def _partial_last_fwd_cta(case, arch) -> bool:
+    """Whether the case's forward has a last CTA whose column groups do not fill its threads."""
+    from csagate.kernels.small_schedule import small_schedule
+
+    sched = small_schedule("fwd", case.d, ratio=case.ratio, coff=case.coff, arch=arch)
+    return (case.d // sched.vec) % sched.threads != 0
+
+
+def test_small_ratio_cases_reach_head_dims_that_are_not_a_multiple_of_32():
+    """Every small ratio has a case at a head dim that is not a multiple of 32; ratios 4 and 32
+    one whose forward's last CTA is partial on every arch (a guard that rounded down would skip
+    its columns); ratio 32 a small head dim (<= 64) at its 64-position window; every such
+    config is one the kernels accept (small_schedule.check_config, validate.check_support)."""
+    import torch
+    from csagate.gates.contracts import CONTRACTS
+    from csagate.kernels import validate
+    from csagate.kernels.small_schedule import MAX_WINDOW, check_config
+
+    for ratio, k in CONTRACTS.items():
+        if ratio == 128:
+            continue
+        odd = [c for c in k.all_cases if c.d % 32]
+        assert odd, ratio
+        if ratio in (4, 32):
+            for arch in S.ARCHES:
+                assert any(_partial_last_fwd_cta(c, arch) for c in odd), (ratio, arch)
+        if 2 * ratio == MAX_WINDOW:
+            assert any(c.coff == 2 and c.d <= 64 for c in odd)
+        for c in odd:
+            check_config(ratio, c.coff, c.d)
+            meta = {"device": "meta"}
+            kv = torch.empty(c.tokens, c.coff * c.d, dtype=torch.bfloat16, **meta)
+            cu = torch.empty(len(c.lens) + 1, dtype=torch.int32, **meta)
+            validate.check_support(kv, kv, torch.empty(ratio, c.coff * c.d, **meta), cu, cu,
+                                   torch.empty(c.rows, c.d, dtype=torch.bfloat16, **meta),
+                                   ratio=ratio, coff=c.coff, devices=False)

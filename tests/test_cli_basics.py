@@ -21,6 +21,7 @@ def test_help_lists_commands_and_exit_codes():
     for word in ("run", "cases", "build", "probe", "schedules", "bench", "reference"):
         assert word in r.output
     assert "0 pass, 1 contract failure, 2 usage error, 3 could not evaluate" in r.output
+    assert "130 interrupted" in " ".join(r.output.split())
 
 
 def test_version():
@@ -63,7 +64,8 @@ def test_cases_table_ratio4_and_all():
     assert r.exit_code == 0, r.output
     lines = _rows(r.output)
     assert [_names(line) for line in lines] == [c.name for c in (R4.drift, *R4.all_cases)]
-    assert "drift check + 18 + 2 deterministic cases" in " ".join(r.output.split())
+    counts = f"drift check + {len(R4.cases)} + {len(R4.deterministic)} deterministic cases"
+    assert counts in " ".join(r.output.split())
     wide = CliRunner().invoke(cli, ["cases", "--ratio", "4"], env={"COLUMNS": "200"}).output
     assert "r4/c2d512/1x65536" in wide and "r4/c1d512/short4+pad8r37t" in wide
     both = run("cases", "--ratio", "all")
@@ -140,6 +142,53 @@ def test_unexpected_error_is_one_line_and_exit_3(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         cli_mod.main()
     assert exc.value.code == 3 and "AttributeError" in capsys.readouterr().err
+
+
+def _main_exit(monkeypatch, *argv) -> int:
+    from csagate import cli as cli_mod
+
+    monkeypatch.setattr(sys, "argv", ["csagate", *argv])
+    with pytest.raises(SystemExit) as exc:
+        cli_mod.main()
+    return exc.value.code
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130(monkeypatch, capsys):
+    """KeyboardInterrupt anywhere in a command: ``csagate: interrupted``, exit 130 (not click's
+    "Aborted!" and exit 1), no traceback, even under CSAGATE_DEBUG."""
+    from csagate.commands import run as run_cmd
+    from csagate.exitcodes import ExitCode
+
+    def interrupted(ratio):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_cmd, "contracts", interrupted)
+    for debug in ("", "1"):
+        monkeypatch.setenv("CSAGATE_DEBUG", debug)
+        assert _main_exit(monkeypatch, "cases") == ExitCode.INTERRUPTED == 130
+        captured = capsys.readouterr()
+        assert captured.err.strip().splitlines() == ["csagate: interrupted"]
+        assert captured.out == ""
+
+
+def test_ctrl_c_in_a_running_gate_is_exit_130(monkeypatch, capsys):
+    from csagate.commands import run as run_cmd
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_cmd, "_evaluate", interrupted)
+    monkeypatch.delenv("CSAGATE_DEBUG", raising=False)
+    assert _main_exit(monkeypatch, "run", "--ratio", "4") == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["csagate: interrupted"]
+
+
+def test_main_keeps_the_other_exit_codes(monkeypatch, capsys):
+    assert _main_exit(monkeypatch, "--version") == 0
+    assert _main_exit(monkeypatch, "cases", "--ratio", "4") == 0
+    assert _main_exit(monkeypatch, "cases", "--ratio", "9") == 2
+    assert "Error: Invalid value for '--ratio'" in capsys.readouterr().err
+    assert _main_exit(monkeypatch, "nope") == 2
 
 
 def test_help_says_what_the_exit_codes_and_debug_are():

@@ -15,7 +15,7 @@ import pytest
 import torch
 from csagate.gates import limits
 from csagate.gates.runner import run_gate
-from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP
+from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP, Selection
 from gate_backends import (
     SMALL_CASES,
     SMALL_CONTRACT,
@@ -243,6 +243,30 @@ def test_an_op_that_differs_from_the_direct_path_fails_op():
     assert r.result("op", "dscore").numbers["n_diff"] == (1,)
 
 
+def test_an_op_that_swaps_dkv_and_dscore_fails_op():
+    """dKV and dScore have one shape: only comparing each op output with the direct path's
+    buffer of the same name (never with itself) catches the swap."""
+    name = "c2d32/1x48"
+    v = faulted("op_swap", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("op", "dkv"), ("op", "dscore")}
+    assert r.result("op", "out").status == PASS and r.result("op", "dape").status == PASS
+
+
+def test_an_op_that_returns_the_direct_paths_buffers_fails_op():
+    """Tensors that alias the direct path's would be compared with themselves: the op gate
+    refuses them (distinct storage), whatever their values."""
+    name = "c1d16/edge"
+    v = faulted("op_alias", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("op", t) for t in ("out", "dkv", "dscore", "dape")}
+    g = r.result("op", "dkv")
+    assert g.numbers["aliases"] == ["the direct path's dkv"]
+    assert "shares storage with the direct path's dkv" in g.reason
+
+
 def test_wrong_nan_mask_on_overflow_fails_g2():
     name = "c1d16/overflow"
     v = faulted("nan_mask", name)
@@ -274,6 +298,17 @@ def test_token_padding_row_left_nonzero_fails_zeros():
     case = case_named(name)
     assert pad["n_nonzero"] == 1 and pad["first_index"] == (case.tokens - 1, 0)
     assert r.result("G2", "dkv").status == PASS
+
+
+def test_a_never_consumed_slot_left_tiny_fails_zeros_alone():
+    """2^-100 in a tail token's dKV: deterministic (G1 passes), far inside every tolerance
+    (G2, G3 pass); only the exact-zero check over the never-consumed mask sees it."""
+    name = "c1d16/ragged"
+    v = faulted("tail_tiny", name)
+    assert_only_case_failed(v, name)
+    r = row(v, name)
+    assert failed_gates(r) == {("zeros", "dkv")}
+    assert r.result("zeros", "dkv").numbers["n_nonzero"] == 1
 
 
 def test_dape_off_by_2e_3_fails_g2():
@@ -725,6 +760,30 @@ def test_r4_coverage_names_a_config_no_case_has():
     assert not v.ok and all(r.status == PASS for r in v.cases)
     assert v.reasons == ("coverage (table entries): no case selects fwd c1d64 r4",
                          "coverage (table entries): no case selects bwd c1d64 r4")
+
+
+def test_a_case_beyond_the_contracts_configs_does_not_fail_coverage():
+    """A case at a head dim outside the four table configs (an odd d) selects kernels no table
+    entry expects: reported as beyond the configs, neither missing nor unexpected."""
+    from gate_backends import R4_RAGGED, _r4
+
+    extra = _r4("c1d24/ragged", 1, 24, R4_RAGGED)
+    contract = replace(SMALL_R4_CONTRACT, cases=SMALL_R4_CONTRACT.cases + (extra,))
+    v = gate(RefBackend(), contract=contract)
+    assert v.ok, v.reasons
+    assert v.coverage.status == PASS and v.coverage.summary == "fwd 4/4, bwd 4/4"
+    assert [s.name for s in v.coverage.beyond("fwd")] == ["fwd c1d24 r4"]
+    assert v.coverage.unexpected("fwd") == () and v.coverage.table["fwd"].beyond == (
+        "fwd c1d24 r4",)
+    # a kernel of a table config that no table entry holds is still unexpected
+    from csagate.gates import coverage as cov_checks
+
+    entries = {("fwd", "any", (1, 16)): Selection("fwd", 1, 16, "r4")}
+    stray = cov_checks.table_coverage("fwd", entries, [Selection("fwd", 1, 16, "r4"),
+                                                       Selection("fwd", 1, 16, "other"),
+                                                       Selection("fwd", 1, 24, "r4")])
+    assert not stray.ok and stray.unexpected == ("fwd c1d16 other",)
+    assert stray.beyond == ("fwd c1d24 r4",)
 
 
 # --- the deterministic backward (CONTRACT.md 2.5) -------------------------------------------

@@ -181,11 +181,22 @@ def test_cli_run_with_a_file_adapter_prints_where_and_writes_the_report(adapter,
     assert pngs[0] in page
 
 
-def test_cli_forward_only_exit_0_and_shows_na(adapter, cpu_run):
-    result = invoke("run", "--impl", f"{adapter}:ForwardOnly")
+def test_cli_forward_only_exit_0_and_shows_na(adapter, cpu_run, tmp_path):
+    """No backward: every row of dKV, dScore, dAPE (and their zeros) is n/a in the table and
+    the JSON, counted apart from the passes; the headline says what was judged."""
+    path = tmp_path / "v.json"
+    result = invoke("run", "--impl", f"{adapter}:ForwardOnly", "--json", str(path))
     assert result.exit_code == 0, result.output
     assert "forward contract only" in result.stdout
     assert "n/a" in result.stdout
+    doc = json.loads(path.read_text())
+    assert "forward contract only" in doc["headline"]
+    assert doc["gate_counts"]["n/a"] > 0 and doc["gate_counts"]["pass"] > 0
+    for case in doc["cases"]:
+        assert case["gate_status"]["zeros"] == "n/a"
+        backward_rows = [g for g in case["gates"] if g["tensor"].startswith("d")]
+        assert backward_rows and all(g["status"] == "n/a" for g in backward_rows), case["name"]
+        assert case["gate_counts"]["n/a"] == len(backward_rows)
 
 
 @pytest.mark.parametrize("value, words", [
@@ -226,6 +237,139 @@ def test_cudnn_missing_is_could_not_evaluate_exit_3(cpu_run, monkeypatch):
     assert lines[0].startswith("csagate: ") and "Traceback" not in text
     assert "nvidia-cudnn-frontend is not importable" in text
     assert "csagate[cudnn]" in text
+
+
+
+# --- an adapter that exits or interrupts: a usage error, never a silent exit ----------------
+
+EXITING = """
+import sys
+from csagate.gates.implementation import Supports
+from csagate.reference import forward
+
+
+class Planted(BaseException):
+    \"\"\"Neither an Exception nor an exit: still refused.\"\"\"
+
+
+class Base:
+    name = "exiting"
+    supports = Supports()
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        return forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
+
+
+class ExitsInInit(Base):
+    def __init__(self):
+        raise SystemExit(0)
+
+
+class InterruptsInInit(Base):
+    def __init__(self):
+        raise KeyboardInterrupt
+
+
+class PlantedInInit(Base):
+    def __init__(self):
+        raise Planted("planted")
+
+
+class ExitsInSupports(Base):
+    @property
+    def supports(self):
+        sys.exit(0)
+
+
+class ExitsInUnavailable(Base):
+    def unavailable(self, device):
+        sys.exit(0)
+
+
+class ExitsInForward(Base):
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        sys.exit(0)
+"""
+
+
+@pytest.fixture
+def exiting(tmp_path) -> Path:
+    path = tmp_path / "exiting.py"
+    path.write_text(EXITING)
+    return path
+
+
+def _one_usage_line(result, *words):
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    message = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(message) == 1 and "Traceback" not in result.stderr, result.stderr
+    text = " ".join(result.stderr.split())
+    for word in words:
+        assert word in text, (word, text)
+
+
+@pytest.mark.parametrize("body, raised", [
+    ("import sys\nsys.exit(0)\n", "SystemExit: 0"),
+    ("raise SystemExit('bye')\n", "SystemExit: bye"),
+    ("raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+    ("class Planted(BaseException):\n    pass\nraise Planted('x')\n", "Planted: x"),
+])
+def test_an_adapter_that_exits_on_import_is_a_usage_error(tmp_path, cpu_run, body, raised):
+    """``sys.exit(0)`` at import made ``csagate run --impl file.py:X`` exit 0 with no output."""
+    path = tmp_path / "bad_import.py"
+    path.write_text(body)
+    result = invoke("run", "--impl", f"{path}:X")
+    _one_usage_line(result, "bad_import.py:X", "importing it raised", raised)
+
+
+@pytest.mark.parametrize("attr, what, raised", [
+    ("ExitsInInit", "constructing it raised", "SystemExit: 0"),
+    ("InterruptsInInit", "constructing it raised", "KeyboardInterrupt"),
+    ("PlantedInInit", "constructing it raised", "Planted: planted"),
+    ("ExitsInSupports", "reading its attributes raised", "SystemExit: 0"),
+])
+def test_an_adapter_that_exits_when_constructed_is_a_usage_error(exiting, cpu_run, attr, what,
+                                                                 raised):
+    result = invoke("run", "--impl", f"{exiting}:{attr}")
+    _one_usage_line(result, f"exiting.py:{attr}", what, raised,
+                    "must not exit or interrupt")
+
+
+def test_an_adapter_whose_availability_check_exits_is_a_usage_error(exiting, cpu_run):
+    result = invoke("run", "--impl", f"{exiting}:ExitsInUnavailable")
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.stderr.split())
+    assert "exiting: its availability check (unavailable) raised SystemExit: 0" in text
+    assert "Traceback" not in text and result.stdout == ""
+
+
+def test_an_adapter_module_that_exits_on_import_is_a_usage_error(tmp_path, cpu_run,
+                                                                 monkeypatch):
+    (tmp_path / "exits_module.py").write_text("raise SystemExit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = invoke("run", "--impl", "exits_module:X")
+    _one_usage_line(result, "exits_module:X", "cannot import", "SystemExit: 0")
+
+
+def test_an_entry_point_that_exits_on_load_is_a_usage_error(tmp_path, cpu_run, monkeypatch):
+    (tmp_path / "exiting_ep.py").write_text("raise SystemExit(0)\n")
+    info = tmp_path / "exiting_ep-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: exiting-ep\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[csagate.implementations]\n"
+                                           "exiting-ep = exiting_ep:Impl\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = invoke("run", "--impl", "exiting-ep")
+    _one_usage_line(result, "entry point 'exiting-ep'", "importing it raised", "SystemExit: 0")
+
+
+def test_an_adapter_whose_forward_exits_fails_its_cases_and_the_run_goes_on(exiting, cpu_run):
+    """Mid-run, ``sys.exit(0)`` in forward is each case's error row (exit 1), not an exit 0."""
+    result = invoke("run", "--impl", f"{exiting}:ExitsInForward")
+    assert result.exit_code == 1, result.output
+    assert "GATE FAIL 0/" in result.stdout
+    assert "exiting.forward raised SystemExit: 0" in " ".join(result.stdout.split())
 
 
 # --- compare -------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The mutation self-test's catalogue stays true to the source: every planted bug applies
 exactly once and its mutated tree still builds (the GPU run, `make mutants`, then proves the
-gate fails on each; docs/MUTANTS.md holds its table)."""
+gate fails on each; docs/MUTANTS.md holds its table). The gate-logic mutants are judged here,
+on the CPU: each one's planted-fault test fails in its mutated tree."""
 
 import importlib.util
 import sys
@@ -22,7 +23,10 @@ def _load(name):
 
 catalog = _load("catalog")
 run = _load("run")
-GATES = {"G1", "G2", "G3", "zeros", "isolation", "drift", "coverage", "edges", "op"}
+GATES = {"G1", "G2", "G3", "zeros", "isolation", "drift", "coverage", "edges", "op",
+         "n/a",     # a gate-logic mutant: the n/a rows of a direction not provided
+         "exit 2"}  # a gate-logic mutant: loading an adapter that exits
+CPU_JUDGED = [m for m in catalog.MUTANTS if m.judge == "cpu"]
 
 
 def test_catalogue_has_at_least_twelve_out_of_contract_mutants():
@@ -86,3 +90,29 @@ def test_one_mutant_per_kernel_file_builds(dsl):
     cache, cross-compiles the kernels of its ratio that the file reaches for sm_90a (a mutant
     that no longer builds would test nothing on the GPU); `make mutants` builds them all."""
     assert run.main(["check", "--arch", "sm_90a", "--jobs", "2", "--sample"]) == 0
+
+
+def test_gate_logic_mutants_name_an_existing_cpu_test_and_touch_no_kernel():
+    assert len(CPU_JUDGED) >= 5
+    for m in CPU_JUDGED:
+        assert not m.file.startswith("kernels/") and not m.in_contract, m.name
+        path, _, test = m.cpu_test.partition("::")
+        assert (ROOT / path).is_file() and f"def {test}(" in (ROOT / path).read_text(), m.name
+    assert {m.expect for m in CPU_JUDGED} >= {"n/a", "op", "coverage", "G1", "zeros"}
+    files = {m.file for m in CPU_JUDGED}
+    assert {"gates/runner.py", "gates/coverage.py"} <= files
+
+
+@pytest.mark.parametrize("mutant", CPU_JUDGED, ids=lambda m: m.name)
+def test_gate_logic_mutant_is_caught_on_the_cpu(mutant, tmp_path):
+    """The mutant applied to a copy of the tree: its planted-fault test must fail there (run
+    in a fresh process that imports csagate from the copy)."""
+    run.make_tree(mutant, tmp_path)
+    outcome = run.judge_cpu(mutant, tmp_path)
+    assert outcome.ok, outcome.detail
+
+
+def test_gate_mode_leaves_the_gate_logic_mutants_to_the_cpu():
+    assert run.main(["gate", CPU_JUDGED[0].name]) == 1     # none of them is judged on a GPU
+    gpu = [m for m in catalog.MUTANTS if m.judge == "gpu"]
+    assert "fwd-column-guard-rounds-down" in {m.name for m in gpu}

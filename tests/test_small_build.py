@@ -160,6 +160,35 @@ def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     assert n_atomic == win, f"{label}: {n_atomic} fp32 atomic adds, expected one per position"
 
 
+def _case_configs() -> list[tuple[int, int, int]]:
+    """(ratio, coff, d) of the small-ratio gate cases beyond the build configs (head dims that
+    are not a multiple of 32: gates/cases.py)."""
+    from csagate.gates.contracts import CONTRACTS
+
+    built = {(r, c, d) for r in SS.SMALL_RATIOS for c, d in SS.build_configs(r)}
+    found = {(case.ratio, case.coff, case.d) for ratio, k in CONTRACTS.items() if ratio != 128
+             for case in k.all_cases}
+    return sorted(found - built)
+
+
+CASE_KERNELS = [(kind, ratio, arch, coff, d) for ratio, coff, d in _case_configs()
+                for kind in ("fwd", "bwd") for arch in ARCHES]
+
+
+@pytest.mark.parametrize("kernel", CASE_KERNELS, ids=_kid)
+def test_gate_case_configs_build_ptxas_clean_and_pinned(kernel, ptxas):
+    """The kernels of the gate's extra head dims (d = 40, 72: narrow CTAs, a partial last
+    column group) cross-compile, assemble at 0 spill and 0 stack, and pin their numerics as the
+    build configs do; without this a gate run could only say "could not evaluate" for them."""
+    _assert_ptxas_clean(_ptx(*kernel), _kid(kernel), kernel[0], kernel[2], ptxas)
+    test_ptx_pins_numerics(kernel)
+
+
+def test_gate_case_configs_are_listed():
+    assert {(r, c, d) for _, r, _, c, d in CASE_KERNELS} >= {(4, 2, 40), (32, 2, 40),
+                                                             (32, 2, 72)}
+
+
 @pytest.mark.parametrize("window", [2, 8, 32, 64])
 @pytest.mark.parametrize("d", [1, 2, 3, 65, 127, 128, 129, 512, 8_388_479, 8_388_480])
 def test_fwd_schedule(d, window):

@@ -118,10 +118,10 @@ def _check(impls):
 
 
 def _ready(impl, device):
-    """Exit 3 with one line unless ``impl`` runs here."""
-    from csagate.gates.implementation import unavailable
+    """Exit 3 with one line unless ``impl`` runs here (2 when its check exits)."""
+    from csagate.impl_choice import checked_unavailable
 
-    why = unavailable(impl, device)
+    why = checked_unavailable(impl, device)
     if why:
         console.abort(f"{impl.name}: {why} (nothing was compared)",
                       ExitCode.COULD_NOT_EVALUATE)
