@@ -395,7 +395,7 @@ class _R128BwdBase(R128Geometry):
             cute.arch.sync_threads()
         if cutlass.const_expr(self.sched.deterministic):
             bx, _, _ = cute.arch.block_idx()
-            # at the register cap: rolled for coff=1, unrolled for coff=2 (PERF_NOTES section 6)
+            # at the register cap: rolled for coff=1, unrolled for coff=2 (PERF_NOTES section 6.1)
             if cutlass.const_expr(self.REGWIN and self.coff == 1
                                   and self.chunk * self.vec >= 32):
                 for kk in cutlass.range(self.chunk, unroll=1):

@@ -18,7 +18,7 @@ LANES = 32          # lanes of a warp, each owning VEC consecutive elements
 VEC = 4             # elements per lane (one 16-byte load per slice)
 THREADS = WARPS * LANES
 SPAN = LANES * VEC  # elements per CTA
-DEPTHS = REDUCE_DEPTHS  # slice loads a lane issues together (PERF_NOTES section 10)
+DEPTHS = REDUCE_DEPTHS  # slice loads a lane issues together (PERF_NOTES section 10.3)
 
 
 @cute.kernel

@@ -372,7 +372,7 @@ BWD_SMALL_H200 = {
 }
 BWD_DEFAULT_H200 = {
     (1, 128): _rw(2, 8, keepdp=True, vsm=True, go=GradOut.SHARED, ape=ApeCopy.ASYNC),
-    # goreuse spills at 128 registers; ape async spills 8 B on sm_100a (PERF_NOTES section 8)
+    # goreuse spills at 128 registers; ape async spills 8 B on sm_100a (PERF_NOTES section 8.2)
     (2, 128): _rw(2, 16, keepdp=True, go=GradOut.PACKED, ape=ApeCopy.SHARED),
     (1, 512): _rw(2, 8, keepdp=True, go=GradOut.SHARED, ape=ApeCopy.ASYNC),
     (2, 512): _rw(2, 16, goreuse=True, keepdp=True, go=GradOut.PACKED, ape=ApeCopy.ASYNC),

@@ -139,7 +139,7 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
     ``BWD_CTAS_PER_SLICE`` CTAs along the rows for every 128-column slice, at least
     ``2 * slices`` rows. Fewer CTAs issue fewer dAPE atomics onto the same addresses, which
     serialize in the L2; more slices spread them over more addresses. The H200 cold sweep behind
-    the constants: docs/PERF_NOTES.md section 14. ``sm_count``: the uniform signature."""
+    the constants: docs/PERF_NOTES.md section 14.2. ``sm_count``: the uniform signature."""
     if sched.rows_per_cta == 1:
         return 1
     slices = -(-d // sched.threads)
@@ -163,7 +163,7 @@ def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
     return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS_WIDE, ape_regs=False)
 
 
-# The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14), for
+# The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.2), for
 # d >= 128 and a multiple of 4: (ratio, coff, narrow) -> (vec, rows per thread), narrow: a row
 # of fewer than SMALL_FWD_THREADS vec-4 groups (d < 256). Elsewhere the defaults hold.
 SM90_FWD_FORMS = {(2, 1, True): (4, 2), (2, 1, False): (4, 1), (2, 2, False): (4, 1),

@@ -1,6 +1,6 @@
 """Timing the fused kernels against the eager reference and the copy roofline (GPU only).
 
-Method (docs/PERF_NOTES.md): the headline kernel time is COLD: before each timed
+Method (docs/PERF_NOTES.md section 1): the headline kernel time is COLD: before each timed
 launch a buffer of at least twice the L2 size (and at least 256 MB) is written, outside the
 timed region, so no operand is L2-resident; CUDA events bracket ONE launch; the median of at
 least 60 such launches after warm-ups. A second, warm figure replays a CUDA graph of many
@@ -45,8 +45,8 @@ AB_SHAPES: dict[tuple[str, int, int, str], int] = {
 # Decision floors, relative: a change is adopted only when it wins in both orders by more than
 # the measured order-to-order noise and by at least this much. A single field flip (--ab) needs
 # 0.5%: graph-replay medians of one kernel repeat within about that across orders on the H200
-# (docs/PERF_NOTES.md A/B tables, noise 0.6-1.1%). A sweep's new geometry needs 1%: a winner
-# within the A/B noise (< 1%) keeps the table entry (docs/PERF_NOTES.md, sweep 2).
+# (docs/PERF_NOTES.md section 1, noise 0.6-1.1%). A sweep's new geometry needs 1%: a winner
+# within the A/B noise (< 1%) keeps the table entry (docs/PERF_NOTES.md section 3.1).
 AB_FLOOR = 0.005
 SWEEP_FLOOR = 0.01
 

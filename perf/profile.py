@@ -4,7 +4,7 @@
 (after one untimed build-and-warm call outside the profiled range), so that
 ``ncu -k regex:...`` captures exactly one launch of each; ``python -m csagate.perf.profile
 table`` prints the cold bench table (perf/bench.py) for those shapes and 8192 tokens.
-docs/PERF_NOTES.md has the exact ncu and cuobjdump command lines.
+docs/PERF_NOTES.md section 1 has the exact ncu and cuobjdump command lines.
 """
 
 from __future__ import annotations

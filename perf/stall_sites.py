@@ -10,7 +10,7 @@ Record one launch with the SourceCounters section and export its source page as 
 
 It prints each stall reason's share of the warp-state samples, then the instructions holding
 the most samples, with their index in the SASS listing, their share and their top reasons
-(docs/PERF_NOTES.md section 7 reads one this way: a PRMT right after the backward's fetch).
+(docs/PERF_NOTES.md section 7.1 reads one this way: a PRMT right after the backward's fetch).
 Pure Python (no torch, no cutlass).
 """
 
