@@ -38,8 +38,9 @@ from csagate.kernels.registry import RATIOS
 from csagate.reference import backward as ref_backward
 from csagate.reference import forward as ref_forward
 
-CSAGATE_SUPPORTS = Supports(ratios=RATIOS, coffs=(1, 2), head_dims=(128, 512),
-                            min_compute_capability=(9, 0))
+# Head dims: every one the host API accepts (kernels/validate.py: ratio 128 takes 128 and 512,
+# the small ratios any d their registers allow), so no second list is kept here.
+CSAGATE_SUPPORTS = Supports(ratios=RATIOS, coffs=(1, 2), min_compute_capability=(9, 0))
 # Measurement only: lowers nvidia-cudnn-frontend's own compute-capability constant to this
 # major so its CSA kernels can be measured on a GPU below its validated envelope (cc 10).
 # A verdict taken with it says so; it is not a supported configuration of that package.
