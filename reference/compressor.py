@@ -46,7 +46,8 @@ and, with go = fp32(grad_out), for the valid rows and valid positions:
     S      = (((0 + t_0) + t_1) + ...) + t_{W-1}
     ds_k   = fma(p_k, -S, t_k)                              (one rounding: ``_fma``)
     dKV    = bf16(go * p_k)           dScore = bf16(ds_k)   (into the slot position k read)
-    dAPE[k mod ratio, column] = the sum over valid rows of ds_k, in fp64, rounded once to fp32
+    dAPE[k mod ratio, column] = the sum over valid rows of ds_k: blocks of 32 consecutive
+                                rows summed serially, then the block sums serially
 
 This is the order the small-ratio kernels use and, at the head dims where torch's CUDA
 softmax reduces serially along the window, the order of torch's own fp32 eager autograd.
@@ -265,17 +266,29 @@ def _scatter(vals: torch.Tensor, slots: _Slots, n_valid: int, shape) -> torch.Te
     return grad.view(n_tokens, width)
 
 
+# dAPE sums ds over the rows in blocks of this many consecutive valid rows (the most rows a
+# small-ratio backward CTA sums in registers before its one atomic per slot and column).
+DAPE_BLOCK_ROWS = 32
+
+
 def _dape(ds: torch.Tensor, slots: _Slots, n_valid: int, ape, dtype) -> torch.Tensor:
-    """dAPE[k mod ratio, column half of k]: ds summed over the valid rows in fp64, once
-    rounded to ``dtype`` (an invalid position's ds is never added)."""
+    """dAPE[k mod ratio, column half of k]: ds summed over the valid rows in ``dtype`` (an
+    invalid position's ds is never added): each block of ``DAPE_BLOCK_ROWS`` consecutive rows
+    serially, then the block sums serially, the structure and precision of the kernels' own
+    reduction, so that G3 compares a kernel's dAPE with a same-precision sum."""
     ratio, width = ape.shape
     d = ds.shape[-1]
     valid = slots.valid[:, :n_valid, None]
-    summed = torch.where(valid, ds.double(), torch.zeros((), dtype=torch.float64,
-                                                          device=ds.device)).sum(dim=1)
-    dape = torch.zeros((ratio, width // d, d), dtype=torch.float64, device=ds.device)
+    ds = torch.where(valid, ds, torch.zeros((), dtype=ds.dtype, device=ds.device))
+    n_blocks = -(-n_valid // DAPE_BLOCK_ROWS)
+    pad = n_blocks * DAPE_BLOCK_ROWS - n_valid
+    rows = torch.cat([ds, ds.new_zeros((ds.shape[0], pad, d))], dim=1)
+    blocks = rows.view(ds.shape[0], n_blocks, DAPE_BLOCK_ROWS, d).transpose(0, 2)
+    partial = _serial_sum(blocks)                  # (n_blocks, W, d): rows within a block
+    summed = _serial_sum(partial)                  # (W, d): the blocks in order
+    dape = torch.zeros((ratio, width // d, d), dtype=dtype, device=ds.device)
     dape[slots.ape_row, slots.half] = summed       # each (row k mod ratio, half) once
-    return dape.to(dtype).view(ratio, width)
+    return dape.view(ratio, width)
 
 
 # --- upstream: torch's own eager ops (Megatron-LM's numerics) ------------------------------
