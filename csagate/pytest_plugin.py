@@ -139,12 +139,29 @@ def _backends(impl, device):
 
 
 def _build(backend, drift_backend, contract, cases) -> None:
+    """Build what the drift check and ``cases`` reach (the drift check's with the gate's own
+    kernels), as ``csagate run`` does before the gate."""
     from csagate.gates.runner import build_targets
 
+    if backend is drift_backend:
+        backend.build(build_targets(cases, contract.drift))
+        return
     if drift_backend is not None:
         drift_backend.build(build_targets((), contract.drift))
-    if backend is not drift_backend:
-        backend.build(build_targets(cases, None))
+    backend.build(build_targets(cases, None))
+
+
+def _drift(drift_backend, contract) -> list[str]:
+    """The drift check alone (fuzz trials without named cases, on a GPU): its failure lines."""
+    from csagate.gates.runner import build_targets, run_drift
+
+    drift_backend.build(build_targets((), contract.drift))
+    result = run_drift(drift_backend, contract.drift)
+    if result.ok:
+        return []
+    return [f"the reference drift check failed ({result.status}"
+            f"{': ' + result.error if result.error else ''}): the fuzz trials were not run",
+            *_listed(result.reasons, "  ")]
 
 
 def _listed(lines: Sequence[str], indent: str = "  ") -> list[str]:
@@ -191,11 +208,11 @@ def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
     (or ``Case`` objects) to run, default all of them (then schedule coverage is asserted
     when the implementation has the dispatch hooks); ``()``: none, the fuzz trials only.
     ``fuzz_trials``: that many fuzz trials of seed ``fuzz_seed`` at ``ratio`` after the cases,
-    failures shrunk. Returns the verdict of the named cases (None when none ran).
+    failures shrunk (on a GPU only once the drift check passed, as ``csagate fuzz``). Returns
+    the verdict of the named cases (None when none ran).
     """
     __tracebackhide__ = True
     from csagate.gates.backend import BuildError
-    from csagate.gates.errors import one_line
     from csagate.gates.implementation import ImplError
     from csagate.gates.runner import run_gate
 
@@ -222,11 +239,18 @@ def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
                                drift_na=drift_na)
             if not verdict.ok:
                 lines += ["  " + verdict.headline, *_listed(verdict.reasons, "    ")]
-        if fuzz_trials:
+        if verdict is not None:
+            trusted = verdict.drift.ok or not verdict.drift_run
+        else:
+            drift_lines = _drift(drift_backend, contract) if fuzz_trials and drift_backend \
+                else []
+            lines += ["  " + line for line in drift_lines]
+            trusted = not drift_lines
+        if fuzz_trials and trusted:
             lines += ["  " + line for line in _fuzz(backend, env, dev, fuzz_trials, fuzz_seed)]
     except BuildError as exc:
-        pytest.fail(f"csagate: could not evaluate {impl.name} on {dev}: {one_line(exc)}",
-                    pytrace=False)
+        pytest.fail(f"csagate: could not evaluate {impl.name} on {dev}: {exc} (nothing was "
+                    "judged)", pytrace=False)
     if lines:
         pytest.fail("\n".join([f"csagate: {impl.name} fails the ratio={ratio} contract on "
                                f"{dev}", *lines]), pytrace=False)

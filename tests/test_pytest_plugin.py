@@ -19,8 +19,13 @@ import csagate.gates.fuzz  # noqa: F401
 import csagate.gates.runner  # noqa: F401
 import csagate.reference  # noqa: F401
 import pytest
+import torch
+from csagate.gates.implementation import ImplBackend
+from gate_backends import FailingBuildBackend, RefBackend
 
 import csagate.device_choice  # noqa: F401
+from csagate import pytest_plugin as plugin
+from csagate.pytest_plugin import check
 
 pytest_plugins = ["pytester"]
 
@@ -159,3 +164,53 @@ def test_gpu_only(csagate_contract):
     result = suite.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(passed=7, skipped=1)
     result.stdout.fnmatch_lines(["*csagate: needs-a-gpu cannot be judged on cpu: no CUDA GPU*"])
+
+
+# --- the GPU path, with the reference as the stand-in of the gate's kernels ---------------------
+
+
+@pytest.fixture
+def gpu_stand_in(monkeypatch, tmp_path):
+    """``device="cuda"`` judged on the CPU: the adapter on CPU tensors, the drift check on
+    ``drift_backend`` (the reference stand-in of tests/gate_backends.py, or a broken one)."""
+    (tmp_path / "plugin_adapters.py").write_text(ADAPTERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    used = {"drift": RefBackend()}
+    monkeypatch.setattr(plugin, "_unavailable_here", lambda impl, device: None)
+    monkeypatch.setattr(plugin, "_backends", lambda impl, device: (
+        ImplBackend(impl, torch.device("cpu")), used["drift"], None))
+    return used
+
+
+def test_on_a_gpu_the_drift_check_runs_before_the_cases_and_the_fuzz(gpu_stand_in):
+    v = check("plugin_adapters:Reference", device="cuda", cases=[OVERFLOW])
+    assert v.ok and v.drift_run and v.drift.ok
+    assert (4, 2, 128) in gpu_stand_in["drift"].built          # drift/r4-c2d128/1x2048
+
+    gpu_stand_in["drift"] = RefBackend()
+    assert check("plugin_adapters:Reference", device="cuda", cases=(), fuzz_trials=1,
+                 fuzz_seed=12) is None
+    assert gpu_stand_in["drift"].built == [(4, 2, 128)]        # the drift check alone
+
+
+def test_on_a_gpu_a_failing_drift_check_fails_and_judges_nothing(gpu_stand_in):
+    class Drifting(RefBackend):
+        def after_backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+                           prefill, *, ratio, coff):
+            dkv[0, 0] += 1.0
+
+    gpu_stand_in["drift"] = Drifting()
+    with pytest.raises(pytest.fail.Exception) as info:
+        check("plugin_adapters:OddHeadDim", device="cuda", cases=(), fuzz_trials=3)
+    text = str(info.value)
+    assert "the reference drift check failed (fail): the fuzz trials were not run" in text
+    assert "drift dkv" in text and "FUZZ" not in text
+    with pytest.raises(pytest.fail.Exception) as info:
+        check("plugin_adapters:Reference", device="cuda", cases=[OVERFLOW], fuzz_trials=3)
+    assert "the reference drift check failed" in str(info.value)
+    assert "FUZZ" not in str(info.value)
+
+    gpu_stand_in["drift"] = FailingBuildBackend()
+    with pytest.raises(pytest.fail.Exception, match="could not evaluate ref-adapter on "
+                       "cuda:0: building ratio=128 c1d128 for sm_90a failed"):
+        check("plugin_adapters:Reference", device="cuda", cases=[OVERFLOW])
