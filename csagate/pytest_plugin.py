@@ -4,7 +4,7 @@ Registered with pytest's ``pytest11`` entry point, so the fixture is there where
 installed::
 
     def test_my_kernel_meets_the_contract(csagate_contract):
-        csagate_contract("my_pkg.adapter:Mine", ratio=4, cases=["c1d128/1x819"],
+        csagate_contract("my_pkg.adapter:Mine", ratio=4, cases=["r4/c1d128/overflow"],
                          fuzz_trials=20, fuzz_seed=7)
 
 The fixture is a callable, :func:`check`. It judges the implementation with the family's
@@ -12,8 +12,8 @@ named cases (``csagate.gates.runner.run_gate``, as ``csagate run`` does), then, 
 ``fuzz_trials``, that many seeded fuzz trials of the same ratio (``csagate.gates.fuzz``, as
 ``csagate fuzz`` does). A failure fails the test with one line per failing gate and one per
 shrunk fuzz failure; an implementation that cannot run on ``device`` (no GPU, its
-``unavailable`` hook) skips it with the reason. On the CPU the drift check is not run (it
-needs the production kernels), as with ``--device cpu``.
+``unavailable`` hook) skips it with the reason. On a GPU the drift check runs first; on the
+CPU it is not run (it needs the production kernels), as with ``--device cpu``.
 
 Nothing here imports torch until the fixture is called: the plugin loads in every pytest run
 of an environment that has csagate.
