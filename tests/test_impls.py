@@ -13,11 +13,20 @@ import pytest
 import torch
 from click.testing import CliRunner
 from csagate.gates import builtin_impls
-from csagate.gates.implementation import ImplBackend, ImplError, load, resolve
+from csagate.gates.driver import Driver
+from csagate.gates.implementation import ImplError, load, resolve
 from csagate.gates.runner import run_gate
 from csagate.gates.verdict import FAIL, NA, PASS
 from csagate.reference import backward, make_grad_out, make_pack
-from gate_backends import SMALL_CASES, SMALL_CONTRACT, SMALL_R4_CONTRACT, RefBackend, case_named
+from gate_backends import (
+    SMALL_CASES,
+    SMALL_CONTRACT,
+    SMALL_R4_CONTRACT,
+    RefImpl,
+    case_named,
+    driven,
+    use_stand_in,
+)
 
 from csagate.cli import cli
 from csagate.commands import compare as compare_cmd
@@ -76,10 +85,7 @@ def cpu_run(monkeypatch):
     small = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
              "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
     monkeypatch.setattr(run_cmd, "contracts", lambda ratio: small[ratio])
-    monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
-    monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: RefBackend())
-    monkeypatch.setattr(run_cmd, "impl_backend",
-                        lambda impl, device_index: ImplBackend(impl, torch.device("cpu")))
+    use_stand_in(monkeypatch)
 
 
 def invoke(*args):
@@ -87,8 +93,8 @@ def invoke(*args):
 
 
 def gate(impl, cases=None):
-    return run_gate(ImplBackend(impl, torch.device("cpu")), SMALL_CONTRACT, cases=cases,
-                    drift_backend=RefBackend())
+    return run_gate(Driver(impl, torch.device("cpu")), SMALL_CONTRACT, cases=cases,
+                    drift_backend=driven(RefImpl()))
 
 
 # --- discovery ---------------------------------------------------------------------------
