@@ -257,8 +257,8 @@ def conformance(impl) -> str | None:
     if not isinstance(det, bool):
         return f"deterministic must be True or False, got {det!r}"
     for name, (positional, keywords) in CALLS.items():
-        if name != "forward" and not hasattr(impl, name):
-            continue
+        if name != "forward" and getattr(impl, name, None) is None:
+            continue              # absent, or None (``backward = None``: forward only)
         if not callable(getattr(impl, name)):
             return f"{name} is not callable"
         if name in ("backward", "backward_into") and det:
