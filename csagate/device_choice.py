@@ -12,9 +12,6 @@ from dataclasses import dataclass
 
 import click
 
-from csagate import console
-from csagate.exitcodes import ExitCode
-
 
 @dataclass(frozen=True)
 class Device:
@@ -63,26 +60,6 @@ DEVICE_HELP = ("Where to judge: cuda, cuda:N or N (a CUDA device, named in the h
 def device_option(default: str = "cuda:0"):
     return click.option("--device", "device", type=DeviceType(), default=default,
                         show_default=True, help=DEVICE_HELP)
-
-
-def cpu_backend(impl):
-    """The backend of ``impl`` on the CPU; exit 3 with one line when it cannot run there (the
-    gate's own kernels, or anything needing a GPU)."""
-    import torch
-
-    from csagate.gates.builtin_impls import Csagate
-    from csagate.gates.implementation import ImplBackend, unavailable
-
-    cpu = torch.device("cpu")
-    if isinstance(impl, Csagate):
-        console.abort(f"the gate's own kernels (--impl {impl.name}) need a CUDA GPU (--device "
-                      "cuda[:N]); --device cpu judges CPU-capable implementations only "
-                      "(nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
-    why = unavailable(impl, cpu)
-    if why:
-        console.abort(f"{impl.name} cannot run on the CPU: {why} (nothing was judged)",
-                      ExitCode.COULD_NOT_EVALUATE)
-    return ImplBackend(impl, cpu)
 
 
 # The drift check's reason on the CPU (the verdict's headline: "drift check " + this).

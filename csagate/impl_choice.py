@@ -1,9 +1,14 @@
 """``--impl`` and ``--report``: the options that pick the implementation a command judges and
-where its report goes, checked before any work starts (a bad value is one line, exit 2)."""
+where its report goes, checked before any work starts (a bad value is one line, exit 2); and
+:func:`drivers`, where ``run`` and ``fuzz`` find out whether it can be judged on ``--device``
+(one preflight, one message) and get the drivers the gate runs it and the drift check with.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -56,7 +61,7 @@ report_option = click.option(
 def checked_unavailable(impl, device):
     """Why ``impl`` cannot run on ``device`` (None: it can); exit 2 with one line when its own
     check exits or raises another BaseException (as loading it would)."""
-    from csagate.gates.implementation import ImplError, unavailable
+    from csagate.gates.plugin import ImplError, unavailable
 
     try:
         return unavailable(impl, device)
@@ -64,16 +69,61 @@ def checked_unavailable(impl, device):
         console.abort(f"--impl {exc}", ExitCode.USAGE)
 
 
-def backends(impl, device_index: int, kernel_backend, impl_backend):
-    """(the backend judged, the backend of the drift check): the gate's kernels for both by
-    default; exit 3 with one line when ``impl`` cannot run here (2 when its check exits)."""
-    from csagate.gates.builtin_impls import Csagate
+@dataclass(frozen=True)
+class Judged:
+    """What a command judges with: the implementation's driver, the drift check's (the gate's
+    own kernels; None where it is not run), why the drift check is not run, and where."""
 
-    drift = kernel_backend(device_index)
-    if type(impl) is Csagate:
-        return drift, drift
-    backend = impl_backend(impl, device_index)
-    why = checked_unavailable(impl, backend.device)
+    driver: Any
+    drift: Any | None
+    drift_na: str | None
+    where: int | str            # the CUDA device index, or "cpu"
+
+
+def preflight(device, kernels):
+    """The CUDA device ``device`` names, checked once: it exists (else a usage error, exit 2)
+    and ``kernels`` (the gate's own, which the drift check needs) run there, else exit 3 with
+    their one-line reason. No GPU is found before cutlass is imported."""
+    import torch
+
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise click.BadParameter(f"device {device.index} does not exist ({count} CUDA "
+                                     f"device(s) visible: 0..{count - 1})",
+                                     param_hint="--device")
+    where = torch.device("cuda", device.index)
+    why = checked_unavailable(kernels, where)
+    if why:
+        console.abort(f"{why} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
+    return where
+
+
+def drivers(impl, device) -> Judged:
+    """How ``impl`` is judged on ``device`` (``csagate.device_choice.Device``). On the CPU: its
+    driver there, no drift check (exit 3 when it cannot run there). On a GPU: the preflight,
+    then the gate's own kernels' driver for the drift check, which also judges ``impl`` when it
+    is an instance of their class; exit 3 with one line when ``impl`` cannot run there (2 when
+    its check exits)."""
+    import torch
+
+    from csagate.device_choice import DRIFT_NA
+    from csagate.gates.driver import Driver
+    from csagate.gates.implementation import load_builtin
+
+    if device.cpu:
+        cpu = torch.device("cpu")
+        why = checked_unavailable(impl, cpu)
+        if why:
+            console.abort(f"{impl.name} cannot run on the CPU: {why} (nothing was judged)",
+                          ExitCode.COULD_NOT_EVALUATE)
+        return Judged(Driver(impl, cpu), None, DRIFT_NA, "cpu")
+    kernels = load_builtin()
+    where = preflight(device, kernels)
+    if type(impl) is type(kernels):
+        driver = Driver(impl, where)
+        return Judged(driver, driver, None, device.index)
+    why = checked_unavailable(impl, where)
     if why:
         console.abort(f"{impl.name}: {why} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
-    return backend, drift
+    return Judged(Driver(impl, where), Driver(kernels, where), None, device.index)

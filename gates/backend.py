@@ -1,11 +1,14 @@
-"""The narrow interface through which the gate reaches kernels, and the real one.
+"""The buffer interface the gate judges through, and the gate's own kernels behind it.
 
-The gate (``csagate.gates.runner``) never imports a kernel: it drives a :class:`Backend`,
-which builds kernels, runs them into caller-allocated buffers and enumerates what the dispatch
-tables can select. :class:`KernelBackend` is the only implementation ``csagate`` ever
-constructs; it wraps ``csagate.kernels.api`` (imported lazily, so importing ``gates`` never
-imports cutlass). The CPU tests drive the same gate code through small reference-backed
-backends in ``tests/`` with one fault planted at a time, which is how we know the gate can fail.
+The gate (``csagate.gates.runner``) never imports a kernel nor calls an implementation: it
+drives a :class:`Backend`, which builds, runs into caller-allocated buffers and enumerates what
+the dispatch tables can select. The one class that is one is
+:class:`csagate.gates.driver.Driver`, over any implementation (:mod:`csagate.gates.plugin`).
+:class:`KernelBackend` is the buffer path of the built-in ``csagate`` implementation
+(``csagate.gates.builtin_impls.Csagate``): it wraps ``csagate.kernels.api`` (imported lazily,
+so importing ``gates`` never imports cutlass). The CPU tests drive the same gate code through
+small reference-backed implementations in ``tests/`` with one fault planted at a time, which
+is how we know the gate can fail.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ ProgressFn = Callable[[int, int, str], None]      # (done, total, label)
 
 
 class Backend(Protocol):
-    """What the gate needs from the kernels. Buffers are allocated and pre-filled by the gate."""
+    """What the runner calls on its driver. Buffers are allocated and pre-filled by the gate."""
 
     device: torch.device
 

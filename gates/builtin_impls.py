@@ -1,4 +1,6 @@
-"""The built-in implementations the gate can judge (``csagate run --impl NAME``).
+"""The built-in implementations the gate can judge (``csagate run --impl NAME``), each an
+implementation like any other (:mod:`csagate.gates.plugin`), found by name through
+``csagate.gates.implementation.BUILTINS``.
 
 * ``csagate``: the gate's own CuTe DSL kernels (``csagate.kernels.api``), with their dispatch
   tables and deterministic backward: the default.
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 from csagate.gates.backend import op_forward_backward
 from csagate.gates.errors import one_line
-from csagate.gates.implementation import Supports
+from csagate.gates.plugin import Supports
 from csagate.kernels.registry import RATIOS
 from csagate.reference import backward as ref_backward
 from csagate.reference import forward as ref_forward
@@ -175,53 +177,61 @@ class Compiled(_Gather):
 
 # --- the gate's own kernels -------------------------------------------------------------------
 
+SUPPORTED_GPUS = "an H200, B200 or B300 GPU"
+DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
 
-class Csagate:
-    """The gate's own CuTe DSL kernels (csagate.kernels.api), dispatch tables included."""
 
-    name = "csagate"
+def no_gpu_message(torch_version: str, cuda: str | None) -> str:
+    """Why the kernels cannot run without a GPU; "a CUDA build of torch" only where torch is
+    not one."""
+    if cuda:
+        return f"no CUDA GPU visible (torch {torch_version}, CUDA {cuda}); needs {SUPPORTED_GPUS}"
+    return (f"no CUDA GPU visible (torch {torch_version}, a CPU-only build); needs "
+            f"{SUPPORTED_GPUS} and a CUDA build of torch")
+
+
+def kernels_unavailable(device: torch.device) -> str | None:
+    """Why the gate's own kernels cannot run on ``device`` (one line), or None: the device, the
+    GPU, its arch, then nvidia-cutlass-dsl (imported last, after the GPU is known)."""
+    if device.type != "cuda":
+        return ("the gate's own kernels need a CUDA GPU; on the CPU only CPU-capable "
+                "implementations are judged")
+    if not torch.cuda.is_available():
+        return no_gpu_message(torch.__version__, torch.version.cuda)
+    from csagate.kernels._dsl import ARCHES, device_arch, dsl_available
+
+    index = device.index or 0
+    arch = device_arch(index)
+    if arch not in ARCHES:
+        return (f"{torch.cuda.get_device_name(index)} (cuda:{index}) is {arch}; the kernels "
+                f"are built for {', '.join(ARCHES)}: run on {SUPPORTED_GPUS}")
+    ok, why = dsl_available()
+    return None if ok else f"{why}; install it with `pip install {DSL_PIN}`"
+
+
+class _Kernels:
+    """What the built-ins over the gate's kernels share: their envelope, their availability,
+    their build and dispatch tables (``csagate.gates.backend.KernelBackend`` on the current
+    CUDA device, which the driver sets)."""
+
     supports = CSAGATE_SUPPORTS
-    deterministic = True
 
     def __init__(self):
-        self._kernels = None
-
-    def backend(self, device: torch.device):
-        """The gate drives these kernels through its own buffer interface."""
-        from csagate.gates.backend import KernelBackend
-
-        return KernelBackend(torch.device(device).index or 0)
+        self._by_device: dict[int, Any] = {}
 
     def _k(self):
-        if self._kernels is None:
-            self._kernels = self.backend(torch.device("cuda", torch.cuda.current_device()))
-        return self._kernels
+        from csagate.gates.backend import KernelBackend
+
+        index = torch.cuda.current_device()
+        if index not in self._by_device:
+            self._by_device[index] = KernelBackend(index)
+        return self._by_device[index]
 
     def unavailable(self, device: torch.device) -> str | None:
-        from csagate.kernels._dsl import ARCHES, device_arch, dsl_available
-
-        if device.type != "cuda" or not torch.cuda.is_available():
-            return "no CUDA GPU visible (the kernels run on an H200, B200 or B300)"
-        arch = device_arch(device.index or 0)
-        if arch not in ARCHES:
-            return f"the csagate kernels are built for {', '.join(ARCHES)}, this GPU is {arch}"
-        ok, why = dsl_available()
-        return None if ok else why
+        return kernels_unavailable(device)
 
     def prepare(self, targets, progress=None):
         return self._k().build(targets, progress)
-
-    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
-        out = torch.empty(n_rows, kv.shape[1] // coff, dtype=torch.bfloat16, device=kv.device)
-        self._k().forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
-        return out
-
-    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff, deterministic=False):
-        dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
-        dape = torch.zeros_like(ape)
-        self._k().backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
-                           coff=coff, deterministic=deterministic)
-        return dkv, dscore, dape
 
     def kernels(self, ratio, direction, configs=None):
         return self._k().entries(ratio, direction, configs)
@@ -233,20 +243,44 @@ class Csagate:
         return self._k().describe()
 
 
-class CsagateOp(Csagate):
+class Csagate(_Kernels):
+    """The gate's own CuTe DSL kernels (csagate.kernels.api), dispatch tables included; they
+    write into the gate's buffers, and the torch op over them is checked against them."""
+
+    name = "csagate"
+    label = ""               # the gate's subject: its headline names no implementation
+    deterministic = True
+
+    def forward_into(self, kv, score, ape, cu, cuc, out, *, ratio, coff):
+        return self._k().forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+
+    def backward_into(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio,
+                      coff, deterministic=False):
+        return self._k().backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+                                  ratio=ratio, coff=coff, deterministic=deterministic)
+
+    def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows, ratio, coff):
+        return self._k().through_op(kv, score, ape, cu, cuc, grad_out, n_rows=n_rows,
+                                    ratio=ratio, coff=coff)
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        out = torch.empty(n_rows, kv.shape[1] // coff, dtype=torch.bfloat16, device=kv.device)
+        self.forward_into(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+        return out
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff, deterministic=False):
+        dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
+        dape = torch.zeros_like(ape)
+        self.backward_into(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio,
+                           coff=coff, deterministic=deterministic)
+        return dkv, dscore, dape
+
+
+class CsagateOp(_Kernels):
     """The torch op users call (csagate.ops.csa_compress): forward, then autograd."""
 
     name = "csagate-op"
     deterministic = False    # the op follows torch's deterministic flag, not an argument
-
-    def backend(self, device):  # judged through its outputs, like any other implementation
-        return None
-
-    def _k(self):
-        if self._kernels is None:
-            self._kernels = Csagate.backend(self, torch.device("cuda",
-                                                               torch.cuda.current_device()))
-        return self._kernels
 
     def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
         from csagate import ops
@@ -369,12 +403,3 @@ class Cudnn:
                                          "from the package's 10)")
         return env
 
-
-BUILTINS = {
-    "csagate": Csagate,
-    "csagate-op": CsagateOp,
-    "cudnn": Cudnn,
-    "eager-bf16w": EagerBf16Weights,
-    "eager-bf16ape": EagerBf16Ape,
-    "compiled": Compiled,
-}

@@ -1,7 +1,11 @@
-"""Small reference-backed gate backends for the CPU tests, and the faults planted into them.
+"""Small reference-backed stand-ins of the gate's own kernels for the CPU tests, and the faults
+planted into them.
 
-``RefBackend`` computes "fused" results with the reference itself (fp32, on CPU), so the
-unfaulted gate must PASS; ``FaultyBackend`` plants exactly one fault into exactly one case
+``RefImpl`` is an implementation (``csagate.gates.plugin``) with every hook the gate's own
+kernels have (buffer hooks, dispatch tables, the op, the deterministic backward); it computes
+"fused" results with the reference itself (fp32, on CPU), so the unfaulted gate must PASS;
+``driven`` puts it behind the gate's driver, and ``use_stand_in`` makes it the built-in
+``csagate`` of a CLI test. ``FaultyImpl`` plants exactly one fault into exactly one case
 (matched by its inputs' shape, coff and segment lengths), so the gate must FAIL that case at
 the right gate and still run the others. ``SMALL_CONTRACT`` mirrors the ratio=128 contract's
 case kinds (union, scaled, padding, overflow, and the three hardening cases) at ratio 8 and
@@ -18,7 +22,9 @@ import torch
 from csagate.gates import contracts
 from csagate.gates.backend import BuildError
 from csagate.gates.cases import Case
+from csagate.gates.driver import Driver
 from csagate.gates.limits import BucketEdge
+from csagate.gates.plugin import Supports
 from csagate.gates.verdict import Selection
 from csagate.reference import backward, forward, never_consumed_mask
 from csagate.reference.compressor import _row_geometry, _torch_eager
@@ -122,8 +128,13 @@ def matches(case: Case, kv: torch.Tensor, cu: torch.Tensor, ratio: int, coff: in
             and tuple(kv.shape) == (case.tokens, case.coff * case.d))
 
 
-class RefBackend:
+class RefImpl:
     """The reference as the "kernels": fp32 eager forward/backward on CPU, a mini table."""
+
+    name = "csagate"
+    label = ""                # judged as the gate's own kernels: no name in the headline
+    supports = Supports()
+    deterministic = True
 
     def __init__(self):
         self.device = torch.device("cpu")
@@ -132,7 +143,7 @@ class RefBackend:
         self.deterministic_calls = 0
         self.deterministic_now = False
 
-    def build(self, targets, progress=None) -> list:
+    def prepare(self, targets, progress=None) -> list:
         for i, target in enumerate(targets):
             if progress:
                 progress(i, len(targets), f"r{target[0]} c{target[1]}d{target[2]}")
@@ -141,14 +152,19 @@ class RefBackend:
             progress(len(targets), len(targets), "built")
         return [f"ref-r{r}-c{c}d{d}" for r, c, d in targets]
 
-    def forward(self, kv, score, ape, cu, cuc, out, *, ratio, coff):
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        out = torch.empty(n_rows, kv.shape[1] // coff, dtype=torch.bfloat16)
+        self.forward_into(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+        return out
+
+    def forward_into(self, kv, score, ape, cu, cuc, out, *, ratio, coff):
         d = out.shape[1]
         out.copy_(forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=out.shape[0]))
         self.after_forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
         return self.dispatch(ratio, "fwd", coff, d, out.shape[0])
 
-    def backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio, coff,
-                 deterministic=False):
+    def backward_into(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio,
+                      coff, deterministic=False):
         d = grad_out.shape[1]
         self.deterministic_calls += bool(deterministic)
         self.deterministic_now = bool(deterministic)
@@ -165,9 +181,9 @@ class RefBackend:
     def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows, ratio, coff):
         """The op path: here the same reference calls into fresh buffers."""
         out = torch.zeros(n_rows, grad_out.shape[1], dtype=torch.bfloat16)
-        self.forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+        self.forward_into(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
         grads = (torch.zeros_like(kv), torch.zeros_like(score), torch.zeros_like(ape))
-        self.backward(kv, score, ape, cu, cuc, grad_out, *grads, ratio=ratio, coff=coff)
+        self.backward_into(kv, score, ape, cu, cuc, grad_out, *grads, ratio=ratio, coff=coff)
         return out, grads
 
     def after_forward(self, kv, score, ape, cu, cuc, out, *, ratio, coff) -> None:
@@ -186,7 +202,7 @@ class RefBackend:
         return {"small": {c: "small" for c in BWD_SMALL},
                 "default": {c: "default" for c in CONFIGS}}
 
-    def entries(self, ratio, direction, configs=None):
+    def kernels(self, ratio, direction, configs=None):
         if ratio == 4:   # one schedule per config, no buckets
             return {("any", coff, d): Selection(direction, coff, d, "r4")
                     for coff, d in (configs or CONFIGS)}
@@ -221,8 +237,8 @@ def case_named(name: str) -> Case:
                 if c.name == name)
 
 
-class FaultyBackend(RefBackend):
-    """RefBackend with one fault planted into the runs of one case."""
+class FaultyImpl(RefImpl):
+    """RefImpl with one fault planted into the runs of one case."""
 
     def __init__(self, fault: str, case: str | None = None, **opts):
         super().__init__()
@@ -350,7 +366,34 @@ def leaky_backward(kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
     return tuple(t.grad for t in leaves)
 
 
-class FailingBuildBackend(RefBackend):
-    def build(self, targets, progress=None):
+class FailingBuildImpl(RefImpl):
+    def prepare(self, targets, progress=None):
         raise BuildError("building ratio=128 c1d128 for sm_90a failed: ptxas error")
 
+
+
+def driven(impl) -> Driver:
+    """``impl`` behind the gate's driver, on the CPU."""
+    return Driver(impl, torch.device("cpu"))
+
+
+STAND_IN: dict = {"backend": None}
+
+
+def stand_in():
+    """The built-in ``csagate`` of a CLI test (``use_stand_in``): ``STAND_IN["backend"]``."""
+    return STAND_IN["backend"]
+
+
+def use_stand_in(monkeypatch, impl=None) -> dict:
+    """Make ``impl`` (default: a fresh ``RefImpl``) the gate's own kernels of the CLI, judged
+    on the CPU in place of a GPU (the preflight says the CPU). Assigning
+    ``STAND_IN["backend"]`` (the dict returned) swaps it."""
+    from csagate.gates import implementation
+
+    from csagate import impl_choice
+
+    STAND_IN["backend"] = impl if impl is not None else RefImpl()
+    monkeypatch.setitem(implementation.BUILTINS, "csagate", "gate_backends:stand_in")
+    monkeypatch.setattr(impl_choice, "preflight", lambda device, kernels: torch.device("cpu"))
+    return STAND_IN

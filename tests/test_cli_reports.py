@@ -8,11 +8,12 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 from click.testing import CliRunner
 from csagate.gates.contracts import CONTRACT_VERSION
-from gate_backends import SMALL_CONTRACT, SMALL_R4_CONTRACT, RefBackend
+from gate_backends import SMALL_CONTRACT, SMALL_R4_CONTRACT, use_stand_in
 
-from csagate import __version__, render
+from csagate import __version__, impl_choice, render
 from csagate.cli import cli
 from csagate.commands import run as run_cmd
 from csagate.console import short_error
@@ -26,12 +27,13 @@ def gate(monkeypatch):
     """The small contracts and the reference backend; counts how often the gate started."""
     state = {"preflights": 0}
 
-    def preflight(device_index):
+    def preflight(device, kernels):
         state["preflights"] += 1
+        return torch.device("cpu")
 
     monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
-    monkeypatch.setattr(run_cmd, "preflight", preflight)
-    monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: RefBackend())
+    use_stand_in(monkeypatch)
+    monkeypatch.setattr(impl_choice, "preflight", preflight)
     return state
 
 
@@ -125,7 +127,7 @@ def test_could_not_evaluate_junit_names_its_family(ratio, tmp_path):
 
 def test_ratio_all_without_a_gpu_writes_each_family_its_suite(monkeypatch, tmp_path):
     monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
-    monkeypatch.setattr(run_cmd, "preflight", lambda index: run_cmd.console.abort(
+    monkeypatch.setattr(impl_choice, "preflight", lambda device, kernels: run_cmd.console.abort(
         "no GPU here", run_cmd.ExitCode.COULD_NOT_EVALUATE))
     result = invoke("run", "--ratio", "all", "--junit-xml", str(tmp_path / "j.xml"))
     assert result.exit_code == 3

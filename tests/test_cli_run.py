@@ -1,9 +1,9 @@
 """``csagate run`` and ``csagate reference`` on a CPU machine.
 
 The exit-3 paths are real (this machine has no GPU). For the paths that need a verdict, the
-command's module-level seams (``contract``, ``preflight``, ``kernel_backend``) are replaced
-with the small cases and the reference-backed test backend: that is a test double, not an
-option of the CLI.
+command's seams (``run.contracts``, ``impl_choice.preflight`` and the built-in ``csagate``)
+are replaced with the small cases and the reference-backed stand-in of the kernels
+(``gate_backends.use_stand_in``): that is a test double, not an option of the CLI.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from gate_backends import (
     SMALL_HARDENING,
     SMALL_R4_CASES,
     SMALL_R4_CONTRACT,
-    FailingBuildBackend,
-    FaultyBackend,
-    RefBackend,
+    FailingBuildImpl,
+    FaultyImpl,
+    RefImpl,
+    use_stand_in,
 )
 
+from csagate import impl_choice
 from csagate.cli import cli
 from csagate.commands import run as run_cmd
 
@@ -66,11 +68,8 @@ def invoke(*args, env=None):
 @pytest.fixture
 def cpu_gate(monkeypatch):
     """Route the run command to the small cases and a reference backend (test double)."""
-    state = {"backend": RefBackend()}
     monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
-    monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
-    monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: state["backend"])
-    return state
+    return use_stand_in(monkeypatch)
 
 
 # --- could not evaluate: exit 3 with one line ---------------------------------------------------
@@ -99,13 +98,15 @@ def test_no_gpu_exits_3_with_one_line_before_importing_cutlass():
     assert len(lines) <= 2 and all(len(line) <= 80 for line in lines), proc.stderr
     message = " ".join(" ".join(lines).split())
     assert message.startswith("csagate: no CUDA GPU visible")
-    assert "nothing was judged; needs" in message and "H200" in message
+    assert "needs an H200" in message and message.endswith("(nothing was judged)")
     assert ("a CUDA build of torch" in message) == (torch.version.cuda is None)
 
 
 @pytest.mark.parametrize("cuda", [None, "13.0"])
 def test_no_gpu_message_names_a_cuda_build_only_when_torch_is_not_one(cuda):
-    message = run_cmd.no_gpu_message("2.11.0", cuda)
+    from csagate.gates.builtin_impls import no_gpu_message
+
+    message = no_gpu_message("2.11.0", cuda)
     assert ("a CUDA build of torch" in message) == (cuda is None)
     assert (f"CUDA {cuda}" in message) == (cuda is not None)
 
@@ -156,7 +157,7 @@ def test_device_out_of_range_is_a_usage_error(monkeypatch):
 
 
 def test_build_failure_exits_3(cpu_gate):
-    cpu_gate["backend"] = FailingBuildBackend()
+    cpu_gate["backend"] = FailingBuildImpl()
     result = invoke("run", "--ratio", "128")
     assert result.exit_code == 3
     assert result.stdout == ""
@@ -187,8 +188,8 @@ def test_report_path_in_a_missing_directory_is_a_usage_error(tmp_path):
 
 
 def test_a_broken_gate_exits_3(cpu_gate):
-    class Broken(RefBackend):
-        def entries(self, ratio, direction, configs=None):
+    class Broken(RefImpl):
+        def kernels(self, ratio, direction, configs=None):
             raise KeyError("tables")
 
     cpu_gate["backend"] = Broken()
@@ -266,7 +267,7 @@ def test_passing_run_prints_the_table_and_exits_0(cpu_gate):
 
 
 def test_failing_run_exits_1_and_names_the_gate(cpu_gate):
-    cpu_gate["backend"] = FaultyBackend("dape", "c1d16/edge")
+    cpu_gate["backend"] = FaultyImpl("dape", "c1d16/edge")
     result = invoke("run")
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
@@ -334,7 +335,7 @@ def test_json_report_schema(cpu_gate, tmp_path):
 
 
 def test_json_report_of_a_failure(cpu_gate, tmp_path):
-    cpu_gate["backend"] = FaultyBackend("coverage")
+    cpu_gate["backend"] = FaultyImpl("coverage")
     path = tmp_path / "v.json"
     result = invoke("run", "--json", str(path))
     assert result.exit_code == 1
@@ -346,7 +347,7 @@ def test_json_report_of_a_failure(cpu_gate, tmp_path):
 
 
 def test_junit_xml_one_testcase_per_named_gate(cpu_gate, tmp_path):
-    cpu_gate["backend"] = FaultyBackend("raises", "c1d16/edge")
+    cpu_gate["backend"] = FaultyImpl("raises", "c1d16/edge")
     path = tmp_path / "junit.xml"
     result = invoke("run", "--junit-xml", str(path), "--json", str(tmp_path / "v.json"))
     assert result.exit_code == 1
@@ -371,7 +372,7 @@ def test_junit_xml_one_testcase_per_named_gate(cpu_gate, tmp_path):
 
 
 def test_junit_xml_failure_and_subset_coverage_skip(cpu_gate, tmp_path):
-    cpu_gate["backend"] = FaultyBackend("unwritten", "c1d16/ragged")
+    cpu_gate["backend"] = FaultyImpl("unwritten", "c1d16/ragged")
     path = tmp_path / "junit.xml"
     result = invoke("run", "--case", "c1d16/ragged", "--junit-xml", str(path))
     assert result.exit_code == 1
@@ -403,7 +404,7 @@ def test_reference_check_pass_and_fail(cpu_gate):
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1] == "DRIFT PASS"
     assert SMALL_DRIFT.name in result.stdout
-    cpu_gate["backend"] = FaultyBackend("drift")
+    cpu_gate["backend"] = FaultyImpl("drift")
     bad = invoke("reference", "--check")
     assert bad.exit_code == 1
     assert "DRIFT FAIL" in bad.stdout
@@ -446,14 +447,14 @@ def test_no_gpu_still_writes_both_reports(tmp_path):
 
 
 def test_missing_dsl_still_writes_both_reports(monkeypatch, tmp_path):
-    def no_dsl(device_index):
+    def no_dsl(device, kernels):
         from csagate import console
         from csagate.exitcodes import ExitCode
 
         console.abort("nvidia-cutlass-dsl is not importable (ImportError: x)",
                       ExitCode.COULD_NOT_EVALUATE)
 
-    monkeypatch.setattr(run_cmd, "preflight", no_dsl)
+    monkeypatch.setattr(impl_choice, "preflight", no_dsl)
     paths, args = _reports(tmp_path)
     doc = _assert_could_not_evaluate(invoke("run", "--quick", *args), paths,
                                      "nvidia-cutlass-dsl is not importable")
@@ -461,15 +462,15 @@ def test_missing_dsl_still_writes_both_reports(monkeypatch, tmp_path):
 
 
 def test_build_failure_still_writes_both_reports(cpu_gate, tmp_path):
-    cpu_gate["backend"] = FailingBuildBackend()
+    cpu_gate["backend"] = FailingBuildImpl()
     paths, args = _reports(tmp_path)
     doc = _assert_could_not_evaluate(invoke("run", *args), paths, "ptxas error")
     assert doc["env"]["backend"] == "reference (CPU test stand-in)"  # known by then
 
 
 def test_gate_crash_still_writes_both_reports(cpu_gate, tmp_path):
-    class Broken(RefBackend):
-        def entries(self, ratio, direction, configs):
+    class Broken(RefImpl):
+        def kernels(self, ratio, direction, configs):
             raise KeyError("tables")
 
     cpu_gate["backend"] = Broken()
@@ -479,10 +480,10 @@ def test_gate_crash_still_writes_both_reports(cpu_gate, tmp_path):
 
 
 def test_unexpected_error_is_exit_3_with_reports(cpu_gate, monkeypatch, tmp_path):
-    def broken(device_index):
+    def broken(device, kernels):
         raise OSError("libcuda.so: cannot open shared object file\nsecond line")
 
-    monkeypatch.setattr(run_cmd, "kernel_backend", broken)
+    monkeypatch.setattr(impl_choice, "preflight", broken)
     paths, args = _reports(tmp_path)
     result = invoke("run", *args)
     doc = _assert_could_not_evaluate(result, paths, "OSError: libcuda.so: cannot open")
@@ -493,7 +494,7 @@ def test_exit_code_is_in_every_json_report(cpu_gate, tmp_path):
     path = tmp_path / "v.json"
     assert invoke("run", "--json", str(path)).exit_code == 0
     assert json.loads(path.read_text())["exit_code"] == 0
-    cpu_gate["backend"] = FaultyBackend("dape", "c1d16/edge")
+    cpu_gate["backend"] = FaultyImpl("dape", "c1d16/edge")
     assert invoke("run", "--json", str(path)).exit_code == 1
     doc = json.loads(path.read_text())
     assert doc["exit_code"] == 1 and doc["verdict"] == "FAIL" and doc["reason"] is None
@@ -513,7 +514,7 @@ def test_ratio4_run_passes_with_its_own_cases(cpu_gate, tmp_path):
 
 
 def test_ratio_all_runs_both_and_exits_with_the_worse_code(cpu_gate, tmp_path):
-    cpu_gate["backend"] = FaultyBackend("count", "r4/c1d16/ragged", n=1)
+    cpu_gate["backend"] = FaultyImpl("count", "r4/c1d16/ragged", n=1)
     junit = tmp_path / "j.xml"
     result = invoke("run", "--ratio", "all", "--json", str(tmp_path / "v.json"),
                     "--junit-xml", str(junit))

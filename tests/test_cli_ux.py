@@ -14,8 +14,9 @@ import torch
 from click.testing import CliRunner
 from csagate.gates.contracts import CONTRACTS
 from csagate.kernels import diskcache as D
-from gate_backends import SMALL_CONTRACT, SMALL_R4_CONTRACT, RefBackend
+from gate_backends import SMALL_CONTRACT, SMALL_R4_CONTRACT, use_stand_in
 
+from csagate import impl_choice
 from csagate.cli import cli
 from csagate.commands import compare as compare_cmd
 from csagate.commands import run as run_cmd
@@ -32,12 +33,13 @@ def invoke(*args, env=None):
 def gate(monkeypatch):
     state = {"preflights": 0}
 
-    def preflight(device_index):
+    def preflight(device, kernels):
         state["preflights"] += 1
+        return torch.device("cpu")
 
     monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
-    monkeypatch.setattr(run_cmd, "preflight", preflight)
-    monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: RefBackend())
+    use_stand_in(monkeypatch)
+    monkeypatch.setattr(impl_choice, "preflight", preflight)
     return state
 
 
@@ -181,11 +183,11 @@ def _refuse(directory):
 def test_exit_3_still_writes_the_report_dir(monkeypatch, tmp_path):
     from csagate import console
 
-    def no_gpu(device_index):
+    def no_gpu(device, kernels):
         console.abort("no CUDA GPU visible (test)", run_cmd.ExitCode.COULD_NOT_EVALUATE)
 
     monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
-    monkeypatch.setattr(run_cmd, "preflight", no_gpu)
+    monkeypatch.setattr(impl_choice, "preflight", no_gpu)
     rep = tmp_path / "rep"
     r = invoke("run", "--report", str(rep))
     assert r.exit_code == 3

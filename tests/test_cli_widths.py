@@ -207,14 +207,18 @@ def test_print_table_never_elides_and_keeps_marks_whole():
 
 def test_run_at_columns_80_shows_every_result(monkeypatch):
     """`COLUMNS=80 csagate run`, through the CLI (the issue's acceptance check, on CPU)."""
-    from gate_backends import SMALL_CASES, SMALL_CONTRACT, SMALL_HARDENING, FaultyBackend
+    from gate_backends import (
+        SMALL_CASES,
+        SMALL_CONTRACT,
+        SMALL_HARDENING,
+        FaultyImpl,
+        use_stand_in,
+    )
 
     from csagate.commands import run as run_cmd
 
     monkeypatch.setattr(run_cmd, "contracts", lambda ratio: (SMALL_CONTRACT,))
-    monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
-    monkeypatch.setattr(run_cmd, "kernel_backend",
-                        lambda device_index: FaultyBackend("dape", "c1d16/edge"))
+    use_stand_in(monkeypatch, FaultyImpl("dape", "c1d16/edge"))
     result = CliRunner().invoke(cli, ["run"], env={"COLUMNS": "80", "NO_COLOR": "1"})
     assert result.exit_code == 1, result.output
     assert_fits(result.stdout, 80)

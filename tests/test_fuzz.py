@@ -18,7 +18,8 @@ from csagate.gates import fuzz
 from csagate.gates.builtin_impls import CSAGATE_SUPPORTS
 from csagate.gates.casefile import load
 from csagate.gates.cases import Case
-from csagate.gates.implementation import ImplBackend, Supports
+from csagate.gates.driver import Driver
+from csagate.gates.implementation import Supports
 from csagate.gates.verdict import FAIL
 
 from csagate.cli import cli
@@ -141,7 +142,7 @@ def test_envelope_is_supports_intersected_with_the_host_api():
 def test_shrink_keeps_a_short_segment_and_drops_everything_else(adapters):
     impl = _impl(adapters, "ShortSegment")
     env = fuzz.envelope(impl.supports)
-    judge = fuzz.Judge(ImplBackend(impl, torch.device("cpu")))
+    judge = fuzz.Judge(Driver(impl, torch.device("cpu")))
     case = Case("x", 2, 37, (9, 0, 3, 14, 8), "fuzz", "planted", ratio=4, scale=8.0,
                 pad_rows=3, pad_tokens=5, input_seed=99)
     result = judge(case)
@@ -158,7 +159,7 @@ def test_shrink_keeps_a_short_segment_and_drops_everything_else(adapters):
 
 def test_failures_that_shrink_alike_are_one(adapters):
     impl = _impl(adapters, "OddHeadDim")
-    judge = fuzz.Judge(ImplBackend(impl, torch.device("cpu")))
+    judge = fuzz.Judge(Driver(impl, torch.device("cpu")))
     env = fuzz.envelope(impl.supports)
     run = fuzz.fuzz(judge, env, seed=SEED, trials=1)
     assert run.failed == 1 and len(run.failures) == 1
@@ -251,7 +252,8 @@ def test_the_gates_own_kernels_on_the_cpu_exit_3_in_one_line(tmp_path):
     result = invoke("fuzz", "--device", "cpu", "--trials", 1, "--json", report)
     assert result.exit_code == 3, result.output
     message = " ".join(result.stderr.split())
-    assert message.startswith("csagate: the gate's own kernels (--impl csagate) need a CUDA GPU")
+    assert message.startswith("csagate: csagate cannot run on the CPU: the gate's own kernels "
+                              "need a CUDA GPU")
     assert json.loads(report.read_text())["verdict"] == "COULD NOT EVALUATE"
 
 

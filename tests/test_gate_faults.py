@@ -22,21 +22,22 @@ from gate_backends import (
     SMALL_HARDENING,
     SMALL_R4_CASES,
     SMALL_R4_CONTRACT,
-    FaultyBackend,
-    RefBackend,
+    FaultyImpl,
+    RefImpl,
     case_named,
+    driven,
 )
 
 ALL = SMALL_CASES + SMALL_HARDENING
 N, H = len(SMALL_CASES), len(SMALL_HARDENING)
 
 
-def gate(backend, cases=None, contract=SMALL_CONTRACT):
-    return run_gate(backend, contract, cases=cases)
+def gate(impl, cases=None, contract=SMALL_CONTRACT):
+    return run_gate(driven(impl), contract, cases=cases)
 
 
 def faulted(fault: str, case: str | None = None, contract=SMALL_CONTRACT, **opts):
-    return gate(FaultyBackend(fault, case, **opts), contract=contract)
+    return gate(FaultyImpl(fault, case, **opts), contract=contract)
 
 
 def row(verdict, name):
@@ -70,7 +71,7 @@ def assert_only_case_failed(verdict, name, contract=SMALL_CONTRACT):
 
 @pytest.fixture(scope="module")
 def clean():
-    return gate(RefBackend())
+    return gate(RefImpl())
 
 
 # --- the unfaulted backend passes ------------------------------------------------------------
@@ -151,7 +152,7 @@ def test_padding_cases_feed_nonzero_pad_grad_out_and_check_token_rows(clean):
 
 
 def test_the_backend_gets_nonzero_grad_out_on_padding_rows():
-    backend = RefBackend()
+    backend = RefImpl()
     case = case_named("c1d32/ragged+pad3r5t")
     gate(backend, (case,))
     n_valid = case.rows - case.pad_rows
@@ -161,7 +162,7 @@ def test_the_backend_gets_nonzero_grad_out_on_padding_rows():
 
 
 def test_subset_run_does_not_assert_coverage():
-    v = gate(RefBackend(), SMALL_CASES[:2])
+    v = gate(RefImpl(), SMALL_CASES[:2])
     assert v.ok
     assert v.coverage.status == NOT_ASSERTED
     assert "subset run" in v.headline and "coverage not asserted" in v.headline
@@ -340,7 +341,7 @@ def test_table_entry_no_case_selects_fails_coverage():
 def test_an_entry_no_case_reaches_fails_table_coverage_alone():
     """The dispatcher and the edges are right; the one case of the large bucket is gone."""
     cases = tuple(c for c in SMALL_CASES if c.name != "c1d16/1x256")
-    v = gate(RefBackend(), contract=replace(SMALL_CONTRACT, cases=cases))
+    v = gate(RefImpl(), contract=replace(SMALL_CONTRACT, cases=cases))
     assert not v.ok and v.full
     assert all(r.status == PASS for r in v.cases)
     assert v.coverage.status == FAIL and v.coverage.edges.ok
@@ -664,7 +665,7 @@ def test_a_merge_that_drops_a_nan_chunk_fails_the_nan_mask(name):
 
 def test_the_same_fault_passes_every_finite_case():
     """Without the hardening cases nothing would see it: every other case has finite inputs."""
-    v = gate(FaultyBackend("drop_nan_chunk", "c2d16/ragged/partial-overflow"),
+    v = gate(FaultyImpl("drop_nan_chunk", "c2d16/ragged/partial-overflow"),
              cases=SMALL_CASES)
     assert all(r.status == PASS for r in v.cases)
 
@@ -690,7 +691,7 @@ def test_padding_rows_multiplied_by_zero_fail_the_padding_only_nonfinite_case():
 
 @pytest.fixture(scope="module")
 def clean_r4():
-    return gate(RefBackend(), contract=SMALL_R4_CONTRACT)
+    return gate(RefImpl(), contract=SMALL_R4_CONTRACT)
 
 
 def r4_faulted(fault, name, **opts):
@@ -756,7 +757,7 @@ def test_r4_dropped_nan_chunk_and_padding_grad_out_fail():
 def test_r4_coverage_names_a_config_no_case_has():
     contract = replace(SMALL_R4_CONTRACT, coverage_configs=SMALL_R4_CONTRACT.coverage_configs
                        + ((1, 64),))
-    v = gate(RefBackend(), contract=contract)
+    v = gate(RefImpl(), contract=contract)
     assert not v.ok and all(r.status == PASS for r in v.cases)
     assert v.reasons == ("coverage (table entries): no case selects fwd c1d64 r4",
                          "coverage (table entries): no case selects bwd c1d64 r4")
@@ -769,7 +770,7 @@ def test_a_case_beyond_the_contracts_configs_does_not_fail_coverage():
 
     extra = _r4("c1d24/ragged", 1, 24, R4_RAGGED)
     contract = replace(SMALL_R4_CONTRACT, cases=SMALL_R4_CONTRACT.cases + (extra,))
-    v = gate(RefBackend(), contract=contract)
+    v = gate(RefImpl(), contract=contract)
     assert v.ok, v.reasons
     assert v.coverage.status == PASS and v.coverage.summary == "fwd 4/4, bwd 4/4"
     assert [s.name for s in v.coverage.beyond("fwd")] == ["fwd c1d24 r4"]
@@ -792,7 +793,7 @@ def test_a_case_beyond_the_contracts_configs_does_not_fail_coverage():
 def test_deterministic_cases_run_with_deterministic_true_and_pass():
     from gate_backends import SMALL_DET_CONTRACT, SMALL_DETERMINISTIC
 
-    backend = RefBackend()
+    backend = RefImpl()
     v = gate(backend, contract=SMALL_DET_CONTRACT)
     assert v.ok, v.reasons
     assert backend.deterministic_calls == 3 * len(SMALL_DETERMINISTIC)

@@ -13,11 +13,20 @@ import pytest
 import torch
 from click.testing import CliRunner
 from csagate.gates import builtin_impls
-from csagate.gates.implementation import ImplBackend, ImplError, load, resolve
+from csagate.gates.driver import Driver
+from csagate.gates.implementation import ImplError, load, resolve
 from csagate.gates.runner import run_gate
 from csagate.gates.verdict import FAIL, NA, PASS
 from csagate.reference import backward, make_grad_out, make_pack
-from gate_backends import SMALL_CASES, SMALL_CONTRACT, SMALL_R4_CONTRACT, RefBackend, case_named
+from gate_backends import (
+    SMALL_CASES,
+    SMALL_CONTRACT,
+    SMALL_R4_CONTRACT,
+    RefImpl,
+    case_named,
+    driven,
+    use_stand_in,
+)
 
 from csagate.cli import cli
 from csagate.commands import compare as compare_cmd
@@ -76,10 +85,7 @@ def cpu_run(monkeypatch):
     small = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
              "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
     monkeypatch.setattr(run_cmd, "contracts", lambda ratio: small[ratio])
-    monkeypatch.setattr(run_cmd, "preflight", lambda device_index: None)
-    monkeypatch.setattr(run_cmd, "kernel_backend", lambda device_index: RefBackend())
-    monkeypatch.setattr(run_cmd, "impl_backend",
-                        lambda impl, device_index: ImplBackend(impl, torch.device("cpu")))
+    use_stand_in(monkeypatch)
 
 
 def invoke(*args):
@@ -87,8 +93,8 @@ def invoke(*args):
 
 
 def gate(impl, cases=None):
-    return run_gate(ImplBackend(impl, torch.device("cpu")), SMALL_CONTRACT, cases=cases,
-                    drift_backend=RefBackend())
+    return run_gate(Driver(impl, torch.device("cpu")), SMALL_CONTRACT, cases=cases,
+                    drift_backend=driven(RefImpl()))
 
 
 # --- discovery ---------------------------------------------------------------------------
@@ -440,3 +446,97 @@ def test_resolve_builtins_and_errors():
     assert load(resolve("eager-bf16w")).name == "eager-bf16w"
     with pytest.raises(ImplError, match="Did you mean 'cudnn'"):
         resolve("cudnnn")
+
+
+# --- csagate impls --impl: one adapter checked in one line ----------------------------------
+
+CHECKED = '''
+from csagate.gates.implementation import Supports
+from csagate.reference import forward
+
+
+class Good:
+    name = "good"
+    supports = Supports(ratios=(4,), head_dims=(16,))
+    deterministic = True
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        return forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
+
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff, deterministic=False):
+        raise NotImplementedError
+
+    def kernels(self, ratio, direction, configs=None):
+        return {}
+
+    def dispatch(self, ratio, direction, coff, d, n_rows):
+        return None
+
+
+class PositionalRatio(Good):
+    def forward(self, kv, score, ape, cu, cuc, n_rows, ratio, coff):   # no *: still callable
+        return None
+
+
+class NoKeywords(Good):
+    def forward(self, kv, score, ape, cu, cuc, n_rows):
+        return None
+
+
+class NotDeterministicEnough(Good):
+    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
+        raise NotImplementedError
+
+
+class HalfDispatch(Good):
+    dispatch = None
+
+
+class BadCoffs(Good):
+    supports = Supports(coffs=(3,))
+
+
+class BadPrepare(Good):
+    def prepare(self):
+        return []
+'''
+
+
+@pytest.fixture
+def checked(tmp_path) -> Path:
+    path = tmp_path / "checked.py"
+    path.write_text(CHECKED)
+    return path
+
+
+@pytest.mark.parametrize("name", ["Good", "PositionalRatio"])
+def test_impls_impl_accepts_a_well_formed_adapter_in_one_line(checked, name):
+    result = invoke("impls", "--impl", f"{checked}:{name}")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("\n") == 1
+    assert ": ok: 'good', fwd+bwd det hooks, ratio 4, coff 1/2, d 16; here: yes" in result.stdout
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("NoKeywords", "forward cannot be called as forward(kv, score, ape, cu, cuc, n_rows, *, "
+                   "ratio, coff)"),
+    ("NotDeterministicEnough", "backward cannot be called as backward(kv, score, ape, cu, cuc, "
+                               "grad_out, *, ratio, coff, deterministic)"),
+    ("HalfDispatch", "kernels and dispatch come together"),
+    ("BadCoffs", "supports.coffs must be a tuple of 1 and/or 2"),
+    ("BadPrepare", "prepare cannot be called as prepare(targets, progress)"),
+    ("Missing", "has no attribute 'Missing'"),
+])
+def test_impls_impl_refuses_a_broken_adapter_with_one_line(checked, name, needle):
+    result = invoke("impls", "--impl", f"{checked}:{name}")
+    assert result.exit_code == 2
+    message = " ".join(result.stderr.split())
+    assert message.startswith("csagate: ") and needle in message, message
+    assert "Traceback" not in result.output
+
+
+def test_impls_impl_checks_the_builtins_and_the_readme_adapter(adapter):
+    for value in ("eager-bf16w", "compiled", "csagate", "cudnn", f"{adapter}:Reference"):
+        result = invoke("impls", "--impl", value)
+        assert result.exit_code == 0, (value, result.output)
+    assert invoke("impls", "--impl", "nope").exit_code == 2

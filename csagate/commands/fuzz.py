@@ -99,7 +99,7 @@ def command(impl_spec: str, ratio: str, trials: int | None, budget: float | None
 
 def _envelope(impl, ratio: str):
     from csagate.gates import fuzz
-    from csagate.gates.implementation import applies_of
+    from csagate.gates.plugin import applies_of
 
     applies = applies_of(impl)
     ratios = None if ratio == "all" else (int(ratio),)
@@ -113,31 +113,27 @@ def _envelope(impl, ratio: str):
 
 
 def _backend(impl, device):
-    """(backend, CUDA sizes?) ; on a GPU the drift check runs first (exit 1 if it fails)."""
-    if device.cpu:
-        from csagate.device_choice import cpu_backend
-
-        return cpu_backend(impl)
-    from csagate.commands import run as run_cmd
+    """The driver ``impl`` is fuzzed with; on a GPU the drift check runs first (exit 1 if it
+    fails)."""
     from csagate.gates.backend import BuildError
     from csagate.gates.contracts import R4
     from csagate.gates.runner import run_drift
-    from csagate.impl_choice import backends
+    from csagate.impl_choice import drivers
 
-    run_cmd.preflight(device.index)
-    backend, drift_backend = backends(impl, device.index, run_cmd.kernel_backend,
-                                      run_cmd.impl_backend)
+    judged = drivers(impl, device)
+    if judged.drift is None:
+        return judged.driver
     drift = R4.drift
     try:
-        drift_backend.build(((drift.ratio, drift.coff, drift.d),))
+        judged.drift.build(((drift.ratio, drift.coff, drift.d),))
     except BuildError as exc:
         console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
-    result = run_drift(drift_backend, drift)
+    result = run_drift(judged.drift, drift)
     if not result.ok:
         console.abort(f"the reference drift check failed ({result.status}"
                       f"{': ' + result.error if result.error else ''}): nothing the fuzz "
                       "could say would be trusted", ExitCode.CONTRACT_FAILURE)
-    return backend
+    return judged.driver
 
 
 def _run(impl, impl_spec, env, device, seed, trials, budget, out_dir, shrink_calls, reports,

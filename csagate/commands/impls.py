@@ -1,4 +1,6 @@
-"""``csagate impls``: the implementations the gate can judge here, and why the rest cannot."""
+"""``csagate impls``: the implementations the gate can judge here, and why the rest cannot;
+``--impl VALUE`` checks one adapter (it loads, its ``supports`` is well-formed, its methods take
+the arguments the gate passes) in one line: exit 0, or 2 with the reason."""
 
 from __future__ import annotations
 
@@ -17,14 +19,7 @@ def _device():
 
 def rows() -> list[tuple[str, str, str, str, str]]:
     """(name, origin, directions, envelope, status) per implementation found by name."""
-    from csagate.gates.implementation import (
-        ImplError,
-        has_backward,
-        has_dispatch,
-        known,
-        load,
-        unavailable,
-    )
+    from csagate.gates.implementation import ImplError, known, load
 
     device = _device()
     found = []
@@ -34,18 +29,53 @@ def rows() -> list[tuple[str, str, str, str, str]]:
         except ImplError as exc:
             found.append((name, entry.origin, "-", "-", f"cannot load: {exc}"))
             continue
-        parts = ["fwd+bwd" if has_backward(impl) else "fwd only"]
-        if getattr(impl, "deterministic", False):
-            parts.append("det")
-        if has_dispatch(impl):
-            parts.append("hooks")
-        try:
-            why = unavailable(impl, device)
-        except Exception as exc:   # an adapter's own check that raised: say so, go on
-            why = f"its availability check raised {console.one_line(exc)}"
-        found.append((name, entry.origin, " ".join(parts), impl.supports.text(),
-                       "available" if why is None else why))
+        found.append((name, entry.origin, _provides(impl), impl.supports.text(),
+                      _here(impl, device)))
     return found
+
+
+def _provides(impl) -> str:
+    """``fwd+bwd det hooks``: the directions, the deterministic backward, the dispatch hooks."""
+    from csagate.gates.plugin import has_backward, has_dispatch
+
+    parts = ["fwd+bwd" if has_backward(impl) else "fwd only"]
+    if getattr(impl, "deterministic", False):
+        parts.append("det")
+    if has_dispatch(impl):
+        parts.append("hooks")
+    return " ".join(parts)
+
+
+def _here(impl, device) -> str:
+    """"available", or why ``impl`` cannot run on ``device`` (its own check raising: said)."""
+    from csagate.gates.plugin import ImplError, unavailable
+
+    try:
+        why = unavailable(impl, device)
+    except ImplError as exc:
+        why = str(exc)
+    except Exception as exc:   # an adapter's own check that raised: say so, go on
+        why = f"its availability check raised {console.one_line(exc)}"
+    return "available" if why is None else why
+
+
+def check(value: str) -> str:
+    """One line on the adapter ``value`` names when it keeps the protocol; exit 2 with the
+    reason when it does not load or does not keep it."""
+    from csagate.exitcodes import ExitCode
+    from csagate.gates.implementation import ImplError, load, resolve
+    from csagate.gates.plugin import conformance
+
+    try:
+        impl = load(resolve(value))
+    except ImplError as exc:
+        console.abort(str(exc), ExitCode.USAGE)
+    problem = conformance(impl)
+    if problem:
+        console.abort(f"--impl {value}: {problem}", ExitCode.USAGE)
+    here = _here(impl, _device())
+    return (f"{value}: ok: {impl.name!r}, {_provides(impl)}, {impl.supports.text()}; here: "
+            + ("yes" if here == "available" else f"no ({here})"))
 
 
 @click.command("impls", help="List the implementations `csagate run --impl` and `csagate "
@@ -55,7 +85,16 @@ def rows() -> list[tuple[str, str, str, str, str]]:
                "--impl path/to/file.py:NAME or module:NAME.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the implementations as JSON on stdout.")
-def command(as_json: bool) -> None:
+@click.option("--impl", "impl", metavar="VALUE",
+              help="Check one adapter instead (NAME, path/to/file.py:NAME or module:NAME): it "
+                   "loads, its supports is well-formed, forward and its optional hooks take the "
+                   "arguments the gate passes. One line; exit 0, or 2 with the reason.")
+def command(as_json: bool, impl: str | None) -> None:
+    if impl is not None:
+        if as_json:
+            raise click.UsageError("--impl checks one adapter: leave out --json")
+        click.echo(check(impl))
+        return
     if as_json:
         import json
 

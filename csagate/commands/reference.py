@@ -56,15 +56,16 @@ def command(check: bool, device_index: int) -> None:
 
 def _check(device_index: int) -> None:
     from csagate.commands import run as run_cmd
+    from csagate.device_choice import Device
+    from csagate.impl_choice import drivers, load_impl
 
     drift = run_cmd.contracts("128")[0].drift
-    run_cmd.preflight(device_index)
+    backend = drivers(load_impl("csagate"), Device("cuda", device_index)).drift
 
     from csagate import render
     from csagate.gates.backend import BuildError
     from csagate.gates.runner import build_targets, run_drift
 
-    backend = run_cmd.kernel_backend(device_index)
     try:
         with run_cmd.StderrProgress("build") as progress:
             backend.build(build_targets((), drift), progress=progress)

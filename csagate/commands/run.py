@@ -9,11 +9,11 @@ report paths are found before anything runs), 3 could not evaluate (no GPU, no
 nvidia-cutlass-dsl, a build failure): the exit-3 checks run before cutlass is imported and each
 prints one message.
 
-By default the gate judges its own kernels (``csagate.gates.backend.KernelBackend``);
-``--impl`` judges another implementation (``csagate impls``) against the same contract, the
-drift check still judging the reference with the gate's kernels. ``contracts``,
-``preflight``, ``kernel_backend`` and ``impl_backend`` are module-level functions so the CLI
-tests can stand in for the GPU.
+By default the gate judges its own kernels (the built-in ``csagate``); ``--impl`` judges
+another implementation (``csagate impls``) against the same contract, the drift check still
+judging the reference with the gate's kernels. ``csagate.impl_choice.drivers`` decides where
+and with what (one preflight); ``contracts`` is a module-level function so the CLI tests can
+pick small contracts.
 """
 
 from __future__ import annotations
@@ -27,15 +27,13 @@ import click
 
 from csagate import __version__, console
 from csagate.commands.reports import STDOUT, Reports, check_report_paths, report_path
-from csagate.device_choice import DRIFT_NA, DeviceType
+from csagate.device_choice import DeviceType
 from csagate.env import debug
 from csagate.exitcodes import ExitCode
 from csagate.gates.contracts import CONTRACTS  # plain data: no torch
 from csagate.impl_choice import impl_option, report_option
 
 QUICK_CASES = 2
-DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
-SUPPORTED_GPUS = "an H200, B200 or B300 GPU"
 
 RATIOS = (*(str(r) for r in CONTRACTS), "all")   # --ratio: one family, or every family
 
@@ -67,48 +65,6 @@ def _ratio_help() -> str:
     families = ", ".join(f"{k.ratio} ({case_counts(k)})" for k in CONTRACTS.values())
     return (f"The contract family: {families}, or all (every family; the worse exit code). "
             "`csagate cases` lists them.")
-
-
-def no_gpu_message(torch_version: str, cuda: str | None) -> str:
-    """Why nothing can be judged without a GPU; "a CUDA build of torch" only where torch is
-    not one."""
-    if cuda:
-        return (f"no CUDA GPU visible (torch {torch_version}, CUDA {cuda}): nothing was judged; "
-                f"needs {SUPPORTED_GPUS}")
-    return (f"no CUDA GPU visible (torch {torch_version}, a CPU-only build): nothing was "
-            f"judged; needs {SUPPORTED_GPUS} and a CUDA build of torch")
-
-
-def preflight(device_index: int) -> None:
-    """Exit 3 with one message unless a supported CUDA GPU and the DSL are here (GPU checked
-    first, before cutlass is imported)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        console.abort(no_gpu_message(torch.__version__, torch.version.cuda),
-                      ExitCode.COULD_NOT_EVALUATE)
-    count = torch.cuda.device_count()
-    if device_index >= count:
-        raise click.BadParameter(f"device {device_index} does not exist ({count} CUDA "
-                                 f"device(s) visible: 0..{count - 1})", param_hint="--device")
-    from csagate.kernels._dsl import ARCHES, device_arch, dsl_available
-
-    arch = device_arch(device_index)
-    if arch not in ARCHES:
-        name = torch.cuda.get_device_name(device_index)
-        console.abort(f"{name} (cuda:{device_index}) is {arch}; the kernels are built for "
-                      f"{', '.join(ARCHES)}: run on {SUPPORTED_GPUS}",
-                      ExitCode.COULD_NOT_EVALUATE)
-    ok, why = dsl_available()
-    if not ok:
-        console.abort(f"{why}; install it with `pip install {DSL_PIN}`",
-                      ExitCode.COULD_NOT_EVALUATE)
-
-
-def kernel_backend(device_index: int):
-    from csagate.gates.backend import KernelBackend
-
-    return KernelBackend(device_index)
 
 
 class StderrProgress:
@@ -208,15 +164,6 @@ def _select(cases, names, quick):
     if names:
         return tuple(c for c in cases if c.name in set(names))  # contract order
     return tuple(cases)
-
-
-def impl_backend(impl, device_index: int):
-    """The gate's backend for an ``--impl`` implementation on this device."""
-    import torch
-
-    from csagate.gates.implementation import as_backend
-
-    return as_backend(impl, torch.device("cuda", device_index))
 
 
 def _header(env: dict, device_index: int | str) -> str:
@@ -358,26 +305,14 @@ def _build(backend, drift_backend, families):
             "seconds": seconds, "records": records}
 
 
-def _backends(impl, device):
-    """(backend judged, drift check's backend or None, the drift check's n/a reason or None,
-    the device index or "cpu"); exit 3 when nothing can be judged here."""
-    if device.cpu:
-        from csagate.device_choice import cpu_backend
-
-        return cpu_backend(impl), None, DRIFT_NA, "cpu"
-    preflight(device.index)
-
-    from csagate.impl_choice import backends
-
-    backend, drift_backend = backends(impl, device.index, kernel_backend, impl_backend)
-    return backend, drift_backend, None, device.index
-
-
 def _evaluate(families, device, reports: dict, verbose: bool, started: float,
               to_stdout: bool = False, *, impl, report_dir: Path | None) -> ExitCode:
     """Preflight, build, then each family's gate, verdict and reports; the worse exit code.
     Exit 3 goes through ``console.abort``. On the CPU: no preflight, no drift check."""
-    backend, drift_backend, drift_na, device_index = _backends(impl, device)
+    from csagate.impl_choice import drivers
+
+    judged = drivers(impl, device)
+    backend, drift_backend, device_index = judged.driver, judged.drift, judged.where
 
     from csagate import render
     from csagate.gates.errors import one_line
@@ -397,7 +332,7 @@ def _evaluate(families, device, reports: dict, verbose: bool, started: float,
         try:
             with StderrProgress(f"gate ratio={k.ratio}" if several else "gate") as progress:
                 verdict = run_gate(backend, k, cases=cases, progress=progress,
-                                   drift_backend=drift_backend, drift_na=drift_na)
+                                   drift_backend=drift_backend, drift_na=judged.drift_na)
         except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
             if debug():
                 err.print_exception()

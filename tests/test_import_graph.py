@@ -1,0 +1,136 @@
+"""No import circle in the installed layout: the top-level folders install as ``csagate.*``
+(pyproject's package-dir), and the module-level ``import`` / ``from ... import`` statements of
+every module, read with ``ast`` (imports inside functions run late and are left out; so are
+those under ``if TYPE_CHECKING:``), must form no cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The installed package of each top-level folder (pyproject.toml [tool.setuptools.package-dir]).
+FOLDERS = {"csagate": "csagate", "kernels": "csagate.kernels", "gates": "csagate.gates",
+           "reference": "csagate.reference", "perf": "csagate.perf"}
+
+
+def modules() -> dict[str, Path]:
+    """Installed module name -> file, for every module of the installed layout."""
+    found = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _module_level(body):
+    """The statements that run when the module is imported (not in functions, not under
+    ``if TYPE_CHECKING``)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            if test.endswith("TYPE_CHECKING"):
+                yield from _module_level(node.orelse)
+                continue
+            yield from _module_level(node.body)
+            yield from _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody,
+                          *(h.body for h in node.handlers)):
+                yield from _module_level(block)
+        elif isinstance(node, (ast.With, ast.ClassDef)):
+            yield from _module_level(node.body)
+        else:
+            yield node
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports at module level."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _module_level(ast.parse(path.read_text()).body):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                       for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(name, path, set(found)) for name, path in found.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_is_read_from_the_installed_layout():
+    edges = graph()
+    assert "csagate.gates.runner" in edges and "csagate.kernels.api" in edges
+    assert "csagate.gates.plugin" in edges["csagate.gates.builtin_impls"]
+    assert "csagate.gates.plugin" in edges["csagate.gates.implementation"]
+
+
+def test_no_import_cycle():
+    # kernels/cache.py -> registry.py -> reduce.py -> cache.py closes only through imports
+    # inside functions (reduce's of the cache, registry's importlib), so no cycle is allowed.
+    found = cycles(graph())
+    assert not found, f"import cycles: {sorted(sorted(c) for c in found)}"
+
+
+def test_a_cycle_is_found():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [frozenset("abc")]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_plugin_interface_and_the_builtins_do_not_import_each_other():
+    edges = graph()
+    assert "csagate.gates.builtin_impls" not in edges["csagate.gates.implementation"]
+    assert "csagate.gates.implementation" not in edges["csagate.gates.builtin_impls"]
