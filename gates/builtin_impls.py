@@ -34,6 +34,7 @@ import torch
 from csagate.gates.backend import op_forward_backward
 from csagate.gates.errors import one_line
 from csagate.gates.implementation import Supports
+from csagate.gates.inference_impls import Bf16State, Decode, OnlineSoftmax
 from csagate.kernels.registry import RATIOS
 from csagate.reference import backward as ref_backward
 from csagate.reference import forward as ref_forward
@@ -377,4 +378,7 @@ BUILTINS = {
     "eager-bf16w": EagerBf16Weights,
     "eager-bf16ape": EagerBf16Ape,
     "compiled": Compiled,
+    "decode": Decode,
+    "online-c128": OnlineSoftmax,
+    "bf16-state": Bf16State,
 }
