@@ -45,6 +45,9 @@ BUILTINS: dict[str, str] = {
     "eager-bf16w": "csagate.gates.builtin_impls:EagerBf16Weights",
     "eager-bf16ape": "csagate.gates.builtin_impls:EagerBf16Ape",
     "compiled": "csagate.gates.builtin_impls:Compiled",
+    "decode": "csagate.gates.inference_impls:Decode",
+    "online-c128": "csagate.gates.inference_impls:OnlineSoftmax",
+    "bf16-state": "csagate.gates.inference_impls:Bf16State",
 }
 
 

@@ -1,12 +1,14 @@
 """``csagate compare --impl A --impl B``: the same inputs through two implementations.
 
 Per case and output: max |A - B|, the count of differing elements, and each one's max error
-against the fp64 oracle and the fp32 eager reference, in an 80-column table (``--json`` for
-every number). Without a bound a difference is a measurement: exit 0 when it ran. With
-``--max-abs`` (every output) and ``--bound TENSOR=VALUE`` (one output; wins over
-``--max-abs``) it is a check: exit 1 when some max |A - B| exceeds its bound (NaN in one only
-counts as infinite; a case where either side raised counts as beyond). Exit 2 on a bad value,
-3 when either implementation cannot run here.
+against the fp64 oracle and the fp32 eager reference; the distribution of |A - B| in bf16
+steps (p50, p90, p99, p99.9, max); and where ``out`` differs, by segment length and by the
+window's place in its segment (first to last quarter). Three 80-column tables (``--json`` for
+every number; compare has no ``--report`` pictures). Without a bound a difference is a
+measurement: exit 0 when it ran. With ``--max-abs`` (every output) and ``--bound
+TENSOR=VALUE`` (one output; wins over ``--max-abs``) it is a check: exit 1 when some max
+|A - B| exceeds its bound (NaN in one only counts as infinite; a case where either side raised
+counts as beyond). Exit 2 on a bad value, 3 when either implementation cannot run here.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import click
 from csagate import console
 from csagate.commands.reports import STDOUT, check_report_paths
 from csagate.commands.run import RATIOS
+from csagate.device_choice import device_option
 from csagate.exitcodes import ExitCode
 from csagate.impl_choice import load_impl
 
 COLUMNS = ("case / output", "|A-B|", "n diff", "A-fp64", "B-fp64", "A-fp32", "B-fp32")
+STEP_COLUMNS = ("case / output", "p50", "p90", "p99", "p99.9", "max")
+WHERE_COLUMNS = ("case / out rows", "elements", "n diff", "max steps", "p99 steps")
 TENSORS = ("out", "dkv", "dscore", "dape")
 EXITS = ("Exit codes: 0 compared (and, with a bound, every max |A - B| within it), 1 some "
          "max |A - B| beyond its bound (only with --max-abs/--bound), 2 usage error, 3 could "
@@ -94,6 +99,51 @@ def table(diffs, a: str, b: str):
     return t
 
 
+def _steps(x: float) -> str:
+    """A count of bf16 steps: an integer as one, a fraction (fp32 dAPE) to 2 digits."""
+    if x != x or x == float("inf"):
+        return "inf" if x == float("inf") else "nan"
+    return str(int(x)) if x == int(x) else f"{x:.2g}"
+
+
+def steps_table(diffs, a: str, b: str):
+    """|A - B| in bf16 steps per case and output: the quantiles and the max."""
+    from rich import box
+
+    t = console.new_table(f"compare A={a} B={b}: |A-B| in bf16 steps", STEP_COLUMNS,
+                          marks=STEP_COLUMNS[1:], right=STEP_COLUMNS[1:])
+    t.box = box.SIMPLE_HEAD
+    for d in diffs:
+        rows = [x for x in d.tensors if x.steps is not None]
+        if not rows:
+            continue
+        t.add_row(d.case.name, *([""] * 5))
+        for x in rows:
+            q = x.steps
+            t.add_row(f"  {x.tensor}", *(_steps(v) for v in (q.p50, q.p90, q.p99, q.p999,
+                                                              q.max)))
+    return t
+
+
+def where_table(diffs, a: str, b: str):
+    """Where ``out`` differs: per segment length bucket, then per window quarter."""
+    from rich import box
+
+    t = console.new_table(f"compare A={a} B={b}: where out differs", WHERE_COLUMNS,
+                          marks=WHERE_COLUMNS[1:], right=WHERE_COLUMNS[1:])
+    t.box = box.SIMPLE_HEAD
+    for d in diffs:
+        found = [w for x in d.tensors if x.tensor == "out" for w in x.where]
+        if not found:
+            continue
+        t.add_row(d.case.name, *([""] * 4))
+        for w in found:
+            label = {"length": f"  length {w.group}", "window": f"  {w.group}",
+                     "padding": "  padding rows"}[w.by]
+            t.add_row(label, str(w.numel), str(w.n_diff), _steps(w.max_steps), _steps(w.p99))
+    return t
+
+
 def _cases(ratio: str, names, a, b):
     from csagate.commands.run import contracts, unknown_case_message
 
@@ -139,8 +189,7 @@ def _ready(impl, device):
               show_default=True, help="The contract family whose cases are compared.")
 @click.option("--case", "names", multiple=True, metavar="NAME",
               help="Only this case (repeatable).")
-@click.option("--device", "device_index", type=click.IntRange(min=0), default=0,
-              show_default=True, help="CUDA device index.")
+@device_option()
 @click.option("--json", "json_path", metavar="PATH",
               help="Write every number to PATH ('-': stdout, the table then goes to stderr); "
                    "checked before anything runs.")
@@ -149,12 +198,12 @@ def _ready(impl, device):
 @click.option("--bound", "per_tensor", multiple=True, metavar="TENSOR=VALUE", callback=_bound,
               help=f"Exit 1 when max |A - B| of TENSOR ({', '.join(TENSORS)}) exceeds VALUE "
                    "(repeatable; wins over --max-abs for that output).")
-def command(impls, ratio, names, device_index, json_path, max_abs, per_tensor) -> None:
+def command(impls, ratio, names, device, json_path, max_abs, per_tensor) -> None:
     a, b = _check(impls)
     check_report_paths({"--json": json_path}, [0])
     bounds = bounds_of(max_abs, per_tensor)
     cases = _cases(ratio, names, a, b)
-    device = compare_device(device_index)
+    device = compare_device(device)
     for impl in (a, b):
         _ready(impl, device)
     from csagate.gates.compare import compare
@@ -172,7 +221,8 @@ def command(impls, ratio, names, device_index, json_path, max_abs, per_tensor) -
     diffs = compare(a, b, cases, device)
     to_stdout = json_path == STDOUT
     shown = console.err() if to_stdout else console.out()
-    console.print_table(table(diffs, a.name, b.name), shown)
+    for make in (table, steps_table, where_table):
+        console.print_table(make(diffs, a.name, b.name), shown)
     beyond = breaches(diffs, bounds)
     if json_path is not None:
         from csagate.render import _jsonable
@@ -199,11 +249,14 @@ def command(impls, ratio, names, device_index, json_path, max_abs, per_tensor) -
     raise click.exceptions.Exit(int(code))
 
 
-def compare_device(device_index: int):
-    """The device both run on (exit 3 without a GPU); a seam the CPU tests replace."""
+def compare_device(device):
+    """The torch device both run on (``--device cpu`` for CPU-capable implementations; exit 3
+    without a GPU otherwise); a seam the CPU tests replace."""
     import torch
 
+    if device.cpu:
+        return torch.device("cpu")
     if not torch.cuda.is_available():
         console.abort("no CUDA GPU visible: nothing can be compared",
                       ExitCode.COULD_NOT_EVALUATE)
-    return torch.device("cuda", device_index)
+    return torch.device("cuda", device.index)
