@@ -95,47 +95,44 @@ def _cases(contract, cases) -> tuple:
 
 
 def _unavailable_here(impl, device) -> str | None:
-    """Why ``impl`` cannot be judged on ``device`` (the test is skipped), or None."""
+    """Why ``impl`` cannot be judged on ``device`` (the test is skipped), or None: the same
+    checks as ``csagate run`` (the gate's own kernels' preflight, the implementation's own)."""
     import torch
 
-    from csagate.gates.builtin_impls import Csagate
-    from csagate.gates.implementation import unavailable
+    from csagate.gates.builtin_impls import kernels_unavailable
+    from csagate.gates.implementation import load_builtin, unavailable
 
-    own = isinstance(impl, Csagate)
+    own = type(impl) is type(load_builtin())
     if device.cpu:
         if own:
             return f"the gate's own kernels ({impl.name}) need a CUDA GPU"
         return unavailable(impl, torch.device("cpu"))
-    if not torch.cuda.is_available():
-        return f"no CUDA GPU visible (torch {torch.__version__})"
-    if device.index >= torch.cuda.device_count():
+    if torch.cuda.is_available() and device.index >= torch.cuda.device_count():
         return f"cuda:{device.index} does not exist ({torch.cuda.device_count()} visible)"
-    from csagate.kernels._dsl import ARCHES, device_arch, dsl_available
-
-    ok, why = dsl_available()
-    if not ok:
+    why = kernels_unavailable(device.torch())
+    if why:
         return f"{why} (the drift check needs the gate's kernels)"
-    arch = device_arch(device.index)
-    if arch not in ARCHES:
-        return f"cuda:{device.index} is {arch}; the kernels are built for {', '.join(ARCHES)}"
     return None if own else unavailable(impl, device.torch())
 
 
 def _backends(impl, device):
-    """(the backend judged, the drift check's backend or None, the drift check's n/a reason)."""
-    from csagate.gates.builtin_impls import Csagate
-    from csagate.gates.implementation import ImplBackend, as_backend
+    """(the driver judged, the drift check's driver or None, the drift check's n/a reason):
+    the route ``csagate run`` takes (``impl_choice.drivers``), without its exits."""
+    import torch
+
+    from csagate.gates.driver import Driver
+    from csagate.gates.implementation import load_builtin
 
     if device.cpu:
-        import torch
-
         from csagate.device_choice import DRIFT_NA
 
-        return ImplBackend(impl, torch.device("cpu")), None, DRIFT_NA
-    from csagate.gates.backend import KernelBackend
-
-    drift = KernelBackend(device.index)
-    return (drift if isinstance(impl, Csagate) else as_backend(impl, device.torch())), drift, None
+        return Driver(impl, torch.device("cpu")), None, DRIFT_NA
+    where = device.torch()
+    kernels = load_builtin()
+    if type(impl) is type(kernels):
+        driver = Driver(impl, where)
+        return driver, driver, None
+    return Driver(impl, where), Driver(kernels, where), None
 
 
 def _build(backend, drift_backend, contract, cases) -> None:

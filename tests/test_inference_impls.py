@@ -10,10 +10,11 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from csagate.gates import builtin_impls, contracts
+from csagate.gates import contracts
 from csagate.gates.cases import Case
 from csagate.gates.compare import bf16_steps, row_groups, spread, where
-from csagate.gates.implementation import ImplBackend, load, resolve
+from csagate.gates.driver import Driver
+from csagate.gates.implementation import load, resolve
 from csagate.gates.inference_check import decode_agreement
 from csagate.gates.inference_impls import (
     NEG_INF,
@@ -130,7 +131,7 @@ def _r4_case(lens=(13, 0, 3, 40, 9), **kw):
 
 @pytest.mark.parametrize("bug", [DroppedOverlap, NoReset])
 def test_a_planted_state_bug_fails_g2_in_the_gate(bug):
-    result = run_case(ImplBackend(bug(), CPU), _r4_case(), contracts.R4)
+    result = run_case(Driver(bug(), CPU), _r4_case(), contracts.R4)
     assert result.status == FAIL
     by = {(g.gate, g.tensor): g.status for g in result.gates}
     assert by[("G2", "out")] == FAIL
@@ -138,7 +139,7 @@ def test_a_planted_state_bug_fails_g2_in_the_gate(bug):
 
 
 def test_decode_passes_the_forward_contract_in_the_gate():
-    result = run_case(ImplBackend(Decode(), CPU), _r4_case(pad_rows=3, pad_tokens=5),
+    result = run_case(Driver(Decode(), CPU), _r4_case(pad_rows=3, pad_tokens=5),
                       contracts.R4)
     assert result.status == PASS
     by = {(g.gate, g.tensor): g.status for g in result.gates}
@@ -151,7 +152,7 @@ def test_decode_and_online_pass_the_small_gate_runs(contract):
     """The whole small gate run on the CPU (forward contract only, the drift check n/a):
     the overflow, partial-overflow and padding-only non-finite cases included."""
     for impl in (Decode(), OnlineSoftmax()):
-        verdict = run_gate(ImplBackend(impl, CPU), contract, drift_na="CPU")
+        verdict = run_gate(Driver(impl, CPU), contract, drift_na="CPU")
         bad = [(r.case.name, r.status) for r in verdict.cases if r.status not in (PASS, NA)]
         assert not bad, (impl.name, bad)
 
@@ -229,8 +230,8 @@ def test_bf16_state_drifts_and_fails_the_forward_contract(ratio, coff, d, lens, 
 def test_the_three_are_cpu_capable_builtins():
     for name, cls in (("decode", Decode), ("online-c128", OnlineSoftmax),
                       ("bf16-state", Bf16State)):
-        assert builtin_impls.BUILTINS[name] is cls
         impl = load(resolve(name))
+        assert type(impl) is cls
         assert impl.name == name and impl.supports.min_compute_capability is None
         assert not hasattr(impl, "backward") and impl.describe()["formulation"]
 

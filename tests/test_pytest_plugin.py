@@ -20,8 +20,8 @@ import csagate.gates.runner  # noqa: F401
 import csagate.reference  # noqa: F401
 import pytest
 import torch
-from csagate.gates.implementation import ImplBackend
-from gate_backends import FailingBuildBackend, RefBackend
+from csagate.gates.driver import Driver
+from gate_backends import FailingBuildImpl, RefImpl, driven
 
 import csagate.device_choice  # noqa: F401
 from csagate import pytest_plugin as plugin
@@ -175,10 +175,10 @@ def gpu_stand_in(monkeypatch, tmp_path):
     ``drift_backend`` (the reference stand-in of tests/gate_backends.py, or a broken one)."""
     (tmp_path / "plugin_adapters.py").write_text(ADAPTERS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    used = {"drift": RefBackend()}
+    used = {"drift": RefImpl()}
     monkeypatch.setattr(plugin, "_unavailable_here", lambda impl, device: None)
     monkeypatch.setattr(plugin, "_backends", lambda impl, device: (
-        ImplBackend(impl, torch.device("cpu")), used["drift"], None))
+        Driver(impl, torch.device("cpu")), driven(used["drift"]), None))
     return used
 
 
@@ -187,14 +187,14 @@ def test_on_a_gpu_the_drift_check_runs_before_the_cases_and_the_fuzz(gpu_stand_i
     assert v.ok and v.drift_run and v.drift.ok
     assert (4, 2, 128) in gpu_stand_in["drift"].built          # drift/r4-c2d128/1x2048
 
-    gpu_stand_in["drift"] = RefBackend()
+    gpu_stand_in["drift"] = RefImpl()
     assert check("plugin_adapters:Reference", device="cuda", cases=(), fuzz_trials=1,
                  fuzz_seed=12) is None
     assert gpu_stand_in["drift"].built == [(4, 2, 128)]        # the drift check alone
 
 
 def test_on_a_gpu_a_failing_drift_check_fails_and_judges_nothing(gpu_stand_in):
-    class Drifting(RefBackend):
+    class Drifting(RefImpl):
         def after_backward(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
                            prefill, *, ratio, coff):
             dkv[0, 0] += 1.0
@@ -210,7 +210,7 @@ def test_on_a_gpu_a_failing_drift_check_fails_and_judges_nothing(gpu_stand_in):
     assert "the reference drift check failed" in str(info.value)
     assert "FUZZ" not in str(info.value)
 
-    gpu_stand_in["drift"] = FailingBuildBackend()
+    gpu_stand_in["drift"] = FailingBuildImpl()
     with pytest.raises(pytest.fail.Exception, match="could not evaluate ref-adapter on "
                        "cuda:0: building ratio=128 c1d128 for sm_90a failed"):
         check("plugin_adapters:Reference", device="cuda", cases=[OVERFLOW])
