@@ -157,7 +157,7 @@ def command(impls, ratio, names, device_index, json_path, max_abs, per_tensor) -
     device = compare_device(device_index)
     for impl in (a, b):
         _ready(impl, device)
-    from csagate.gates.compare import compare
+    from csagate.gates.pair_diff import compare
     from csagate.gates.runner import build_targets
 
     targets = build_targets(cases, None)
