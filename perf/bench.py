@@ -474,6 +474,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
     The buffers are on the launcher as ``.buffers``: ``(out,)`` or ``(dkv, dscore, dape)``.
     """
     from csagate.kernels import api, registry, validate
+    from csagate.kernels.cache import CACHE
 
     family = registry.family(pack.ratio, direction)
     if pack.ratio != S.RATIO:
@@ -490,7 +491,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
     key = registry.make_key(direction, pack.ratio, pack.coff, pack.d, sched,
                             validate.device_arch(device.index))
     with torch.cuda.device(device):
-        fn = api.CACHE.executor(key, device.index)
+        fn = CACHE.executor(key, device.index)
     inputs = dict(kv=kv, score=score, ape=ape, cu=cu, cuc=cuc)
     if direction == "fwd":
         outputs = dict(out=torch.empty_like(grad_out))

@@ -140,11 +140,12 @@ def launcher(direction: str, pack, grad_out, sched, rows: int | None = None):
     """A zero-argument launcher of one small-ratio schedule on ``pack``, bypassing the table
     (the backward in the default mode, dAPE accumulated, ``rows`` per CTA); its outputs are
     ``.buffers``."""
-    from csagate.kernels import api, registry, small
+    from csagate.kernels import registry, small
     from csagate.kernels._dsl import device_arch
+    from csagate.kernels.cache import CACHE
 
     key = registry.make_key(direction, pack.ratio, pack.coff, pack.d, sched, device_arch())
-    fn = api.CACHE.executor(key, torch.cuda.current_device())
+    fn = CACHE.executor(key, torch.cuda.current_device())
     kv, score, ape, cu, cuc = pack.inputs()
     io = dict(kv=kv, score=score, ape=ape, cu=cu, cuc=cuc)
     if direction == "fwd":

@@ -104,7 +104,7 @@ def test_build_failure_exits_3_with_one_line(dsl, monkeypatch):
         raise RuntimeError("nvvm says no\nsecond line")
 
     monkeypatch.setattr(cache, "CACHE", cache.KernelCache(broken))
-    monkeypatch.setattr("csagate.kernels.api.CACHE", cache.CACHE)
+    monkeypatch.setattr("csagate.kernels.dispatch.CACHE", cache.CACHE)
     r = run("build", "--ratio", "4", "--arch", "sm_100a")
     assert r.exit_code == 3, r.output
     assert "build failed: RuntimeError: nvvm says no" in r.stderr
