@@ -89,8 +89,9 @@ def _diff_cell(result: GateResult | None, *, count: bool = True) -> str:
 
 
 def _config(result: CaseResult) -> str:
-    case = result.case
-    return case.config if case.ratio == 128 else f"r{case.ratio} {case.config}"
+    from csagate.kernels.registry import config_label
+
+    return config_label(result.case.ratio, result.case.config)
 
 
 def _schedules(result: CaseResult, direction: str) -> str:

@@ -7,7 +7,7 @@
 * ``DETERMINISTIC``, ``R4_DETERMINISTIC``: the deterministic backward (section 2.5): cases
   run with ``deterministic=True``, in which G1 covers dAPE bitwise too.
 * ``SMALL_CASES[r]``, ``SMALL_DETERMINISTIC[r]`` for the other small ratios r in
-  ``SMALL_RATIOS`` (2, 8, 16, 32): the same kinds at that ratio (``small_cases``), plus a
+  ``SMALL_RATIOS`` (the registry's but 4): the same kinds at that ratio (``small_cases``), plus a
   CSA2-style coff=1 zero-APE case (Megatron-LM's ratio-2 variant trains without APE).
 
 Beyond the four table configs (c1d128 ... c2d512) the small ratios have cases at head dims
@@ -27,15 +27,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from csagate.kernels import registry
 from csagate.kernels.schedule import config_name
-from csagate.kernels.small_schedule import FWD_VEC2_MAX_WINDOW, MAX_WINDOW
+from csagate.kernels.small_schedule import FWD_VEC2_MAX_WINDOW, MAX_WINDOW, config_problems
 from csagate.reference.seeds import GRAD_SEED, INPUT_SEED, PAD_GRAD_SEED, PAD_TOKEN_SEED
 
 RAGGED3 = (1023, 2048, 509)
 EDGEPACK = (127, 8192, 0, 129, 128, 3, 515, 1024)
 SHORT4 = (3, 515, 1024, 129)   # ratio=4: a first segment shorter than ratio
 SHORT2 = (1, 515, 1024, 129, 1, 0, 3)  # ratio=2: one-token segments, the first of them too
-SMALL_RATIOS = (2, 8, 16, 32)  # the small ratios with cases of their own (4: R4_CASES)
+# the small ratios with cases of their own (4: R4_CASES), as kernels/registry.py lists them
+SMALL_RATIOS = tuple(r for r in registry.SMALL_RATIOS if r != 4)
 
 KINDS = ("drift", "union", "scaled", "padding", "overflow", "partial-overflow", "hardening",
          "deterministic", "zero-ape", "fuzz")  # fuzz: a seeded random pack (gates/fuzz.py)
@@ -269,15 +271,22 @@ def small_cases(ratio: int) -> tuple[Case, ...]:
         cases.append(_small(ratio, 1, 128, (32768,), "CSA2-style (Megatron-LM's ratio-2 "
                             "variant): coff=1, zero APE, a long segment", "zero-ape",
                             "/zero-ape", inputs="zero_ape"))
-    return tuple(cases)
+    return _served(cases)
+
+
+def _served(cases) -> tuple[Case, ...]:
+    """The cases whose config the small-ratio family serves at their ratio (a window wider
+    than a thread's registers, ratio * coff > MAX_WINDOW, has no kernel)."""
+    return tuple(c for c in cases if not config_problems(c.ratio, c.coff, c.d))
 
 
 def small_deterministic(ratio: int) -> tuple[Case, ...]:
     """The deterministic-mode cases of one small ratio: both coffs, one with padding."""
     edge = SHORT2 if ratio == 2 else EDGEPACK
-    return (_det(_small(ratio, 1, 128, edge, ""), "short, empty and exact-multiple segments"),
-            _det(_small_padding(ratio, 2, 512, RAGGED3, 8, 21, ""),
-                 "widest window, capacity padding rows"))
+    return _served((_det(_small(ratio, 1, 128, edge, ""),
+                         "short, empty and exact-multiple segments"),
+                    _det(_small_padding(ratio, 2, 512, RAGGED3, 8, 21, ""),
+                         "widest window, capacity padding rows")))
 
 
 SMALL_CASES: dict[int, tuple[Case, ...]] = {r: small_cases(r) for r in SMALL_RATIOS}

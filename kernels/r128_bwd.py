@@ -80,9 +80,7 @@ class Regs(SimpleNamespace):
 class _R128BwdBase(R128Geometry):
     """What the staged and the register-window backward share (every field compile-time)."""
 
-    REGWIN = False
-
-    def __init__(self, d: int, coff: int, sched: BwdSchedule):
+    def __init__(self, d: int, coff: int, sched: BwdSchedule, deterministic: bool = False):
         problems = config_problems(coff, d, sched)
         if problems:
             raise ValueError(f"r128 backward c{coff}d{d} {sched}: " + "; ".join(problems))
@@ -95,15 +93,18 @@ class _R128BwdBase(R128Geometry):
         self.gopack = sched.go is GradOut.PACKED
         self.gosm = sched.go is GradOut.SHARED
         self.fast = sched.fastexp
+        # deterministic: dAPE stored per CTA into partials (kernels/reduce.py sums them);
         # default mode: the kernel and the dAPE zeroing launch as programmatic dependents (PDL)
-        self.pdl_zero = not sched.deterministic
+        self.deterministic = deterministic
+        self.pdl_zero = not deterministic
         self.cols_pc = sched.threads_x * sched.vec
         self.nthreads = sched.threads_x * sched.tchunks
         self.smem_bytes = bwd_smem_bytes(coff, sched)
         self.ctas_per_sm = None
 
     def __repr__(self) -> str:  # names the kernel symbol: r128bwd_c{coff}d{d}_<schedule tag>
-        return f"r128bwd_c{self.coff}d{self.d}_{self.sched.tag}"
+        return (f"r128bwd_c{self.coff}d{self.d}_{self.sched.tag}"
+                + ("_deterministic" if self.deterministic else ""))
 
     def _launch_bounds(self) -> dict:
         return {}
@@ -118,7 +119,7 @@ class _R128BwdBase(R128Geometry):
         n_rows = mGO.shape[0]
         n_seq = mCu.shape[0] - 1
         gx = (n_rows + rows_per_cta - 1) // rows_per_cta
-        if cutlass.const_expr(not self.sched.deterministic):
+        if cutlass.const_expr(not self.deterministic):
             if zero_dape != 0:
                 launch_zero_f32(mDApe, stream, self.pdl_zero)
         kernel = self.kernel(mKV, mScore, mApe, mCu, mCuc, mGO, mDKV, mDScore, mDApe,
@@ -138,7 +139,7 @@ class _R128BwdBase(R128Geometry):
             # PDL: behind this launch's dAPE zeroing it waits before its atomics, else here.
             if zero_dape == 0:
                 cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(self.sched.deterministic):
+        if cutlass.const_expr(self.deterministic):
             # the dAPE reduction that follows may be scheduled now (PDL)
             cute.arch.griddepcontrol_launch_dependents()
         tx, ty, _ = cute.arch.thread_idx()
@@ -192,18 +193,24 @@ class _R128BwdBase(R128Geometry):
         cute.arch.sync_threads()
         self._gradients(m, sh, g, r, bb, tok_row0, chunk_ok)
         if bb + 1 == m.cuc[seg + 1]:  # the segment's last block
-            # regwin re-derives tok0 and cu[s+1] here (register budget); staged holds both.
-            first = (tok_row0 - g.k0 + (COFF - 1) * RATIO
-                     if cutlass.const_expr(self.REGWIN) else tok0)
+            first = self._last_block_tok0(g, tok0, tok_row0)
             if cutlass.const_expr(COFF == 2):
                 # class (b): the last block's own tokens are nobody's previous half.
                 for t in cutlass.range(first + g.ty, first + RATIO, TCH):
                     self._zero_token(m.dkv, m.dscore, t, g.col, (0,))
             # class (a): the segment's tail tokens.
-            for t in cutlass.range(first + RATIO + g.ty, m.cu[seg + 1]
-                                   if cutlass.const_expr(self.REGWIN) else seg_end, TCH):
+            for t in cutlass.range(first + RATIO + g.ty, self._segment_end(m, seg, seg_end),
+                                   TCH):
                 zero(t)
         self._row_end()
+
+    def _last_block_tok0(self, g, tok0, tok_row0):
+        """The first token of a segment's last block (staged: held from the row's start)."""
+        return tok0
+
+    def _segment_end(self, m, seg, seg_end):
+        """cu[seg + 1] (staged: held from the row's start)."""
+        return seg_end
 
     def _shared(self, smem):
         """Shared arrays ((k, c) at k*COLS + c): chunk partials, per-column 1/den and S."""
@@ -381,7 +388,14 @@ class _R128BwdBase(R128Geometry):
 
     def _dape_slot(self, g, i):
         """The coordinate of slot i = kk*VEC + j of the thread's dAPE sums (see _shared)."""
-        return (i % 4, g.tid, i // 4) if self.REGWIN else i
+        return i
+
+    def _dape_barrier(self) -> None:
+        """Before the dAPE epilogue (staged: none, the sums are in registers)."""
+
+    def _partials_rolled(self) -> bool:
+        """Whether the deterministic epilogue stores window positions in a rolled loop."""
+        return False
 
     def _dape_add(self, g, rDApe, i, ds):
         """Sum one fp32 dScore into the thread's dAPE slot i."""
@@ -391,13 +405,10 @@ class _R128BwdBase(R128Geometry):
     def _dape_epilogue(self, m, g, rDApe):
         """One fp32 atomic per (window position, column), or a store into CTA bx's partials
         slice; regwin: the barrier keeps the sums out of registers."""
-        if cutlass.const_expr(self.REGWIN):
-            cute.arch.sync_threads()
-        if cutlass.const_expr(self.sched.deterministic):
+        self._dape_barrier()
+        if cutlass.const_expr(self.deterministic):
             bx, _, _ = cute.arch.block_idx()
-            # at the register cap: rolled for coff=1, unrolled for coff=2 (PERF_NOTES section 6.1)
-            if cutlass.const_expr(self.REGWIN and self.coff == 1
-                                  and self.chunk * self.vec >= 32):
+            if cutlass.const_expr(self._partials_rolled()):
                 for kk in cutlass.range(self.chunk, unroll=1):
                     self._store_partials(m, g, rDApe, bx, kk)
             else:
@@ -503,10 +514,8 @@ class R128BwdRegwin(_R128BwdBase):
     """The register-window backward: the next row's chunk fetched into registers during the
     current row, dAPE sums in thread-private shared memory; 3 barriers per row."""
 
-    REGWIN = True
-
-    def __init__(self, d: int, coff: int, sched: BwdSchedule):
-        super().__init__(d, coff, sched)
+    def __init__(self, d: int, coff: int, sched: BwdSchedule, deterministic: bool = False):
+        super().__init__(d, coff, sched, deterministic)
         # .maxntid caps registers at 65536 / REGWIN_THREADS_PER_SM = 128 per thread.
         self.ctas_per_sm = REGWIN_THREADS_PER_SM // self.nthreads
 
@@ -547,6 +556,23 @@ class R128BwdRegwin(_R128BwdBase):
         seg_next = cute.make_rmem_tensor((1,), I32)
         return Regs(dape=None, sc=sc, kv=kv, sc_next=sc_next, kv_next=kv_next,
                     go_next=go_next, seg_next=seg_next)
+
+    # regwin re-derives tok0 and cu[s+1] at a segment's last block (register budget)
+    def _last_block_tok0(self, g, tok0, tok_row0):
+        return tok_row0 - g.k0 + (self.coff - 1) * RATIO
+
+    def _segment_end(self, m, seg, seg_end):
+        return m.cu[seg + 1]
+
+    def _dape_slot(self, g, i):
+        return (i % 4, g.tid, i // 4)
+
+    def _dape_barrier(self) -> None:
+        cute.arch.sync_threads()  # the sums are in shared memory
+
+    def _partials_rolled(self) -> bool:
+        # at the register cap: rolled for coff=1, unrolled for coff=2 (PERF_NOTES section 6.1)
+        return self.coff == 1 and self.chunk * self.vec >= 32
 
     def _zero_dape_sums(self, sh, r, tid) -> None:
         r.dape = sh.dape  # the sums live in shared memory
@@ -684,9 +710,11 @@ class R128BwdRegwin(_R128BwdBase):
         return r.sc[kk, j], None
 
 
-def bwd_kernel(d: int, coff: int, sched: BwdSchedule) -> _R128BwdBase:
-    """The backward kernel object of (d, coff, sched): staged or register-window."""
-    return (R128BwdRegwin if sched.regwin else R128BwdStaged)(d, coff, sched)
+def bwd_kernel(d: int, coff: int, sched: BwdSchedule, deterministic: bool = False
+               ) -> _R128BwdBase:
+    """The backward kernel object of (d, coff, sched): staged or register-window;
+    ``deterministic``: dAPE stored per CTA into partials instead of atomics."""
+    return (R128BwdRegwin if sched.regwin else R128BwdStaged)(d, coff, sched, deterministic)
 
 
 def fake_args(d: int, coff: int):
@@ -699,9 +727,10 @@ def fake_args(d: int, coff: int):
             I32(1), I32(0), env_stream())
 
 
-def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str):
-    """Compile the r128 backward for (d, coff, sched) and arch; no GPU needed."""
-    return compile_for(arch, bwd_kernel(d, coff, sched), *fake_args(d, coff))
+def build_bwd(*, d: int, coff: int, sched: BwdSchedule, arch: str, deterministic: bool = False):
+    """Compile the r128 backward for (d, coff, sched) and arch (``deterministic``: the
+    partials form); no GPU needed."""
+    return compile_for(arch, bwd_kernel(d, coff, sched, deterministic), *fake_args(d, coff))
 
 
 def launch_bwd(fn, *, sched: BwdSchedule, kv, score, ape, cu, cuc, grad_out, dkv, dscore,

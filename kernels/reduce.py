@@ -9,7 +9,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 from csagate.kernels._dsl import compile_for, cute_modules, env_stream, fake_vec, sym
 from csagate.kernels.device import F32, I32, add_rn
-from csagate.kernels.registry import REDUCE_DEPTHS
+from csagate.kernels.schedule import REDUCE_DEPTHS
 
 cutlass, cute = cute_modules()
 
@@ -91,14 +91,6 @@ def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS):
     """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups."""
     return compile_for(arch, _reduce_host, fake_vec(F32, sym(VEC), align=16),
                        fake_vec(F32, sym(VEC), align=16), I32(0), env_stream(), tuple(depths))
-
-
-def executor(arch: str, device_index: int):
-    """The reduction for one device, through the compile cache (``registry.ReduceKey``)."""
-    from csagate.kernels.cache import CACHE
-    from csagate.kernels.registry import ReduceKey
-
-    return CACHE.executor(ReduceKey(arch), device_index)
 
 
 def launch_reduce(fn, *, partials, dape, zero_dape: bool = False) -> None:

@@ -1,6 +1,8 @@
 """The kernel families: one table (:data:`FAMILIES`) from (ratio, direction) to build, launch,
 schedules and dispatch, and the typed compile keys (:class:`KernelKey`, :class:`ReduceKey`).
-Pure Python: kernel modules are imported when a kernel is built or launched.
+The one list of the ratios served (:data:`TABLE_RATIO`, :data:`SMALL_RATIOS`): adding a ratio
+is adding it here (and its cases, gates/cases.py). Pure Python: kernel modules are imported
+when a kernel is built or launched.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import dataclasses
 import functools
 import importlib
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from csagate.kernels import schedule as S
@@ -17,8 +19,11 @@ from csagate.kernels import small_schedule as SS
 
 DIRECTIONS = ("fwd", "bwd")
 COFFS = S.COFFS  # both families serve coff 1 and 2
-# The dAPE reduction's load groups (kernels/reduce.py): slice loads a lane issues together.
-REDUCE_DEPTHS = (4,)
+# The ratios served: the dispatch-table family (kernels/schedule.py, buckets by N) and the
+# small-ratio family (kernels/small_schedule.py: one schedule per config, no buckets).
+TABLE_RATIO = S.RATIO
+SMALL_RATIOS = (2, 4, 8, 16, 32)
+REDUCE_DEPTHS = S.REDUCE_DEPTHS
 
 
 @dataclass(frozen=True)
@@ -29,15 +34,13 @@ class KernelKey:
     direction: str
     d: int
     coff: int
-    schedule: object  # FwdSchedule | BwdSchedule | SmallSchedule
+    schedule: object  # FwdSchedule | BwdSchedule | SmallSchedule: a table's entry
     arch: str
+    # the backward's mode (the one place it lives): dAPE stored per CTA into partials, summed
+    # in a fixed order by the reduction (ReduceKey), instead of fp32 atomics
     deterministic: bool = False
 
     def __post_init__(self):
-        if getattr(self.schedule, "deterministic", False):
-            object.__setattr__(self, "schedule",
-                               dataclasses.replace(self.schedule, deterministic=False))
-            object.__setattr__(self, "deterministic", True)
         if self.deterministic and self.direction != "bwd":
             raise ValueError("deterministic is a backward mode (dAPE partials), got "
                              f"direction={self.direction!r}")
@@ -60,13 +63,6 @@ class KernelKey:
         """The family, the config and the schedule's tag, ``_deterministic`` for that mode."""
         return (f"{self.family.tag_prefix(self)}_{self.config}_{self.schedule.tag}"
                 + ("_deterministic" if self.deterministic else ""))
-
-    @property
-    def kernel_schedule(self):
-        """The schedule the kernel module builds from (it reads the mode from its schedule)."""
-        if not self.deterministic:
-            return self.schedule
-        return dataclasses.replace(self.schedule, deterministic=True)
 
     def build(self):
         """Compile this kernel (no cache, no GPU needed)."""
@@ -129,6 +125,8 @@ class Family:
     check_config: Callable[[int, int], None] | None = None  # (coff, d): ValueError if refused
     # the compiled function takes the segment search's depth (bits of B) after the tensors
     takes_segment_bits: bool = False
+    # arch -> {bucket: {(coff, d): schedule}}: the dispatch tables; None: no buckets
+    tables: Callable[[str], dict] | None = None
 
     def _fn(self, verb: str):
         return getattr(importlib.import_module(self.module), f"{verb}_{self.direction}")
@@ -136,12 +134,14 @@ class Family:
     def build(self, key: KernelKey):
         """Compile ``key`` (no cache, no GPU needed)."""
         extra = {"ratio": key.ratio} if self.takes_ratio else {}
-        return self._fn("build")(d=key.d, coff=key.coff, sched=key.kernel_schedule,
-                                 arch=key.arch, **extra)
+        if self.direction == "bwd":
+            extra["deterministic"] = key.deterministic
+        return self._fn("build")(d=key.d, coff=key.coff, sched=key.schedule, arch=key.arch,
+                                 **extra)
 
     def launch(self, fn, key: KernelKey, **tensors) -> None:
         """Launch the compiled ``fn`` of ``key`` on torch tensors (no validation)."""
-        self._fn("launch")(fn, sched=key.kernel_schedule, **tensors)
+        self._fn("launch")(fn, sched=key.schedule, **tensors)
 
     def check_head_dim(self, d: int) -> None:
         if self.head_dims is not None and d not in self.head_dims:
@@ -207,15 +207,15 @@ def _r128(direction: str) -> Family:
         select=S.select_fwd if direction == "fwd" else S.select_bwd,
         selectable=lambda arch: S.selectable(direction, arch),
         tag_prefix=lambda key: key.direction, takes_rows_per_cta=direction == "bwd",
-        rows_per_cta=S.rows_per_cta)
+        rows_per_cta=S.rows_per_cta, tables=lambda arch: S.tables(direction, arch))
 
 
 # In build and report order: ratio=4 (the production small ratio), 128, the other small ratios.
-_ORDER = (4, 128, *(r for r in SS.SMALL_RATIOS if r != 4))
+_ORDER = (4, TABLE_RATIO, *(r for r in SMALL_RATIOS if r != 4))
 FAMILIES: dict[tuple[int, str], Family] = {
     (f.ratio, f.direction): f
     for ratio in _ORDER for direction in DIRECTIONS
-    for f in ((_r128 if ratio == S.RATIO else functools.partial(_small, ratio))(direction),)}
+    for f in ((_r128 if ratio == TABLE_RATIO else functools.partial(_small, ratio))(direction),)}
 RATIOS = tuple(dict.fromkeys(ratio for ratio, _ in FAMILIES))
 
 
@@ -235,6 +235,53 @@ def family(ratio: int, direction: str) -> Family:
     if (ratio, direction) not in FAMILIES:
         raise ValueError(f"ratio={ratio} has no {direction} kernel")
     return FAMILIES[ratio, direction]
+
+
+def has_tables(ratio: int) -> bool:
+    """Whether the ratio's kernels come from dispatch tables with buckets by N."""
+    return family(ratio, "fwd").tables is not None
+
+
+def tables(ratio: int, direction: str, arch: str) -> dict[str, dict]:
+    """{bucket: {(coff, d): schedule}} of the ratio's dispatch tables on ``arch``; {} if none."""
+    fam = family(ratio, direction)
+    return fam.tables(arch) if fam.tables is not None else {}
+
+
+def entries(ratio: int, direction: str, arch: str,
+            configs: Sequence[tuple[int, int]] | None = None
+            ) -> dict[tuple[str, int, int], KernelKey]:
+    """Every (bucket, coff, d) -> kernel the dispatch can select on ``arch``: the tables'
+    entries bucket by bucket (not through the bucket constants), or, for a family without
+    buckets, one kernel per config under bucket ``any`` (``configs`` None: every config the
+    family builds)."""
+    fam = family(ratio, direction)
+    if fam.tables is not None:
+        return {(bucket, coff, d): make_key(direction, ratio, coff, d, sched, arch)
+                for bucket, table in fam.tables(arch).items()
+                for (coff, d), sched in table.items()
+                if configs is None or (coff, d) in configs}
+    return {("any", coff, d): make_key(direction, ratio, coff, d,
+                                       fam.select(coff, d, 1, arch), arch)
+            for coff, d in (fam.configs() if configs is None else configs)}
+
+
+def config_label(ratio: int, config: str) -> str:
+    """A config as the reports name it: bare at the table ratio, ``r4 c1d128`` otherwise."""
+    return config if ratio == TABLE_RATIO else f"r{ratio} {config}"
+
+
+def parse_shape(spec: str) -> tuple[int, int, int]:
+    """``cCOFFdD:TOKENS`` (``c1d128:8192``) as (coff, d, tokens); ValueError naming the spec."""
+    try:
+        cfg, tokens = spec.split(":")
+        coff, d = (int(x) for x in cfg.removeprefix("c").split("d"))
+        shape = (coff, d, int(tokens))
+    except ValueError:
+        raise ValueError(f"{spec!r} is not cCOFFdD:TOKENS") from None
+    if not cfg.startswith("c") or min(shape) < 1:
+        raise ValueError(f"{spec!r} is not cCOFFdD:TOKENS")
+    return shape
 
 
 def _sort_key(key: KernelKey | ReduceKey):

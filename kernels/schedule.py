@@ -28,6 +28,9 @@ REGWIN_THREADS_PER_SM = 512
 REGWIN_MAX_CHUNK = 16
 # Largest forward prefetch ring (slots x columns): a ring of 32 takes 150-200 registers and spills.
 PREFETCH_RING_MAX = 16
+# The deterministic dAPE reduction's load groups (kernels/reduce.py): slice loads a lane
+# issues together.
+REDUCE_DEPTHS = (4,)
 
 
 def config_name(coff: int, d: int) -> str:
@@ -113,8 +116,6 @@ class BwdSchedule:
     vsm: bool = False                # regwin: per-row shared values moved as vec-wide vectors
     go: GradOut = GradOut.REGS
     ape: ApeCopy = ApeCopy.GLOBAL
-    # set by the api (dAPE partials per CTA, kernels/reduce.py), never in a table
-    deterministic: bool = False
 
     @property
     def tag(self) -> str:
@@ -391,6 +392,11 @@ BWD_TABLES = {
     "sm_100a": {"small": BWD_SMALL, "default": BWD_DEFAULT},
     "sm_90a": {"small": BWD_SMALL_H200, "default": BWD_DEFAULT_H200},
 }
+
+
+def tables(direction: str, arch: str) -> dict[str, dict]:
+    """{bucket: {(coff, d): schedule}}: the dispatch tables of a direction on ``arch``."""
+    return _tables(FWD_TABLES if direction == "fwd" else BWD_TABLES, arch)
 
 
 def fwd_bucket(coff: int, d: int, n_rows: int) -> str:

@@ -1,5 +1,5 @@
 """The small-ratio kernels of the CSA compressor (forward and backward, CuTe DSL): every
-power-of-two ratio in ``small_schedule.SMALL_RATIOS``, the ratio compile-time, the whole
+power-of-two ratio in ``registry.SMALL_RATIOS``, the ratio compile-time, the whole
 window of a row in registers. out, dKV and dScore are bitwise equal to the fp32 reference:
 each value follows the reference's order and rounding, every step pinned (``mul.rn`` /
 ``add.rn`` / ``fma.rn``). Semantics: docs/CONTRACT.md sections 1-2; design and numerics:
@@ -196,10 +196,11 @@ def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
 class SmallBwdKernel(SmallGeometry):
     """The backward for one (ratio, d, coff, schedule)."""
 
-    def __init__(self, ratio: int, d: int, coff: int, sched: SmallSchedule):
+    def __init__(self, ratio: int, d: int, coff: int, sched: SmallSchedule,
+                 deterministic: bool = False):
         super().__init__(ratio, d, coff)
         self.rows, self.threads = sched.rows_per_cta, sched.threads
-        self.det, self.ape_regs = sched.deterministic, sched.ape_regs
+        self.det, self.ape_regs = deterministic, sched.ape_regs
 
     @cute.jit
     def __call__(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
@@ -371,12 +372,13 @@ def build_fwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
     return compile_for(arch, kernel, *_fake_io(ratio, d, coff, False), I32(1), env_stream())
 
 
-def build_bwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4):
+def build_bwd(*, d: int, coff: int, arch: str, sched=None, ratio: int = 4,
+              deterministic: bool = False):
     """Compile the backward for (ratio, d, coff) on ``arch`` with ``sched`` (default: the
-    table's), which may be deterministic."""
+    table's); ``deterministic``: dAPE stored per CTA into partials."""
     sched = sched or small_schedule("bwd", d, ratio=ratio, coff=coff, arch=arch)
     fake = (*_fake_io(ratio, d, coff, True), I32(1), I32(1), I32(0), env_stream())
-    return compile_for(arch, SmallBwdKernel(ratio, d, coff, sched), *fake)
+    return compile_for(arch, SmallBwdKernel(ratio, d, coff, sched, deterministic), *fake)
 
 
 def launch_fwd(fn, *, kv, score, ape, cu, cuc, out, sched=None) -> None:

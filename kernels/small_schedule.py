@@ -1,5 +1,6 @@
-"""Schedules of the small-ratio family (kernels/small.py): every power-of-two ratio whose whole
-window (``ratio * coff`` positions) of a row lives in registers. Pure Python; the schedule
+"""Schedules of the small-ratio family (kernels/small.py): a power-of-two ratio whose whole
+window (``ratio * coff`` positions) of a row lives in registers (the ratios served:
+``registry.SMALL_RATIOS``). Pure Python; the schedule
 follows from (ratio, coff, d) and the arch, the backward's rows per CTA from N at launch. The
 register budget behind the limits below and the H200 measurements behind the sm_90a forms:
 docs/KERNELS.md section 4.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SMALL_RATIOS = (2, 4, 8, 16, 32)
 COFFS = (1, 2)
 MAX_WINDOW = 64              # ratio * coff: the largest window a thread holds in registers
 FWD_VEC2_MAX_WINDOW = 32     # forward: 2 columns per thread up to here (4 * window registers)
@@ -36,13 +36,12 @@ class SmallSchedule:
     vec: int
     threads: int
     rows_per_cta: int
-    deterministic: bool = False  # backward only: dAPE partials stored per CTA (BwdSchedule)
     ape_regs: bool = True        # backward only: the APE of the thread's column hoisted
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
-                + ("" if self.ape_regs else "_ag") + ("_det" if self.deterministic else ""))
+                + ("" if self.ape_regs else "_ag"))
 
     def astuple(self) -> tuple:
         return (self.vec, self.threads, self.rows_per_cta)
@@ -51,8 +50,8 @@ class SmallSchedule:
 def config_problems(ratio: int, coff: int, d: int) -> list[str]:
     """Why the family cannot serve (ratio, coff, d); [] if it can."""
     out = []
-    if ratio not in SMALL_RATIOS:
-        out.append(f"ratio={ratio} is not a small ratio {SMALL_RATIOS}")
+    if ratio < 2 or ratio & (ratio - 1):
+        out.append(f"ratio={ratio} is not a power of two >= 2")
     if coff not in COFFS:
         out.append(f"coff must be in {COFFS}, got {coff}")
     if d < 1:
@@ -117,8 +116,8 @@ def fwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
     if values > FWD_MAX_VALUES:
         out.append(f"vec {vec} with {rows} row(s) at a window of {ratio * coff} keeps "
                    f"{values} fp32 values per thread (more than {FWD_MAX_VALUES})")
-    if sched.deterministic or not sched.ape_regs:
-        out.append("deterministic and ape_regs are backward fields")
+    if not sched.ape_regs:
+        out.append("ape_regs is a backward field")
     if not 1 <= sched.threads <= 1024:
         out.append(f"threads must be in [1, 1024], got {sched.threads}")
     return out

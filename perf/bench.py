@@ -334,7 +334,7 @@ def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 
     bwd_only = lambda: api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff)
 
     def bwd():  # what api.backward and the op launch: dAPE zeroed inside the launch
-        api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff, accumulate=False)
+        api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff, zero_dape=True)
 
     fkey = fwd()
     bkey = api.run_backward(*args, go, dkv, dscore, dape.zero_(), ratio=128, coff=coff)
@@ -474,6 +474,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
     The buffers are on the launcher as ``.buffers``: ``(out,)`` or ``(dkv, dscore, dape)``.
     """
     from csagate.kernels import api, registry, validate
+    from csagate.kernels.cache import CACHE
 
     family = registry.family(pack.ratio, direction)
     if pack.ratio != S.RATIO:
@@ -490,7 +491,7 @@ def schedule_launcher(direction: str, pack, grad_out, sched):
     key = registry.make_key(direction, pack.ratio, pack.coff, pack.d, sched,
                             validate.device_arch(device.index))
     with torch.cuda.device(device):
-        fn = api.CACHE.executor(key, device.index)
+        fn = CACHE.executor(key, device.index)
     inputs = dict(kv=kv, score=score, ape=ape, cu=cu, cuc=cuc)
     if direction == "fwd":
         outputs = dict(out=torch.empty_like(grad_out))
@@ -589,9 +590,9 @@ def probe_problem(direction: str, coff: int, d: int, sched, arch: str, ptx_dir, 
     row = probe.probe_one(make_key(direction, 128, coff, d, sched, arch), ptx_dir, ptxas)
     if not row.clean:
         return f"probe: {row.note}"
-    if direction == "bwd" and not sched.deterministic:
-        det = replace(sched, deterministic=True)
-        row = probe.probe_one(make_key(direction, 128, coff, d, det, arch), ptx_dir, ptxas)
+    if direction == "bwd":
+        det = make_key(direction, 128, coff, d, sched, arch, deterministic=True)
+        row = probe.probe_one(det, ptx_dir, ptxas)
         if not row.clean:
             return f"probe (deterministic form): {row.note}"
     return ""

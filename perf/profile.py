@@ -2,15 +2,17 @@
 
 ``python -m csagate.perf.profile launch`` runs each large-shape kernel ONCE per direction
 (after one untimed build-and-warm call outside the profiled range), so that
-``ncu -k regex:...`` captures exactly one launch of each; ``python -m csagate.perf.profile
-table`` prints the cold bench table (perf/bench.py) for those shapes and 8192 tokens.
-docs/PERF_NOTES.md section 1 has the exact ncu and cuobjdump command lines.
+``ncu -k regex:...`` captures exactly one launch of each. The cold bench table of those shapes
+and 8192 tokens is ``csagate bench`` with a ``--shape`` per entry of :func:`table_shapes`
+(docs/PERF_NOTES.md section 1 has the command lines).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from csagate.kernels.registry import has_tables, parse_shape
 
 # (coff, d, tokens): the four large shapes.
 LARGE: tuple[tuple[int, int, int], ...] = (
@@ -24,17 +26,10 @@ def table_shapes() -> list[tuple[int, int, int]]:
     return sorted(dict.fromkeys(out))
 
 
-def parse_shape(spec: str) -> tuple[int, int, int]:
-    """'c1d128:131072' -> (1, 128, 131072)."""
-    cfg, tokens = spec.split(":")
-    coff, d = (int(x) for x in cfg.lstrip("c").split("d"))
-    return coff, d, int(tokens)
-
-
-def _calls(api, args, go, out, dkv, dscore, dape, coff):
+def _calls(api, args, go, out, dkv, dscore, dape, coff, ratio):
     return {
-        "fwd": lambda: api.run_forward(*args, out, ratio=128, coff=coff),
-        "bwd": lambda: api.run_backward(*args, go, dkv, dscore, dape.zero_(), ratio=128,
+        "fwd": lambda: api.run_forward(*args, out, ratio=ratio, coff=coff),
+        "bwd": lambda: api.run_backward(*args, go, dkv, dscore, dape.zero_(), ratio=ratio,
                                         coff=coff),
     }
 
@@ -77,8 +72,8 @@ def launch_once(shapes, directions=("fwd", "bwd"), *, warm: bool = True, ratio: 
         out = torch.empty(pack.n_rows, d, dtype=torch.bfloat16, device="cuda")
         dkv, dscore = torch.empty_like(pack.kv), torch.empty_like(pack.score)
         dape = torch.zeros_like(pack.ape)
-        if ratio == 128:
-            calls = _calls(api, args, go, out, dkv, dscore, dape, coff)
+        if has_tables(ratio):
+            calls = _calls(api, args, go, out, dkv, dscore, dape, coff, ratio)
         else:
             calls = _small_calls(ratio, pack, go, forms or {})
         for direction in directions:
@@ -100,31 +95,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m csagate.perf.profile", description=__doc__)
     sub = ap.add_subparsers(dest="what", required=True)
     la = sub.add_parser("launch", help="one launch per direction per large shape (for ncu)")
-    la.add_argument("--shape", action="append", default=None, metavar="cCdD:TOKENS")
+    la.add_argument("--shape", action="append", default=None, metavar="cCOFFdD:TOKENS")
     la.add_argument("--direction", choices=("fwd", "bwd", "all"), default="all")
     la.add_argument("--ratio", type=int, default=128, help="128 or a small ratio")
     la.add_argument("--fwd-form", default=None, help="a small ratio's forward form tag")
     la.add_argument("--bwd-form", default=None, help="a small ratio's backward form tag")
-    ta = sub.add_parser("table", help="the cold bench table: large shapes + 8192 tokens")
-    ta.add_argument("--iters", type=int, default=100)
-    ta.add_argument("--warmup", type=int, default=30)
-    ta.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
-    if ns.what == "launch":
+    try:
         shapes = [parse_shape(s) for s in ns.shape] if ns.shape else list(LARGE)
-        dirs = ("fwd", "bwd") if ns.direction == "all" else (ns.direction,)
-        forms = {"fwd": ns.fwd_form, "bwd": ns.bwd_form}
-        for line in launch_once(shapes, dirs, ratio=ns.ratio, forms=forms):
-            print(line)
-        return 0
-    from csagate.cli import cli
-
-    args = ["bench", "--iters", str(ns.iters), "--warmup", str(ns.warmup)]
-    for coff, d, tokens in table_shapes():
-        args += ["--shape", f"c{coff}d{d}:{tokens}"]
-    if ns.json:
-        args += ["--json", ns.json]
-    return cli.main(args, standalone_mode=False) or 0
+    except ValueError as exc:
+        ap.error(str(exc))
+    dirs = ("fwd", "bwd") if ns.direction == "all" else (ns.direction,)
+    forms = {"fwd": ns.fwd_form, "bwd": ns.bwd_form}
+    for line in launch_once(shapes, dirs, ratio=ns.ratio, forms=forms):
+        print(line)
+    return 0
 
 
 if __name__ == "__main__":

@@ -17,14 +17,17 @@ from dataclasses import dataclass
 import torch
 from csagate.kernels import schedule as S
 from csagate.kernels import small_schedule as SS
+from csagate.kernels.registry import SMALL_RATIOS
 from csagate.perf import bench
 
 CONFIGS = S.CONFIGS  # c1d128, c2d128, c1d512, c2d512
 TOKENS = (8192, 131072)
-# (ratio, coff, d, tokens in one segment): every config at a short and a long pack.
+# (ratio, coff, d, tokens in one segment): every config the ratio serves at a short and a long
+# pack.
 SHAPES: dict[int, tuple[tuple[int, int, int, int], ...]] = {
-    ratio: tuple((ratio, coff, d, t) for coff, d in CONFIGS for t in TOKENS)
-    for ratio in (2, 4, 8, 16, 32)}
+    ratio: tuple((ratio, coff, d, t) for coff, d in CONFIGS
+                 if not SS.config_problems(ratio, coff, d) for t in TOKENS)
+    for ratio in SMALL_RATIOS}
 
 
 def bench_shape(ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
@@ -47,7 +50,7 @@ def bench_shape(ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
         api.run_backward(*args, go, dkv, dscore, dape, **kw)
 
     def bwd():  # what api.backward and the op launch: dAPE zeroed inside the launch
-        api.run_backward(*args, go, dkv, dscore, dape, accumulate=False, **kw)
+        api.run_backward(*args, go, dkv, dscore, dape, zero_dape=True, **kw)
 
     def bwd_det():
         api.run_backward(*args, go, dkv, dscore, dape, deterministic=True, **kw)
@@ -137,11 +140,12 @@ def launcher(direction: str, pack, grad_out, sched, rows: int | None = None):
     """A zero-argument launcher of one small-ratio schedule on ``pack``, bypassing the table
     (the backward in the default mode, dAPE accumulated, ``rows`` per CTA); its outputs are
     ``.buffers``."""
-    from csagate.kernels import api, registry, small
+    from csagate.kernels import registry, small
     from csagate.kernels._dsl import device_arch
+    from csagate.kernels.cache import CACHE
 
     key = registry.make_key(direction, pack.ratio, pack.coff, pack.d, sched, device_arch())
-    fn = api.CACHE.executor(key, torch.cuda.current_device())
+    fn = CACHE.executor(key, torch.cuda.current_device())
     kv, score, ape, cu, cuc = pack.inputs()
     io = dict(kv=kv, score=score, ape=ape, cu=cu, cuc=cuc)
     if direction == "fwd":

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from csagate.kernels import api, registry, validate
+from csagate.kernels import api, fastpath, launch, registry, validate
 from csagate.kernels import schedule as S
 
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
@@ -406,15 +406,15 @@ def test_check_is_opt_in_on_every_launch():
         assert inspect.signature(fn).parameters["check"].default is False, fn.__name__
 
 
-# --- the one fast path (kernels/api._fast), with recording stand-ins for compiled functions ----
+# --- the one fast path (kernels/fastpath.py), with recording stand-ins for compiled functions -
 
 
 @pytest.fixture
 def fast():
-    api._FAST.clear()
-    yield api._FAST
-    api._FAST.clear()
-    api.PARTIALS_FILL = None
+    fastpath.FAST.clear()
+    yield fastpath.FAST
+    fastpath.FAST.clear()
+    fastpath.PARTIALS_FILL = None
 
 
 class Recorder:
@@ -425,18 +425,19 @@ class Recorder:
         self.calls.append(args)
 
 
-def _remembered(fast, kind, *, ratio=4, coff=2, d=128, n=8, tail=(), seg_bits=True, gx=None):
+def _remembered(fast, direction, deterministic=False, *, ratio=4, coff=2, d=128, n=8, tail=(),
+                seg_bits=True, gx=None):
     """A remembered signature of CPU tensors (get_device() == -1) with recording calls."""
     key = object()
     call, red = Recorder(), (Recorder() if gx else None)
-    if kind == "fwd":
+    if direction == "fwd":
         tmpl = torch.empty((1, 1), dtype=BF16).expand(n, d)
     elif gx:
         tmpl = torch.empty((1, 1, 1)).expand(gx, ratio, coff * d)
     else:
         tmpl = None
-    fast[(kind, ratio, coff, coff * d, -1, n)] = api._Entry(key, call, tail, seg_bits, 10**6,
-                                                           tmpl, red)
+    fast[(direction, deterministic, ratio, coff, coff * d, -1, n)] = fastpath.Entry(
+        key, call, tail, seg_bits, 10**6, tmpl, red)
     return key, call, red
 
 
@@ -470,16 +471,16 @@ def test_fast_path_backward_atomic_and_deterministic(fast):
     grads = (torch.empty_like(t["kv"]), torch.empty_like(t["score"]), torch.empty_like(t["ape"]))
     key, call, _ = _remembered(fast, "bwd", tail=(5,), seg_bits=False)  # r128-like: rows only
     assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=False) is key
-    assert call.calls[-1] == (*inputs, *grads, 5, 0)  # accumulate: the zero flag 0
+    assert call.calls[-1] == (*inputs, *grads, 5, 0)  # zero_dape=False: the flag 0
     dkv, dscore, dape = api.backward(*inputs, ratio=4, coff=2, deterministic=False)
     assert call.calls[-1][6:9] == (dkv, dscore, dape) and call.calls[-1][9:] == (5, 1)
     key, call, _ = _remembered(fast, "bwd", tail=(5,))  # small ratios: segment bits, rows
     assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=False) is key
     assert call.calls[-1] == (*inputs, *grads, 2, 5, 0)
-    key, call, red = _remembered(fast, "bwd_det", gx=3, tail=(4,))
-    api.PARTIALS_FILL = float("nan")
+    key, call, red = _remembered(fast, "bwd", True, gx=3, tail=(4,))
+    fastpath.PARTIALS_FILL = float("nan")
     assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=True,
-                            accumulate=False) is key
+                            zero_dape=True) is key
     args = call.calls[-1]
     partials = args[8]
     assert args[:8] == (*inputs, *grads[:2]) and args[9:] == (2, 4, 0)  # bits, rows, no zero
@@ -498,10 +499,10 @@ def test_small_backward_rows_per_cta_bounded_by_its_schedule():
     for ratio, coff in ((4, 2), (32, 2)):
         sched = small_schedule("bwd", 128, ratio=ratio, coff=coff)
         key = registry.make_key("bwd", ratio, coff, 128, sched, "sm_90a")
-        assert api._bwd_ctas(key, 100, sched.rows_per_cta, 0) == (
+        assert launch.bwd_ctas(key, 100, sched.rows_per_cta, 0) == (
             -(-100 // sched.rows_per_cta), sched.rows_per_cta)
         with pytest.raises(ValueError, match=f"exceeds the {sched.rows_per_cta} rows per CTA"):
-            api._bwd_ctas(key, 100, sched.rows_per_cta + 1, 0)
+            launch.bwd_ctas(key, 100, sched.rows_per_cta + 1, 0)
 
 
 # --- a CPU-only machine: the arguments first, then the device --------------------------------

@@ -60,7 +60,8 @@ def test_build_again_hits_the_cache_json(dsl):
     assert {rec["tag"] for rec in records} >= {"r4fwd_c1d65_v1", f"r4bwd_c2d512_{_BWD_TAG}"}
     fwd = next(rec for rec in records if rec["tag"] == "r4fwd_c2d128_v2")
     assert fwd["schedule"] == {"tag": "v2", "vec": 2, "threads": 64, "rows_per_cta": 1,
-                               "deterministic": False, "ape_regs": True}
+                               "ape_regs": True}
+    assert fwd["deterministic"] is False  # the key's mode, not a schedule field
     assert (fwd["kind"], fwd["ratio"], fwd["config"], fwd["arch"]) == \
         ("r4fwd", 4, "c2d128", "sm_90a")
 
@@ -103,7 +104,7 @@ def test_build_failure_exits_3_with_one_line(dsl, monkeypatch):
         raise RuntimeError("nvvm says no\nsecond line")
 
     monkeypatch.setattr(cache, "CACHE", cache.KernelCache(broken))
-    monkeypatch.setattr("csagate.kernels.api.CACHE", cache.CACHE)
+    monkeypatch.setattr("csagate.kernels.dispatch.CACHE", cache.CACHE)
     r = run("build", "--ratio", "4", "--arch", "sm_100a")
     assert r.exit_code == 3, r.output
     assert "build failed: RuntimeError: nvvm says no" in r.stderr

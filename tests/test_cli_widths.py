@@ -29,6 +29,7 @@ from csagate.gates.verdict import (
     Verdict,
 )
 from csagate.kernels import schedule as S
+from csagate.kernels.registry import has_tables
 from rich.cells import cell_len
 from rich.console import Console
 
@@ -83,7 +84,7 @@ def _case(case, marks: dict[str, str], status: str, error: str = "") -> CaseResu
         else:
             gates.append(GateResult(gate, "dkv", mark, {}, "" if mark != FAIL else "differs"))
     sels = ()
-    if case.ratio == 128:   # the ratio=128 tables; small-ratio cases carry no selection here
+    if has_tables(case.ratio):  # the dispatch tables; small-ratio cases carry no selection
         fwd = S.FWD_TABLES["sm_90a"]["large"].get((case.coff, case.d)) or \
             S.FWD_TABLES["sm_90a"]["default"][(case.coff, case.d)]
         bwd = S.BWD_TABLES["sm_90a"]["default"][(case.coff, case.d)]

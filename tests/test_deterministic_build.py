@@ -41,16 +41,13 @@ CASES = [(k, a) for a in S.ARCHES for k in _keys(a)]
 
 def test_tag_suffix_and_default_off():
     for key, _ in CASES:
-        assert not key.deterministic and not key.schedule.deterministic
+        assert not key.deterministic
         assert "_det" not in key.tag and _det(key).tag == key.tag + "_deterministic"
-        # a schedule carrying the flag names the same kernel: the key holds the mode
-        sched_det = dataclasses.replace(key.schedule, deterministic=True)
-        assert dataclasses.replace(key, schedule=sched_det) == _det(key)
-        assert not _det(key).schedule.deterministic
-        assert _det(key).kernel_schedule == sched_det
-    for direction in ("fwd", "bwd"):  # no dispatch table entry is deterministic
-        for _, sched in S.selectable(direction):
-            assert not getattr(sched, "deterministic", False)
+        # the mode is the key's alone: a schedule has no such field
+        assert not hasattr(key.schedule, "deterministic")
+        assert _det(key).schedule == key.schedule
+    with pytest.raises(ValueError, match="backward mode"):
+        make_key("fwd", 4, 1, 128, SS.small_schedule("fwd", 128), "sm_90a", deterministic=True)
 
 
 @pytest.mark.parametrize("key,arch", CASES, ids=[f"{k.tag}-{a}" for k, a in CASES])

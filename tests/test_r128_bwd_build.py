@@ -3,7 +3,7 @@ with 0 spill / 0 stack, and its PTX carries the facts the design relies on.
 
 No GPU needed. The staged table kernels on both arches, each with goreuse flipped, and
 fastexp flipped for the c1d128 ones (one of each fastexp value); the register-window table
-kernels (``perf.variants.BWD_REGWIN``) on both arches, and goreuse flipped where the flipped
+kernels (``kernel_variants.BWD_REGWIN``) on both arches, and goreuse flipped where the flipped
 schedule is valid.
 """
 
@@ -35,7 +35,7 @@ from csagate.perf.probe import (
     ptx_entries,
     ptxas_entries,
 )
-from csagate.perf.variants import BWD_BASE, BWD_REGWIN
+from kernel_variants import BWD_BASE, BWD_REGWIN
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)
@@ -211,8 +211,8 @@ def test_launcher_carries_the_dape_zeroing_kernel(arch):
     assert stores and all(kind in (".v4.b32", ".v2.b64") and _is_zero(value, zero[0])
                           for kind, value in stores), stores
     assert not re.search(r"\b(?:ld\.global|red|atom|bar)\b", zero[0])
-    det = dataclasses.replace(sched, deterministic=True)
-    det_entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=det, arch=arch)))
+    det_entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch,
+                                               deterministic=True)))
     assert len(det_entries) == 1 and ZERO_KERNEL not in next(iter(det_entries))
 
 
@@ -244,8 +244,7 @@ def test_default_backward_overlaps_the_dape_zeroing_through_pdl(arch):
     assert waits[0] < _first(r"\bld\.global", body)
     reds = [m.start() for m in re.finditer(r"\bred\.[\w.]*global", body)]
     assert reds and waits[1] < reds[0] and waits[1] > _first(r"\bst\.global", body)
-    det = build_bwd(d=d, coff=coff, sched=dataclasses.replace(sched, deterministic=True),
-                    arch=arch)
+    det = build_bwd(d=d, coff=coff, sched=sched, arch=arch, deterministic=True)
     assert all("griddepcontrol.wait" not in text for text in ptx_entries(ptx_of(det)).values())
 
 

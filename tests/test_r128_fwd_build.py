@@ -7,7 +7,7 @@ the wrong exp in the loop, a second barrier, a contracted den sum).
 
 Besides the table kernels (vec 1, 2 and 4, unroll 2, 4 and 8, the three forms, ``prefetch``:
 software-pipelined loads, checked by data flow in the PTX), ``VARIANTS`` holds their plain
-twins (``perf.variants.fwd_twin``), the bitwise oracles of the GPU tests.
+twins (``kernel_variants.fwd_twin``), the bitwise oracles of the GPU tests.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 from csagate.kernels._dsl import dsl_available
 from csagate.kernels.schedule import RATIO, FwdForm, FwdSchedule, config_name
 from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
-from csagate.perf.variants import FWD_KERNELS as KERNELS
-from csagate.perf.variants import FWD_TWINS
+from kernel_variants import FWD_KERNELS as KERNELS
+from kernel_variants import FWD_TWINS
 
 _OK, _WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)

@@ -2,8 +2,7 @@
 it was organized (work periods, machine budgets, tracker numbers, who ran what).
 
 Each check is one narrow pattern, so a legitimate use (pytest's ``scope="session"``, "issue
-slots" in a profile) does not match it. The docs and the changelog must pass every check; a
-check that still matches files elsewhere is marked xfail, naming them.
+slots" in a profile) does not match it. Every tracked text file must pass every check.
 """
 
 from __future__ import annotations
@@ -29,11 +28,6 @@ CHECKS = {
     "work-step": re.compile(r"\bstop\s+\d+\b", re.IGNORECASE),
     "who-ran-it": re.compile(r"\bthe\s+lead\b", re.IGNORECASE),
 }
-
-# Files outside PROSE that still match a check, per check: that check is xfail until they are
-# reworded (the docs stay guarded by the test above).
-PENDING: dict[str, tuple[str, ...]] = {}
-
 
 def tracked_text_files() -> list[str]:
     try:
@@ -81,14 +75,7 @@ def test_docs_and_changelog_speak_of_the_project(check):
     assert not hits, "\n".join(hits)
 
 
-def _marks(check: str):
-    if check in PENDING:
-        return [pytest.mark.xfail(strict=False, reason="still matching: "
-                                  + "; ".join(PENDING[check]))]
-    return []
-
-
-@pytest.mark.parametrize("check", [pytest.param(c, marks=_marks(c)) for c in sorted(CHECKS)])
+@pytest.mark.parametrize("check", sorted(CHECKS))
 def test_no_tracked_file_speaks_of_how_the_work_was_organized(check):
     hits = offenders(check, tracked_text_files())
     assert not hits, "\n".join(hits)

@@ -17,6 +17,7 @@ import re
 import pytest
 from csagate.kernels import small_schedule as SS
 from csagate.kernels._dsl import dsl_available
+from csagate.kernels.registry import SMALL_RATIOS
 from csagate.kernels.schedule import TABLE_ARCHES as ARCHES  # sm_103a: test_cache_probe
 
 _DSL_OK, _DSL_WHY = dsl_available()
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL una
 
 COFFS = (1, 2)
 HEAD_DIMS = (128, 65, 512)  # even d (vec=2), odd d (vec=1), the large production d
-KERNELS = [(kind, ratio, arch, coff, d) for ratio in SS.SMALL_RATIOS for kind in ("fwd", "bwd")
+KERNELS = [(kind, ratio, arch, coff, d) for ratio in SMALL_RATIOS for kind in ("fwd", "bwd")
            for arch in ARCHES for coff, d in SS.build_configs(ratio)]
 EXP_CONSTANTS = ("0f3BBB989D", "0f3FB8AA3B", "0f32A57060")  # the accurate exp's fma.rn
 
@@ -165,9 +166,9 @@ def _case_configs() -> list[tuple[int, int, int]]:
     are not a multiple of 32: gates/cases.py)."""
     from csagate.gates.contracts import CONTRACTS
 
-    built = {(r, c, d) for r in SS.SMALL_RATIOS for c, d in SS.build_configs(r)}
-    found = {(case.ratio, case.coff, case.d) for ratio, k in CONTRACTS.items() if ratio != 128
-             for case in k.all_cases}
+    built = {(r, c, d) for r in SMALL_RATIOS for c, d in SS.build_configs(r)}
+    found = {(case.ratio, case.coff, case.d) for ratio, k in CONTRACTS.items()
+             if ratio in SMALL_RATIOS for case in k.all_cases}
     return sorted(found - built)
 
 
@@ -227,7 +228,7 @@ def test_family_limits_are_stated():
     """Every small ratio's window fits MAX_WINDOW at coff 2; ratio 64 would not (c2: 128
     positions, 256 fp32 values of s and u per thread > 255 registers), and ratio 2 refuses an
     odd coff*d (dAPE's 16-byte vectors) with one line."""
-    for ratio in SS.SMALL_RATIOS:
+    for ratio in SMALL_RATIOS:
         assert SS.config_problems(ratio, 2, 128) == []
         assert ratio * 2 <= SS.MAX_WINDOW
     assert any("exceeds" in p for p in SS.config_problems(64, 2, 128))
@@ -237,7 +238,7 @@ def test_family_limits_are_stated():
         SS.check_config(2, 1, 65)
 
 
-@pytest.mark.parametrize("ratio", SS.SMALL_RATIOS)
+@pytest.mark.parametrize("ratio", SMALL_RATIOS)
 def test_backward_ape_hoisted_up_to_its_window(ratio):
     """The backward hoists the APE in registers up to BWD_APE_REGS_MAX_WINDOW and re-reads it
     per row beyond (ratio 32 at coff 2), and the tag says which (``_ag``)."""
@@ -249,7 +250,7 @@ def test_backward_ape_hoisted_up_to_its_window(ratio):
 
 # --- the forward's other forms (vec 4; 2 or 4 rows per thread)
 
-FWD_FORM_KERNELS = [(ratio, arch, coff, d, sched) for ratio in SS.SMALL_RATIOS
+FWD_FORM_KERNELS = [(ratio, arch, coff, d, sched) for ratio in SMALL_RATIOS
                     for arch in ARCHES for coff in COFFS for d in (128, 512)
                     for sched in SS.fwd_forms(ratio, coff, d)]
 
@@ -286,7 +287,7 @@ def test_fwd_form_ptxas_clean_and_pinned(kernel, ptxas):
 def test_fwd_forms_follow_the_register_budget():
     """A forward form exists where its fp32 values fit FWD_MAX_VALUES; the table's own form
     is never listed again; what the kernel cannot build is refused with its reason."""
-    for ratio in SS.SMALL_RATIOS:
+    for ratio in SMALL_RATIOS:
         for coff in COFFS:
             win = ratio * coff
             table = SS.small_schedule("fwd", 128, ratio=ratio, coff=coff)
@@ -297,11 +298,11 @@ def test_fwd_forms_follow_the_register_budget():
                 and SS.fwd_values(win, v, r) <= SS.FWD_MAX_VALUES} - {(table.vec, 1)}
     assert any("multiple" in p for p in SS.fwd_schedule_problems(
         4, 1, 130, SS.fwd_form(4, 1, 130)))
-    assert any("backward fields" in p for p in SS.fwd_schedule_problems(
-        4, 1, 128, SS.SmallSchedule(2, 64, 1, deterministic=True)))
+    assert any("backward field" in p for p in SS.fwd_schedule_problems(
+        4, 1, 128, SS.SmallSchedule(2, 64, 1, ape_regs=False)))
 
 
-@pytest.mark.parametrize("ratio", SS.SMALL_RATIOS)
+@pytest.mark.parametrize("ratio", SMALL_RATIOS)
 @pytest.mark.parametrize("d", (65, 128, 512))
 def test_backward_rows_per_cta_rule(ratio, d):
     """The launch's rows per CTA: at least one and at most the schedule's; never fewer as the
@@ -327,7 +328,7 @@ def test_sm90a_forward_table_and_defaults():
     """The sm_90a forward table holds measured forms only where d is a multiple of 4 and at
     least 128; every other arch and head dim keeps the default form; every table form builds
     (its problems list is empty)."""
-    for ratio in SS.SMALL_RATIOS:
+    for ratio in SMALL_RATIOS:
         for coff in COFFS:
             for d in (65, 96, 128, 130, 256, 512):
                 if SS.config_problems(ratio, coff, d):

@@ -11,6 +11,9 @@ from csagate.commands.reports import checked_file
 from csagate.commands.run import RATIOS
 from csagate.exitcodes import ExitCode
 from csagate.kernels import schedule as S
+from csagate.kernels.registry import SMALL_RATIOS, TABLE_RATIO, has_tables, parse_shape
+
+TABLE = str(TABLE_RATIO)  # the --ratio choice of the table family
 
 
 def _need_gpu() -> None:
@@ -180,18 +183,18 @@ def _sweep_json(rows) -> list[dict]:
 
 
 def _host_report(err) -> dict:
-    """Every host measurement (perf/hostus.py), each in a process of its own."""
-    from csagate.perf import hostus
+    """Every host measurement (perf/host_cost.py), each in a process of its own."""
+    from csagate.perf import host_cost
 
     # no spinner: its refresh thread would take the GIL from the timed loops
     try:
-        return hostus.measure_all(progress=lambda what: err.print(f"measuring {what} ..."))
+        return host_cost.measure_all(progress=lambda what: err.print(f"measuring {what} ..."))
     except RuntimeError as exc:
         console.abort(f"host measurement failed: {exc}", ExitCode.COULD_NOT_EVALUATE)
 
 
 def _training_table(rows, process: str) -> Table:
-    from csagate.perf.hostus import VARIANTS
+    from csagate.perf.host_cost import VARIANTS
 
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     cols = ("variant", *(c for s in shapes for c in (f"{s}\np50 us", "p10-p90")))
@@ -292,7 +295,7 @@ def _peer_ratios(ratio: str, small: list[int]) -> list[int]:
     from csagate.gates.builtin_impls import Cudnn
 
     supported = Cudnn.supports.ratios
-    benched = [*small, 128] if ratio in ("128", "all") else small
+    benched = [*small, TABLE_RATIO] if ratio in (TABLE, "all") else small
     picked = [r for r in benched if r in supported]
     if not picked:
         raise click.UsageError(f"--peer supports --ratio {'|'.join(map(str, supported))}|all, "
@@ -326,8 +329,8 @@ def _peer_rows(peer, ratios, picked, copy_bw, iters, warmup, flush) -> list[dict
 
     rows = []
     for ratio in ratios:
-        shapes = ([(c, d, t) for _, c, d, t in small_bench.SHAPES[ratio]] if ratio != 128
-                  else bench.SHAPES)
+        shapes = (bench.SHAPES if has_tables(ratio)
+                  else [(c, d, t) for _, c, d, t in small_bench.SHAPES[ratio]])
         for coff, d, tokens in picked or shapes:
             with console.err().status(f"vs {peer.name}: r{ratio} c{coff}d{d} {tokens} tokens"):
                 rows.append(compare_shape(peer, ratio, coff, d, tokens, copy_bw=copy_bw,
@@ -341,14 +344,14 @@ def _peer_rows(peer, ratios, picked, copy_bw, iters, warmup, flush) -> list[dict
 def _parse_shapes(shapes, ratio: str) -> list[tuple[int, int, int]]:
     """``--shape cCdD:TOKENS`` values as (coff, d, tokens); a usage error when malformed."""
     picked = []
+    least = TABLE_RATIO if ratio == TABLE else max(SMALL_RATIOS)  # tokens: a block at least
     for spec in shapes:
         try:
-            cfg, tokens = spec.split(":")
-            coff, d = (int(x) for x in cfg[1:].split("d"))
-            picked.append((coff, d, int(tokens)))
-        except ValueError:
-            raise click.BadParameter(f"{spec!r} is not cCdD:TOKENS", param_hint="--shape") from None
-        if (coff, d) not in S.CONFIGS or int(tokens) < (128 if ratio == "128" else 32):
+            coff, d, tokens = parse_shape(spec)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--shape") from None
+        picked.append((coff, d, tokens))
+        if (coff, d) not in S.CONFIGS or tokens < least:
             raise click.BadParameter(f"{spec!r}: config must be one of "
                                      f"{[S.config_name(*c) for c in S.CONFIGS]}, tokens >= 128",
                                      param_hint="--shape")
@@ -358,7 +361,7 @@ def _parse_shapes(shapes, ratio: str) -> list[tuple[int, int, int]]:
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
 @click.option("--ratio", type=click.Choice(RATIOS),
-              default="128", show_default=True,
+              default=TABLE, show_default=True,
               help="The family: 128 (its shape table, A/B and sweep), a small ratio (every "
                    "config at 8192 and 131072 tokens), or all.")
 @click.option("--ab", "ab_fields", multiple=True,
@@ -388,7 +391,7 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, peer_name
             json_path) -> None:
     from csagate.perf import bench
 
-    small = [] if ratio == "128" else ([2, 4, 8, 16, 32] if ratio == "all" else [int(ratio)])
+    small = [] if ratio == TABLE else (list(SMALL_RATIOS) if ratio == "all" else [int(ratio)])
     if small and (ab_fields or sweep_dirs or host):
         if ratio != "all":
             raise click.UsageError("--ab, --sweep and --host are ratio=128 options")
@@ -433,7 +436,7 @@ def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, peer_name
                 rows += bench.ab_field(name, iters=iters, warmup=warmup, flush=flush)
         console.print_table(ab_table(rows))
         report["ab"] = [dataclasses.asdict(r) | {"decision": r.decision} for r in rows]
-    elif ratio != "128" and not ratio == "all":
+    elif ratio not in (TABLE, "all"):
         report["small"] = _small_rows(small, picked, copy_bw, iters, warmup, flush)
     else:
         if small:

@@ -8,7 +8,7 @@ import click
 from csagate import console
 from csagate.console import one_line
 from csagate.exitcodes import ExitCode
-from csagate.kernels.registry import RATIOS
+from csagate.kernels.registry import RATIOS, SMALL_RATIOS, TABLE_RATIO
 from csagate.kernels.schedule import ARCHES
 
 RATIO_CHOICES = (*(str(r) for r in RATIOS), "all")
@@ -61,9 +61,9 @@ def ratio_option(fn):
     """``--ratio R|all``: the kernel families to build or probe (build and probe alike)."""
     return click.option("--ratio", type=click.Choice(RATIO_CHOICES), default="all",
                         show_default=True,
-                        help="the small ratios (2, 4, 8, 16, 32): coff 1/2 x d 65/128/512 "
-                             "(vec=1, vec=2, drift d); "
-                             "ratio=128: the kernels of the dispatch tables.")(fn)
+                        help=f"the small ratios ({', '.join(map(str, SMALL_RATIOS))}): the "
+                             "coff 1/2 x d 65/128/512 they serve (vec=1, vec=2, drift d); "
+                             f"ratio={TABLE_RATIO}: the kernels of the dispatch tables.")(fn)
 
 
 def arch_option(fn):
@@ -81,7 +81,7 @@ def kernel_json(key) -> dict:
         schedule |= dataclasses.asdict(sched)
     return {"tag": key.tag, "kind": key.kind, "direction": key.direction, "ratio": key.ratio,
             "config": key.config, "coff": key.coff, "d": key.d, "arch": key.arch,
-            "schedule": schedule}
+            "deterministic": key.deterministic, "schedule": schedule}
 
 
 def kernels_doc(command: str, ratio: str, arch: str, kernels: list[dict], **extra) -> str:

@@ -19,14 +19,15 @@ def why_text(case) -> str:
     """A case's ``why``; a ratio=128 forward-bucket note names the form each arch's table
     has there (the sm_90a large bucket of c1d128 is not the sm_100a's two-phase)."""
     why = case.why
-    if case.ratio != 128 or "(two-phase)" not in why:
+    if "(two-phase)" not in why:
         return why
-    from csagate.kernels import schedule as S
+    from csagate.kernels import registry
+    from csagate.kernels.schedule import TABLE_ARCHES
 
     bucket = next((b for b in ("large", "small", "default") if f"{b} bucket" in why), None)
     forms = []
-    for arch in S.TABLE_ARCHES:
-        sched = S.FWD_TABLES[arch].get(bucket, {}).get((case.coff, case.d))
+    for arch in TABLE_ARCHES:
+        sched = registry.tables(case.ratio, "fwd", arch).get(bucket, {}).get((case.coff, case.d))
         if sched is not None:
             forms.append(f"{str(sched.form).replace('twophase', 'two-phase')} on {arch}")
     return why.replace("(two-phase)", f"({', '.join(forms)})" if forms else "")

@@ -206,7 +206,7 @@ def command(impls, ratio, names, device, json_path, max_abs, per_tensor) -> None
     device = compare_device(device)
     for impl in (a, b):
         _ready(impl, device)
-    from csagate.gates.compare import compare
+    from csagate.gates.pair_diff import compare
     from csagate.gates.runner import build_targets
 
     targets = build_targets(cases, None)

@@ -14,6 +14,7 @@ import warnings
 import csagate.reference as R
 import pytest
 import torch
+from csagate.kernels.cache import CACHE
 from csagate.reference.inputs import INPUT_SEED
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
@@ -265,13 +266,13 @@ def test_cuda_graph_capture_r4(coff):
     # A first call for a config nothing compiled yet (d=192) is refused under capture...
     other = cuda_pack((64,), ratio=4, coff=coff, d=192)
     key = A.kernel_for("fwd", 4, coff, 192, other.n_rows, device_arch())
-    if A.CACHE.contains(key):
+    if CACHE.contains(key):
         pytest.skip(f"{key.tag} was compiled by an earlier test")
     refused = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="CUDA graph capture"):
         with torch.cuda.graph(refused):
             A.forward(*other.inputs(), ratio=4, coff=coff, n_rows=other.n_rows)
-    assert not A.CACHE.contains(key)
+    assert not CACHE.contains(key)
     # ...and the context still works: eager calls, the earlier graph, the new config eagerly.
     graph.replay()
     direct = step()
@@ -477,4 +478,4 @@ def test_the_deterministic_reduction_is_a_compile_cache_entry():
     go = R.make_grad_out(pack.n_rows, 128, device="cuda")
     A.backward(*pack.inputs(), go, ratio=128, coff=1, deterministic=True)
     torch.cuda.synchronize()
-    assert A.CACHE.contains(ReduceKey(device_arch()))
+    assert CACHE.contains(ReduceKey(device_arch()))

@@ -28,11 +28,11 @@ CASES = [
 
 @pytest.fixture
 def nan_partials():
-    from csagate.kernels import api
+    from csagate.kernels import fastpath
 
-    api.PARTIALS_FILL = float("nan")
+    fastpath.PARTIALS_FILL = float("nan")
     yield
-    api.PARTIALS_FILL = None
+    fastpath.PARTIALS_FILL = None
 
 
 def _inputs(ratio, coff, d, lens, pad_rows):

@@ -1,4 +1,4 @@
-"""GPU: the launch fast path (kernels/api.py).
+"""GPU: the launch fast path (kernels/fastpath.py).
 
 A call whose signature has launched before skips the Python validation. These tests pin what
 that must not change: the same bits as the full path (dAPE bitwise in the deterministic
@@ -11,6 +11,8 @@ from __future__ import annotations
 import csagate.reference as R
 import pytest
 import torch
+from csagate.kernels import fastpath
+from csagate.kernels.fastpath import FAST
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 
@@ -21,12 +23,12 @@ CASES = [(128, 1, 128, (3000, 129, 4000), 2), (128, 2, 512, (2048, 777), 0),
 
 @pytest.fixture
 def api():
-    from csagate.kernels import api
+    from csagate.kernels import api, fastpath
 
-    api._FAST.clear()
+    fastpath.FAST.clear()
     yield api
-    api._FAST.clear()
-    api.PARTIALS_FILL = None
+    fastpath.FAST.clear()
+    fastpath.PARTIALS_FILL = None
 
 
 def _pack(ratio, coff, d, lens, pad_rows):
@@ -34,8 +36,9 @@ def _pack(ratio, coff, d, lens, pad_rows):
     return pack, R.make_grad_out(pack.n_rows, d, device="cuda")
 
 
-def _sig(api, kind, pack, kv):
-    return (kind, pack.ratio, pack.coff, kv.shape[1], kv.get_device(), pack.n_rows)
+def _sig(direction, deterministic, pack, kv):
+    return (direction, deterministic, pack.ratio, pack.coff, kv.shape[1], kv.get_device(),
+            pack.n_rows)
 
 
 def _calls(api, pack, go, deterministic):
@@ -53,12 +56,11 @@ def test_fast_path_gives_the_full_paths_bits(api, ratio, coff, d, lens, pad_rows
                                              deterministic):
     pack, go = _pack(ratio, coff, d, lens, pad_rows)
     kv = pack.inputs()[0]
-    kind = "bwd_det" if deterministic else "bwd"
-    assert _sig(api, "fwd", pack, kv) not in api._FAST
+    assert _sig("fwd", False, pack, kv) not in FAST
     full = _calls(api, pack, go, deterministic)  # full path; remembers the signatures
-    assert _sig(api, "fwd", pack, kv) in api._FAST and _sig(api, kind, pack, kv) in api._FAST
+    assert _sig("fwd", False, pack, kv) in FAST and _sig("bwd", deterministic, pack, kv) in FAST
     if deterministic:
-        api.PARTIALS_FILL = float("nan")  # the fast path too writes every partials slot
+        fastpath.PARTIALS_FILL = float("nan")  # the fast path too writes every partials slot
     fast = _calls(api, pack, go, deterministic)
     for name, a, b in zip(("out", "dkv", "dscore"), full, fast, strict=False):
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} differ fast vs full"
@@ -113,37 +115,37 @@ def test_explicit_rows_per_cta_is_not_remembered(api):
     dkv, dscore, dape = torch.empty_like(kv), torch.empty_like(score), torch.zeros_like(ape)
     key = api.run_backward(kv, score, ape, cu, cuc, go, dkv, dscore, dape, ratio=128, coff=2,
                            rows_per_cta=3)
-    assert _sig(api, "bwd", pack, kv) not in api._FAST
+    assert _sig("bwd", False, pack, kv) not in FAST
     api.run_backward(kv, score, ape, cu, cuc, go, dkv, dscore, dape.zero_(), ratio=128, coff=2)
-    entry = api._FAST[_sig(api, "bwd", pack, kv)]
+    entry = FAST[_sig("bwd", False, pack, kv)]
     want = rows_per_cta(pack.n_rows, 128, 2, key.schedule, sm_count(kv.get_device()))
     assert entry.tail == (want,)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("ratio,coff,d,lens,pad_rows", CASES)
-def test_accumulate_false_writes_dape_whatever_it_held(api, ratio, coff, d, lens, pad_rows,
-                                                       deterministic):
-    """``accumulate=False`` (what api.backward uses, the launch zeroes dAPE first): a NaN-filled
-    dape comes out as the accumulate path's result into zeros, on the full path (first call)
+def test_zero_dape_writes_dape_whatever_it_held(api, ratio, coff, d, lens, pad_rows,
+                                                 deterministic):
+    """``zero_dape=True`` (what api.backward uses, the launch zeroes dAPE first): a NaN-filled
+    dape comes out as the accumulating path's result into zeros, on the full path (first call)
     and the fast path (second); the deterministic mode's bitwise, the atomics' within their
     reordering. dkv/dscore do not depend on the flag."""
     pack, go = _pack(ratio, coff, d, lens, pad_rows)
     args = pack.inputs()
     kw = dict(ratio=ratio, coff=coff, deterministic=deterministic)
 
-    def run(fill, accumulate):
+    def run(fill, zero_dape):
         dkv, dscore = torch.empty_like(args[0]), torch.empty_like(args[1])
         dape = torch.full_like(args[2], fill)
-        api.run_backward(*args, go, dkv, dscore, dape, accumulate=accumulate, **kw)
+        api.run_backward(*args, go, dkv, dscore, dape, zero_dape=zero_dape, **kw)
         torch.cuda.synchronize()
         return dkv, dscore, dape
 
-    want = run(0.0, True)
+    want = run(0.0, False)
     for path in ("full", "fast"):
         if path == "fast":
-            assert _sig(api, "bwd_det" if deterministic else "bwd", pack, args[0]) in api._FAST
-        got = run(float("nan"), False)
+            assert _sig("bwd", deterministic, pack, args[0]) in FAST
+        got = run(float("nan"), True)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), path
         assert not got[2].isnan().any(), f"{path}: dape slots left unwritten"
         if deterministic:
@@ -160,17 +162,17 @@ def test_accumulate_false_writes_dape_whatever_it_held(api, ratio, coff, d, lens
         torch.testing.assert_close(grads[2], want[2], rtol=0, atol=1e-3)
 
 
-def test_accumulate_false_with_no_rows_zeroes_dape(api):
+def test_zero_dape_with_no_rows_zeroes_dape(api):
     pack, _ = _pack(128, 1, 128, (3000,), 0)
     args = pack.inputs()
     go = torch.empty(0, 128, dtype=torch.bfloat16, device="cuda")
     dkv, dscore = torch.empty_like(args[0]), torch.empty_like(args[1])
     dape = torch.full_like(args[2], float("nan"))
     assert api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=1,
-                            accumulate=False) is None
+                            zero_dape=True) is None
     torch.cuda.synchronize()
     assert bool((dape == 0).all())
     kept = torch.full_like(args[2], 3.0)
     api.run_backward(*args, go, dkv, dscore, kept, ratio=128, coff=1)
     torch.cuda.synchronize()
-    assert bool((kept == 3.0).all()), "accumulate=True (default) must leave dape alone"
+    assert bool((kept == 3.0).all()), "zero_dape=False (default) must leave dape alone"

@@ -33,8 +33,8 @@ from csagate.kernels.schedule import (
     config_problems,
     selectable_any,
 )
-from csagate.perf.variants import BWD_REGWIN, staged_twin
 from csagate.reference.inputs import PAD_GRAD_SEED
+from kernel_variants import BWD_REGWIN, staged_twin
 
 pytestmark = pytest.mark.gpu
 

@@ -12,7 +12,7 @@ contract's three gates (docs/CONTRACT.md section 4.2):
 
 Plus the overflow case (score + ape = +inf in fp32): all-NaN output, like the reference.
 
-``VARIANTS`` (the table kernels' plain twins, ``perf.variants.fwd_twin``) run the same gates,
+``VARIANTS`` (the table kernels' plain twins, ``kernel_variants.fwd_twin``) run the same gates,
 and each table kernel with a twin is bitwise equal to it: the vec=2 unroll-4 plain kernel with
 the same tchunks, two-phase choice and fastexp. Chunk boundaries, per-slot math and merge
 order do not depend on vec, unroll, prefetch or the one-exp step, so any difference is an
@@ -27,8 +27,8 @@ import csagate.reference as R
 import pytest
 import torch
 from csagate.kernels.schedule import RATIO, FwdSchedule, config_name
-from csagate.perf.variants import FWD_KERNELS as KERNELS
-from csagate.perf.variants import FWD_TWINS
+from kernel_variants import FWD_KERNELS as KERNELS
+from kernel_variants import FWD_TWINS
 
 pytestmark = pytest.mark.gpu
 

@@ -17,6 +17,7 @@ import functools
 
 import pytest
 import torch
+from csagate.kernels import registry
 from csagate.kernels._dsl import dsl_available
 
 _DSL_OK, _DSL_WHY = dsl_available()
@@ -26,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable"),
 ]
 
-SMALL_RATIOS = (2, 4, 8, 16, 32)
+SMALL_RATIOS = registry.SMALL_RATIOS
 # Reordering a w-term fp32 sum with sum|u*p| <= max|kv| ~ 6 moves it by <= (w-1) * 2^-24 * 6
 # (2.5e-6 at w = 8); the two bf16 roundings can add that again (gates.contracts.fwd_noise_atol).
 

@@ -1,4 +1,4 @@
-"""The host benchmark's pure parts (perf/hostus.py) on CPU: shapes, percentiles, the per-call
+"""The host benchmark's pure parts (perf/host_cost.py) on CPU: shapes, percentiles, the per-call
 timer with a stand-in clock, the worker protocol with a stand-in subprocess, the targets, the
 tables at 80 columns, and the autograd variants' gradients with the reference as the api."""
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import csagate.reference as REF
 import pytest
 import torch
-from csagate.perf import hostus as H
+from csagate.perf import host_cost as H
 from rich.console import Console
 
 from csagate import console, ops
@@ -55,7 +55,7 @@ def test_per_call_us_times_each_call_after_the_warmups():
 def test_worker_argv_and_protocol():
     argv = H.worker_argv("host", variants=("op", "api"), compiled=True, shapes=H.HOST_SHAPES,
                          calls=50)
-    assert argv[:3] == [sys.executable, "-m", "csagate.perf.hostus"]
+    assert argv[:3] == [sys.executable, "-m", "csagate.perf.host_cost"]
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--variant"] == ["op", "api"]
     assert "--compiled" in argv
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--shape"] == [

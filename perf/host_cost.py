@@ -1,6 +1,6 @@
 """Host time of the op as a training step pays it (GPU only; pure helpers are CPU-tested).
 
-Three measurements, each in a process of its own (``python -m csagate.perf.hostus``), once in
+Three measurements, each in a process of its own (``python -m csagate.perf.host_cost``), once in
 a fresh process and once in one that has first run a torch.compile (a small Linear + GELU
 training step through inductor), because what the process has done shows in the op's cost:
 
@@ -238,13 +238,15 @@ class HostShape:
     @classmethod
     def parse(cls, spec: str) -> HostShape:
         """'r128:c1d128:1024' -> HostShape(128, 1, 128, 1024); ValueError naming the spec."""
+        from csagate.kernels.registry import parse_shape
+
         try:
-            r, cfg, tokens = spec.split(":")
-            coff, d = (int(x) for x in cfg.removeprefix("c").split("d"))
-            shape = cls(int(r.removeprefix("r")), coff, d, int(tokens))
+            r, rest = spec.split(":", 1)
+            ratio = int(r.removeprefix("r"))
+            shape = cls(ratio, *parse_shape(rest))
         except ValueError:
             raise ValueError(f"{spec!r} is not rRATIO:cCOFFdD:TOKENS") from None
-        if not (r.startswith("r") and cfg.startswith("c")) or min(shape.__dict__.values()) < 1:
+        if not r.startswith("r") or ratio < 1:
             raise ValueError(f"{spec!r} is not rRATIO:cCOFFdD:TOKENS")
         return shape
 
@@ -399,7 +401,7 @@ def cold_compare(shape: HostShape, *, iters: int = 60, warmup: int = 10) -> dict
 
     def kernels():
         api.run_forward(*plain, out, ratio=r, coff=c)
-        api.run_backward(*plain, go, dkv, dscore, dape, ratio=r, coff=c, accumulate=False)
+        api.run_backward(*plain, go, dkv, dscore, dape, ratio=r, coff=c, zero_dape=True)
 
     steps = {"op": training_step("op", inputs, go, ratio=r, coff=c),
              "api": training_step("api", plain, go, ratio=r, coff=c), "kernels": kernels}
@@ -418,13 +420,6 @@ SPREAD_SHAPE = HostShape(128, 1, 128, 8192)
 def gpu_task() -> dict:
     return {"cold": [cold_compare(s) for s in COLD_SHAPES],
             "spread": backward_spread(SPREAD_SHAPE)}
-
-
-@dataclass(frozen=True)
-class HostRow:
-    path: str
-    us: float            # CPU wall time per call, median of the repetitions
-    sync_tail_us: float  # the wait in the final synchronize (median)
 
 
 def host_us(call, *, calls: int = 1000, warm: int = 100, reps: int = 5) -> tuple[float, float]:
@@ -479,7 +474,7 @@ def calls_task(*, tokens: int = 1024, coff: int = 1, d: int = 128) -> list[dict]
 
 def worker_argv(task: str, *, variants=(), compiled: bool = False,
                 shapes=(), calls: int | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "csagate.perf.hostus", "--task", task]
+    argv = [sys.executable, "-m", "csagate.perf.host_cost", "--task", task]
     for v in variants:
         argv += ["--variant", v]
     if compiled:
@@ -556,7 +551,7 @@ def targets(report: dict) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m csagate.perf.hostus")
+    ap = argparse.ArgumentParser(prog="python -m csagate.perf.host_cost")
     ap.add_argument("--task", choices=("host", "gpu", "calls"), required=True)
     ap.add_argument("--variant", choices=tuple(VARIANTS), action="append", default=[])
     ap.add_argument("--compiled", action="store_true", help="run a torch.compile first")

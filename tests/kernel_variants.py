@@ -1,8 +1,8 @@
-"""The ratio=128 kernels the tests build: the table kernels, and the twins built from their
-fields where a test needs one (the bitwise oracle of an option that changes no bit).
+"""Test helper: the ratio=128 kernels the tests build: the table kernels, and the twins built
+from their fields where a test needs one (the bitwise oracle of an option that changes no bit).
 
-Shared by the CPU build tests, the GPU contract tests and ``ptx_hashes``, so they cannot drift
-apart. Pure Python (no cutlass, no torch).
+Shared by the CPU build tests and the GPU contract tests, so they cannot drift apart. Pure
+Python (no cutlass, no torch).
 """
 
 from __future__ import annotations
