@@ -157,28 +157,13 @@ class KernelBackend:
     def entries(self, ratio: int, direction: str,
                 configs: Sequence[tuple[int, int]] | None = None
                 ) -> dict[tuple[str, int, int], Selection]:
-        """ratio=128: the arch's FWD_TABLES/BWD_TABLES, bucket by bucket (not through the
-        dispatcher's bucket constants); ratio=4: one schedule per config, no buckets
-        (``kernels.cache.keys_for``), bucket ``any``."""
-        if ratio == 128:
-            from csagate.kernels.schedule import ARCH_TABLES, BWD_TABLES, FWD_TABLES
+        """The registry's entries (``kernels.registry.entries``): a table family's tables
+        bucket by bucket (not through the dispatcher's bucket constants), otherwise one kernel
+        per config under bucket ``any``."""
+        from csagate.kernels.registry import entries
 
-            tables = (FWD_TABLES if direction == "fwd" else BWD_TABLES)[ARCH_TABLES[self.arch]]
-            return {(bucket, coff, d): Selection(direction, coff, d, sched)
-                    for bucket, table in tables.items() for (coff, d), sched in table.items()
-                    if configs is None or (coff, d) in configs}
-        from csagate.kernels.cache import keys_for
-        from csagate.kernels.schedule import COFFS as R4_COFFS
-        from csagate.kernels.small_schedule import SMALL_HEAD_DIMS
-
-        if configs is None:
-            configs = [(c, hd) for c in R4_COFFS for hd in SMALL_HEAD_DIMS]
-        found = {}
-        for coff, d in configs:
-            for key in keys_for(ratio, self.arch, coff=coff, d=d):
-                if key.direction == direction:
-                    found[("any", coff, d)] = _selection(direction, key)
-        return found
+        return {k: _selection(direction, key)
+                for k, key in entries(ratio, direction, self.arch, configs).items()}
 
     def dispatch(self, ratio: int, direction: str, coff: int, d: int,
                  n_rows: int) -> Selection | None:

@@ -12,7 +12,6 @@ import torch
 from click.testing import CliRunner
 from csagate.gates import contracts
 from csagate.gates.cases import Case
-from csagate.gates.compare import bf16_steps, row_groups, spread, where
 from csagate.gates.driver import Driver
 from csagate.gates.implementation import load, resolve
 from csagate.gates.inference_check import decode_agreement
@@ -23,6 +22,7 @@ from csagate.gates.inference_impls import (
     OnlineSoftmax,
     online_softmax,
 )
+from csagate.gates.pair_diff import bf16_steps, row_groups, spread, where
 from csagate.gates.runner import run_case, run_gate
 from csagate.gates.verdict import FAIL, NA, PASS
 from csagate.reference import forward, make_pack
