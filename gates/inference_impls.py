@@ -204,26 +204,17 @@ class Bf16State(Decode):
 def windows(kv, score, ape, cu, cuc, n_rows: int, *, ratio: int, coff: int):
     """(s, u), each (W, N, d) fp32, position-major: ``s = fp32(score) + ape`` and
     ``u = fp32(kv)`` at every window position of every row, -inf and 0 at the empty previous
-    half of a segment's first block; capacity padding rows read a first block at token 0."""
+    half of a segment's first block; capacity padding rows read a first block at token 0
+    (the gather formulation's indices, ``builtin_impls.window_index``)."""
+    from csagate.gates.builtin_impls import window_index
+
     d = kv.shape[1] // coff
-    cu, cuc = cu.long(), cuc.long()
-    r = torch.arange(n_rows, device=kv.device)
-    seg = torch.searchsorted(cuc[1:], r, right=True).clamp(max=cu.numel() - 2)
-    real = r < cuc[-1]
-    block = torch.where(real, r - cuc[seg], torch.zeros_like(r))
-    tok0 = torch.where(real, cu[seg] + block * ratio, torch.zeros_like(r))
-    k = torch.arange(coff * ratio, device=kv.device)
-    back = (coff - 1) * ratio
-    token = (tok0[None, :] + (k - back)[:, None]).clamp(min=0)          # (W, N)
-    empty = (k < back)[:, None] & (block == 0)[None, :]
-    half = (k >= ratio).long() if coff == 2 else torch.zeros_like(k)
-    kv3, sc3 = kv.view(-1, coff, d), score.view(-1, coff, d)
-    ape3 = ape.float().view(ratio, coff, d)
-    u = kv3[token, half[:, None]].float()
-    s = sc3[token, half[:, None]].float() + ape3[k % ratio, half][:, None, :]
-    s = torch.where(empty[:, :, None], torch.full((), NEG_INF, device=s.device), s)
-    u = torch.where(empty[:, :, None], torch.zeros((), device=u.device), u)
-    return s, u
+    flat, ape_flat, hole, _ = window_index(cu, cuc, n_rows, ratio, coff)
+    u = kv.reshape(-1, d)[flat].float()                                 # (N, W, d)
+    s = score.reshape(-1, d)[flat].float() + ape.float().reshape(-1, d)[ape_flat][None]
+    s = torch.where(hole[:, :, None], torch.full((), NEG_INF, device=s.device), s)
+    u = torch.where(hole[:, :, None], torch.zeros((), device=u.device), u)
+    return s.transpose(0, 1), u.transpose(0, 1)
 
 
 def online_softmax(s: torch.Tensor, u: torch.Tensor, groups: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from adapter_source import reference_adapter
 from click.testing import CliRunner
 from csagate.gates import casefile
 from csagate.gates.casefile import CaseFileError, load, parse
@@ -15,22 +16,7 @@ from csagate.gates.cases import R4_CASES, Case
 
 from csagate.cli import cli
 
-ADAPTER = '''
-from csagate.gates.implementation import Supports
-from csagate.reference import backward, forward
-
-
-class Reference:
-    name = "ref-adapter"
-    supports = Supports()
-
-    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
-        return forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
-
-    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
-        g = backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
-        return g.dkv, g.dscore, g.dape
-
+ADAPTER = reference_adapter('Supports()') + '''
 
 class Narrow(Reference):
     name = "narrow"

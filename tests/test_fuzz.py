@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from adapter_source import reference_adapter
 from click.testing import CliRunner
 from csagate.gates import fuzz
 from csagate.gates.builtin_impls import CSAGATE_SUPPORTS
@@ -24,23 +25,7 @@ from csagate.gates.verdict import FAIL
 
 from csagate.cli import cli
 
-ADAPTER = '''
-from csagate.gates.implementation import Supports
-from csagate.reference import backward, forward
-
-
-class Reference:
-    """fp32 eager on any device: passes the contract."""
-    name = "ref-adapter"
-    supports = Supports(ratios=(4,))
-
-    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
-        return forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
-
-    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
-        g = backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
-        return g.dkv, g.dscore, g.dape
-
+ADAPTER = reference_adapter('Supports(ratios=(4,))') + '''
 
 class OddHeadDim(Reference):
     """out wrong in one element when the head dim is odd."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from adapter_source import reference_adapter
 from click.testing import CliRunner
 from csagate.gates import builtin_impls
 from csagate.gates.driver import Driver
@@ -32,24 +33,7 @@ from csagate.cli import cli
 from csagate.commands import compare as compare_cmd
 from csagate.commands import run as run_cmd
 
-ADAPTER = '''
-import torch
-from csagate.gates.implementation import Supports
-from csagate.reference import backward, forward
-
-
-class Reference:
-    """fp32 eager on any device: passes the contract."""
-    name = "ref-adapter"
-    supports = Supports()
-
-    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
-        return forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
-
-    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
-        g = backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
-        return g.dkv, g.dscore, g.dape
-
+ADAPTER = reference_adapter('Supports()') + '''
 
 class ForwardOnly(Reference):
     name = "fwd-only"

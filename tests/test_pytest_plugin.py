@@ -20,6 +20,7 @@ import csagate.gates.runner  # noqa: F401
 import csagate.reference  # noqa: F401
 import pytest
 import torch
+from adapter_source import reference_adapter
 from csagate.gates.driver import Driver
 from gate_backends import FailingBuildImpl, RefImpl, driven
 
@@ -29,23 +30,7 @@ from csagate.pytest_plugin import check
 
 pytest_plugins = ["pytester"]
 
-ADAPTERS = '''
-from csagate.gates.implementation import Supports
-from csagate.reference import backward, forward
-
-
-class Reference:
-    """fp32 eager on any device: passes the contract."""
-    name = "ref-adapter"
-    supports = Supports(ratios=(4,))
-
-    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
-        return forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
-
-    def backward(self, kv, score, ape, cu, cuc, grad_out, *, ratio, coff):
-        g = backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
-        return g.dkv, g.dscore, g.dape
-
+ADAPTERS = reference_adapter('Supports(ratios=(4,))') + '''
 
 class NanToZero(Reference):
     """out's NaNs (the overflow cases) written as zeros."""

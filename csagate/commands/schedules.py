@@ -33,27 +33,35 @@ def command(arch: str, as_json: bool) -> None:
     out.print(f"bucket constants: small N <= {S.SMALL_NB_MAX}, large N >= {S.LARGE_NB_MIN}, "
               f"backward small N <= {S.BWD_SMALL_NB_MAX}")
     for table_arch in S.TABLE_ARCHES if arch == "all" else (arch,):
-        for direction, tables in (("forward", S.FWD_TABLES[table_arch]),
-                                  ("backward", S.BWD_TABLES[table_arch])):
+        for direction in ("forward", "backward"):
             table = console.new_table(f"{table_arch} ratio=128 {direction} table",
                                       ("config", "bucket", "tag", "schedule", "smem B", "valid"),
                                       marks=("smem B",), right=("smem B",))
-            for coff, d in S.CONFIGS:
-                for bucket, entries in tables.items():
-                    sched = entries.get((coff, d))
-                    if sched is None:
-                        continue
-                    smem = (S.fwd_smem_bytes(sched) if direction == "forward"
-                            else S.bwd_smem_bytes(coff, sched))
-                    problems = S.config_problems(coff, d, sched)
-                    table.add_row(S.config_name(coff, d), bucket, console.Ident(sched.tag),
-                                  console.schedule_text(sched), str(smem),
-                                  "yes" if not problems else "; ".join(problems))
+            for coff, d, bucket, sched, smem, problems in table_entries(table_arch, direction):
+                table.add_row(S.config_name(coff, d), bucket, console.Ident(sched.tag),
+                              console.schedule_text(sched), str(smem),
+                              "yes" if not problems else "; ".join(problems))
             console.print_table(table, out)
         n_fwd = len(S.selectable("fwd", table_arch))
         n_bwd = len(S.selectable("bwd", table_arch))
         out.print(f"{table_arch} selectable kernels: forward {n_fwd}, backward {n_bwd}, "
                   f"total {n_fwd + n_bwd}")
+
+
+def table_entries(arch: str, direction: str):
+    """(coff, d, bucket, schedule, smem bytes, problems) of every entry of ``arch``'s
+    ``direction`` ("forward" or "backward") table, config by config."""
+    from csagate.kernels import schedule as S
+
+    tables = (S.FWD_TABLES if direction == "forward" else S.BWD_TABLES)[arch]
+    for coff, d in S.CONFIGS:
+        for bucket, entries in tables.items():
+            sched = entries.get((coff, d))
+            if sched is None:
+                continue
+            smem = (S.fwd_smem_bytes(sched) if direction == "forward"
+                    else S.bwd_smem_bytes(coff, sched))
+            yield coff, d, bucket, sched, smem, tuple(S.config_problems(coff, d, sched))
 
 
 def tables_json(arches) -> dict:
@@ -64,19 +72,12 @@ def tables_json(arches) -> dict:
            "buckets": {"small_max": S.SMALL_NB_MAX, "large_min": S.LARGE_NB_MIN,
                        "bwd_small_max": S.BWD_SMALL_NB_MAX}, "tables": []}
     for arch in arches:
-        for direction, tables in (("forward", S.FWD_TABLES[arch]),
-                                  ("backward", S.BWD_TABLES[arch])):
-            for coff, d in S.CONFIGS:
-                for bucket, entries in tables.items():
-                    sched = entries.get((coff, d))
-                    if sched is None:
-                        continue
-                    smem = (S.fwd_smem_bytes(sched) if direction == "forward"
-                            else S.bwd_smem_bytes(coff, sched))
-                    fields = {k: (str(v) if isinstance(v, str) else v)
-                              for k, v in dataclasses.asdict(sched).items()}
-                    doc["tables"].append({
-                        "arch": arch, "direction": direction, "config": S.config_name(coff, d),
-                        "bucket": bucket, "tag": sched.tag, "schedule": fields,
-                        "smem_bytes": smem, "problems": list(S.config_problems(coff, d, sched))})
+        for direction in ("forward", "backward"):
+            for coff, d, bucket, sched, smem, problems in table_entries(arch, direction):
+                fields = {k: (str(v) if isinstance(v, str) else v)
+                          for k, v in dataclasses.asdict(sched).items()}
+                doc["tables"].append({
+                    "arch": arch, "direction": direction, "config": S.config_name(coff, d),
+                    "bucket": bucket, "tag": sched.tag, "schedule": fields,
+                    "smem_bytes": smem, "problems": list(problems)})
     return doc
