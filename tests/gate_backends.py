@@ -397,3 +397,25 @@ def use_stand_in(monkeypatch, impl=None) -> dict:
     monkeypatch.setitem(implementation.BUILTINS, "csagate", "gate_backends:stand_in")
     monkeypatch.setattr(impl_choice, "preflight", lambda device, kernels: torch.device("cpu"))
     return STAND_IN
+
+
+SMALL_FAMILIES = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
+                  "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
+
+
+def small_gate(monkeypatch) -> dict:
+    """``csagate run`` on the small contracts (``--ratio 128|4|all``) with the reference stand-in
+    of the gate's kernels on the CPU; the returned dict counts the preflights."""
+    from csagate import impl_choice
+    from csagate.commands import run as run_cmd
+
+    state = {"preflights": 0}
+
+    def preflight(device, kernels):
+        state["preflights"] += 1
+        return torch.device("cpu")
+
+    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
+    use_stand_in(monkeypatch)
+    monkeypatch.setattr(impl_choice, "preflight", preflight)
+    return state

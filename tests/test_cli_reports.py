@@ -8,33 +8,20 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
-import torch
 from click.testing import CliRunner
 from csagate.gates.contracts import CONTRACT_VERSION
-from gate_backends import SMALL_CONTRACT, SMALL_R4_CONTRACT, use_stand_in
+from gate_backends import SMALL_FAMILIES, small_gate
 
 from csagate import __version__, impl_choice, render
 from csagate.cli import cli
 from csagate.commands import run as run_cmd
 from csagate.console import short_error
 
-SMALL = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
-         "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
-
 
 @pytest.fixture
 def gate(monkeypatch):
     """The small contracts and the reference backend; counts how often the gate started."""
-    state = {"preflights": 0}
-
-    def preflight(device, kernels):
-        state["preflights"] += 1
-        return torch.device("cpu")
-
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
-    use_stand_in(monkeypatch)
-    monkeypatch.setattr(impl_choice, "preflight", preflight)
-    return state
+    return small_gate(monkeypatch)
 
 
 def invoke(*args):
@@ -126,12 +113,12 @@ def test_could_not_evaluate_junit_names_its_family(ratio, tmp_path):
 
 
 def test_ratio_all_without_a_gpu_writes_each_family_its_suite(monkeypatch, tmp_path):
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
+    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
     monkeypatch.setattr(impl_choice, "preflight", lambda device, kernels: run_cmd.console.abort(
         "no GPU here", run_cmd.ExitCode.COULD_NOT_EVALUATE))
     result = invoke("run", "--ratio", "all", "--junit-xml", str(tmp_path / "j.xml"))
     assert result.exit_code == 3
-    for contract in SMALL["all"]:
+    for contract in SMALL_FAMILIES["all"]:
         path = tmp_path / f"j.r{contract.ratio}.xml"
         suite = ET.parse(path).getroot().find("testsuite")
         assert suite.get("name") == f"csagate.ratio{contract.ratio}"

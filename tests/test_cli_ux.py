@@ -14,15 +14,12 @@ import torch
 from click.testing import CliRunner
 from csagate.gates.contracts import CONTRACTS
 from csagate.kernels import diskcache as D
-from gate_backends import SMALL_CONTRACT, SMALL_R4_CONTRACT, use_stand_in
+from gate_backends import SMALL_FAMILIES, small_gate
 
 from csagate import impl_choice
 from csagate.cli import cli
 from csagate.commands import compare as compare_cmd
 from csagate.commands import run as run_cmd
-
-SMALL = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
-         "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
 
 
 def invoke(*args, env=None):
@@ -31,16 +28,7 @@ def invoke(*args, env=None):
 
 @pytest.fixture
 def gate(monkeypatch):
-    state = {"preflights": 0}
-
-    def preflight(device, kernels):
-        state["preflights"] += 1
-        return torch.device("cpu")
-
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
-    use_stand_in(monkeypatch)
-    monkeypatch.setattr(impl_choice, "preflight", preflight)
-    return state
+    return small_gate(monkeypatch)
 
 
 # --- 6: environment variables and exit codes -------------------------------------------------
@@ -186,7 +174,7 @@ def test_exit_3_still_writes_the_report_dir(monkeypatch, tmp_path):
     def no_gpu(device, kernels):
         console.abort("no CUDA GPU visible (test)", run_cmd.ExitCode.COULD_NOT_EVALUATE)
 
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
+    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
     monkeypatch.setattr(impl_choice, "preflight", no_gpu)
     rep = tmp_path / "rep"
     r = invoke("run", "--report", str(rep))
