@@ -99,12 +99,11 @@ def preflight(device, kernels):
     return where
 
 
-def drivers(impl, device) -> Judged:
-    """How ``impl`` is judged on ``device`` (``csagate.device_choice.Device``). On the CPU: its
-    driver there, no drift check (exit 3 when it cannot run there). On a GPU: the preflight,
-    then the gate's own kernels' driver for the drift check, which also judges ``impl`` when it
-    is an instance of their class; exit 3 with one line when ``impl`` cannot run there (2 when
-    its check exits)."""
+def route(impl, device, kernels=None, where=None) -> Judged:
+    """The drivers ``impl`` is judged with on ``device``, no checks made: on the CPU its
+    driver and no drift check; on a GPU (``where``, default ``cuda:<index>``) its driver and
+    the gate's own kernels' (``kernels``, default the built-in) for the drift check, one driver
+    for both when ``impl`` is an instance of their class."""
     import torch
 
     from csagate.device_choice import DRIFT_NA
@@ -112,18 +111,35 @@ def drivers(impl, device) -> Judged:
     from csagate.gates.implementation import load_builtin
 
     if device.cpu:
-        cpu = torch.device("cpu")
-        why = checked_unavailable(impl, cpu)
-        if why:
-            console.abort(f"{impl.name} cannot run on the CPU: {why} (nothing was judged)",
-                          ExitCode.COULD_NOT_EVALUATE)
-        return Judged(Driver(impl, cpu), None, DRIFT_NA, "cpu")
-    kernels = load_builtin()
-    where = preflight(device, kernels)
+        return Judged(Driver(impl, torch.device("cpu")), None, DRIFT_NA, "cpu")
+    where = where if where is not None else torch.device("cuda", device.index)
+    kernels = kernels if kernels is not None else load_builtin()
     if type(impl) is type(kernels):
         driver = Driver(impl, where)
         return Judged(driver, driver, None, device.index)
-    why = checked_unavailable(impl, where)
-    if why:
-        console.abort(f"{impl.name}: {why} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
     return Judged(Driver(impl, where), Driver(kernels, where), None, device.index)
+
+
+def drivers(impl, device) -> Judged:
+    """How ``impl`` is judged on ``device`` (``csagate.device_choice.Device``): the checks
+    first, then :func:`route`. On the CPU: exit 3 when it cannot run there. On a GPU: the
+    preflight (the gate's own kernels, which the drift check needs), then exit 3 with one line
+    when ``impl`` cannot run there (2 when its check exits)."""
+    import torch
+
+    from csagate.gates.implementation import load_builtin
+
+    if device.cpu:
+        why = checked_unavailable(impl, torch.device("cpu"))
+        if why:
+            console.abort(f"{impl.name} cannot run on the CPU: {why} (nothing was judged)",
+                          ExitCode.COULD_NOT_EVALUATE)
+        return route(impl, device)
+    kernels = load_builtin()
+    where = preflight(device, kernels)
+    if type(impl) is not type(kernels):
+        why = checked_unavailable(impl, where)
+        if why:
+            console.abort(f"{impl.name}: {why} (nothing was judged)",
+                          ExitCode.COULD_NOT_EVALUATE)
+    return route(impl, device, kernels, where)

@@ -117,22 +117,11 @@ def _unavailable_here(impl, device) -> str | None:
 
 def _backends(impl, device):
     """(the driver judged, the drift check's driver or None, the drift check's n/a reason):
-    the route ``csagate run`` takes (``impl_choice.drivers``), without its exits."""
-    import torch
+    the route ``csagate run`` takes (``impl_choice.route``), without its exits."""
+    from csagate.impl_choice import route
 
-    from csagate.gates.driver import Driver
-    from csagate.gates.implementation import load_builtin
-
-    if device.cpu:
-        from csagate.device_choice import DRIFT_NA
-
-        return Driver(impl, torch.device("cpu")), None, DRIFT_NA
-    where = device.torch()
-    kernels = load_builtin()
-    if type(impl) is type(kernels):
-        driver = Driver(impl, where)
-        return driver, driver, None
-    return Driver(impl, where), Driver(kernels, where), None
+    judged = route(impl, device)
+    return judged.driver, judged.drift, judged.drift_na
 
 
 def _build(backend, drift_backend, contract, cases) -> None:

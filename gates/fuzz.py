@@ -77,9 +77,11 @@ CUDA_SIZES = Sizes(work=1 << 20, long_work=1 << 25, max_tokens=32768)
 
 
 @functools.cache
+@functools.cache
 def kernel_refuses(ratio: int, coff: int, d: int) -> str | None:
     """Why the kernels' host API refuses (ratio, coff, d) (one line), or None: its own checks
-    (``check_support``) on meta tensors of one block."""
+    (``check_support``) on meta tensors of one block, asked once per config (the envelope, then
+    every drawn and shrunk pack, asks again)."""
     import torch
     from csagate.kernels import validate
 
