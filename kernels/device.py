@@ -102,6 +102,26 @@ def red_add_f32(mDst: cute.Tensor, coord, src, src_coord):
     cute.arch.red(ptr, src[src_coord], op="add", dtype=F32, sem="relaxed", scope="gpu")
 
 
+def red_add_f32_vec(mDst: cute.Tensor, coord, values: list):
+    """dst[coord + (0, e)] += values[e] for every e: one relaxed fp32 reduction of 1, 2 or 4
+    values (``red.global.add.f32``, ``.v2.f32`` / ``.v4.f32`` on sm_90+, PTX ISA 8.1); the
+    vector forms need ``coord`` aligned to the vector (4 B times its length)."""
+    n = len(values)
+    ptr = mDst.iterator + cute.crd2idx(coord, mDst.layout)
+    if n == 1:
+        cute.arch.red(ptr, values[0], op="add", dtype=F32, sem="relaxed", scope="gpu")
+        return
+    if n not in (2, 4):
+        raise ValueError(f"a vector fp32 reduction takes 2 or 4 values, not {n}")
+    from cutlass._mlir.dialects import llvm
+
+    regs = ", ".join(f"${i + 1}" for i in range(n))
+    llvm.inline_asm(None, [ptr.toint().ir_value(), *(F32(v).ir_value() for v in values)],
+                    "{ .reg .u64 g; cvta.to.global.u64 g, $0; "
+                    f"red.relaxed.gpu.global.add.v{n}.f32 [g], {{{regs}}}; }}",
+                    "l" + ",f" * n, has_side_effects=True)
+
+
 def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
     """dst[part * size(dst) + coord] = src[src_coord]: a store into CTA ``part``'s slice."""
     ptr = (mDst.iterator + part * cute.size(mDst.layout)

@@ -21,7 +21,7 @@ from csagate.kernels.device import (
     fma_rn,
     launch_zero_f32,
     mul_rn,
-    red_add_f32,
+    red_add_f32_vec,
     segment_bits,
     segment_search,
     store_partial_f32,
@@ -31,6 +31,7 @@ from csagate.kernels.device import (
 from csagate.kernels.small_schedule import (
     SmallSchedule,
     bwd_rows_per_cta,
+    bwd_schedule_problems,
     check_config,
     fwd_schedule_problems,
     small_schedule,
@@ -173,24 +174,18 @@ class SmallFwdKernel(SmallGeometry):
         cute.local_tile(mOut, (1, VEC), (row, col)).store(rOut.load().to(BF16))
 
 
-# --- backward: one CTA per (rows_per_cta rows, threads columns), one thread per column; the
-# rows per CTA are a launch argument up to the schedule's rows_per_cta (``bwd_rows_per_cta``)
+# --- backward: one CTA per (rows_per_cta rows, threads*vec columns); a thread owns vec
+# adjacent columns; a vector form's CTA runs ``lanes`` rows side by side (block.y). The rows per
+# CTA are a launch argument up to the schedule's rows_per_cta (``bwd_rows_per_cta``)
 
 
-def _zero_token(mDKV, mDS, tok, j, d, coff):
-    """Exact zeros into every dKV/dScore slot of token tok owned by column j."""
+def _zero_token(mDKV, mDS, tok, col, groups, coff, vec):
+    """Exact zeros into every dKV/dScore slot of token tok owned by column group col."""
+    z = cute.make_rmem_tensor((1, vec), BF16)
+    z.fill(0.0)
     for h in range(coff):
-        mDKV[tok, j + h * d] = BF16(0.0)
-        mDS[tok, j + h * d] = BF16(0.0)
-
-
-def _bwd_store(mDKV, mDS, rP, rT, rG, k, go, dot, tok, c):
-    """dKV/dScore of window position k into slot (tok, c); dAPE partial += fp32 ds_k."""
-    pk = rP[k]
-    ds = fma_rn(pk, -dot, rT[k])
-    mDKV[tok, c] = mul_rn(go, pk).to(BF16)
-    mDS[tok, c] = ds.to(BF16)
-    rG[k] = rG[k] + ds
+        cute.local_tile(mDKV, (1, vec), (tok, col + h * groups)).store(z.load())
+        cute.local_tile(mDS, (1, vec), (tok, col + h * groups)).store(z.load())
 
 
 class SmallBwdKernel(SmallGeometry):
@@ -199,7 +194,11 @@ class SmallBwdKernel(SmallGeometry):
     def __init__(self, ratio: int, d: int, coff: int, sched: SmallSchedule,
                  deterministic: bool = False):
         super().__init__(ratio, d, coff)
-        self.rows, self.threads = sched.rows_per_cta, sched.threads
+        problems = bwd_schedule_problems(ratio, coff, d, sched)
+        if problems:
+            raise ValueError(f"ratio={ratio} c{coff}d{d} {sched.tag}: " + "; ".join(problems))
+        self.rows, self.threads, self.lanes = sched.rows_per_cta, sched.threads, sched.lanes
+        self.vec, self.groups = sched.vec, d // sched.vec
         self.det, self.ape_regs = deterministic, sched.ape_regs
 
     @cute.jit
@@ -221,61 +220,95 @@ class SmallBwdKernel(SmallGeometry):
             gx = cute.ceil_div(n_rows, rows_per_cta)
         self.kernel((mKV, mS, mApe), (mCu, mCuc), mGo, (mDKV, mDS), mDApe, n_tok, n_rows, n_seq,
                     seg_bits, rows_per_cta, zero_dape).launch(
-            grid=(gx, -(-self.d // self.threads), 1),
-            block=(self.threads, 1, 1), stream=stream, use_pdl=not self.det)
+            grid=(gx, -(-self.groups // self.threads), 1),
+            block=(self.threads, self.lanes, 1), stream=stream, use_pdl=not self.det)
 
     @cute.kernel
     def kernel(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, mDApe: cute.Tensor,
                n_tok: I32, n_rows: I32, n_seq: I32, seg_bits: I32, rows: I32, zero_dape: I32):
         # ins = (kv, score, ape), cu = (cu_seqlens, cu_compressed), outs = (dkv, dscore).
         (_, _, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
-        D, COFF, WIN = self.d, self.coff, self.win
+        COFF, WIN, VEC, LANES = self.coff, self.win, self.vec, self.lanes
         if cutlass.const_expr(not self.det):
             # PDL: behind the launch's dAPE zeroing it waits before its atomics, else here.
             if zero_dape == 0:
                 cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.det):  # the dAPE reduction may be scheduled (PDL, reduce.py)
             cute.arch.griddepcontrol_launch_dependents()
-        tx, _, _ = cute.arch.thread_idx()
+        tx, ty, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         gdx, _, _ = cute.arch.grid_dim()
-        j = by * self.threads + tx  # this thread's column in [0, d)
-        if j < D:
-            # Zero classes (c) and (d): segments and padding tokens strided over gridDim.x.
-            zero = functools.partial(_zero_token, mDKV, mDS, j=j, d=D, coff=COFF)
-            zero_short_segments(mCu, mCuc, n_seq, bx, gdx, 0, 1, zero, 1)
-            zero_padding_tokens(mCu[n_seq] + bx, n_tok, gdx, zero, 1)
+        col = by * self.threads + tx  # this thread's column group: [col*VEC, col*VEC+VEC)
+        rG = cute.make_rmem_tensor((WIN, VEC), F32)  # dAPE partials over this lane's rows
+        if col < self.groups:
+            # Zero classes (c) and (d): segments and padding tokens strided over the CTAs.
+            zero = functools.partial(_zero_token, mDKV, mDS, col=col, groups=self.groups,
+                                     coff=COFF, vec=VEC)
+            zero_short_segments(mCu, mCuc, n_seq, bx, gdx, ty, LANES, zero, 1)
+            zero_padding_tokens(mCu[n_seq] + bx * LANES + ty, n_tok, gdx * LANES, zero, 1)
 
-            rA = cute.make_rmem_tensor((WIN if self.ape_regs else 1,), F32)  # APE, hoisted
-            rG = cute.make_rmem_tensor((WIN,), F32)  # dAPE partials over this CTA's rows
-            rS = cute.make_rmem_tensor((WIN,), F32)  # s_k, then e_k, then p_k
-            rU = cute.make_rmem_tensor((WIN,), F32)  # u_k, then t_k
+            rA = cute.make_rmem_tensor((WIN if self.ape_regs else 1, VEC), F32)  # APE, hoisted
+            rS = cute.make_rmem_tensor((WIN, VEC), F32)  # s_k, then e_k, then p_k
+            rU = cute.make_rmem_tensor((WIN, VEC), F32)  # u_k, then t_k
             for k in cutlass.range_constexpr(WIN):
                 if cutlass.const_expr(self.ape_regs):
                     _, col_off, ape_row = self.window_slot(k)
-                    rA[k] = mApe[ape_row, j + col_off]
-                rG[k] = F32(0.0)
+                    av = cute.local_tile(mApe, (1, VEC), (ape_row, col + col_off // VEC)).load()
+                    for e in cutlass.range_constexpr(VEC):
+                        rA[k, e] = av[e]
+                for e in cutlass.range_constexpr(VEC):
+                    rG[k, e] = F32(0.0)
 
             n_valid = cutlass.min(mCuc[n_seq], n_rows)  # capacity padding rows: ignored
+            regs = (rA, rG, rS, rU)
             if cutlass.const_expr(self.rows == 1):
                 if bx < n_valid:
-                    self.row_grads(ins, cu, mGo, outs, (rA, rG, rS, rU), bx, n_seq, seg_bits, j)
+                    self.row_grads(ins, cu, mGo, outs, regs, bx, n_seq, seg_bits, col)
             else:
-                for rr in cutlass.range(rows, unroll=1):
+                for rr in cutlass.range(ty, rows, LANES, unroll=1):
                     row = bx * rows + rr
                     if row < n_valid:
-                        self.row_grads(ins, cu, mGo, outs, (rA, rG, rS, rU), row, n_seq,
-                                       seg_bits, j)
-            self.dape_out(mDApe, rG, bx, j)
+                        self.row_grads(ins, cu, mGo, outs, regs, row, n_seq, seg_bits, col)
+        if cutlass.const_expr(LANES > 1):
+            self.merge_lanes(rG, col, tx, ty)
+            if col < self.groups:
+                if ty == 0:
+                    self.dape_out(mDApe, rG, bx, col)
+        else:
+            if col < self.groups:
+                self.dape_out(mDApe, rG, bx, col)
+
+    @cute.jit
+    def merge_lanes(self, rG: cute.Tensor, col: I32, tx: I32, ty: I32):
+        """Lane 0's dAPE partials += lane 1's, then lane 2's, ... (a fixed order), through
+        shared memory; every thread of the CTA reaches the barrier."""
+        WIN, VEC, LANES = self.win, self.vec, self.lanes
+        span = self.threads * VEC
+        smem = cutlass.memory.SmemAllocator()
+        sG = smem.allocate_tensor(F32, cute.make_layout((LANES - 1, WIN, span),
+                                                        stride=(WIN * span, span, 1)),
+                                  byte_alignment=16)
+        if col < self.groups:
+            if ty > 0:
+                for k in cutlass.range_constexpr(WIN):
+                    for e in cutlass.range_constexpr(VEC):
+                        sG[ty - 1, k, tx * VEC + e] = rG[k, e]
+        cute.arch.sync_threads()
+        if col < self.groups:
+            if ty == 0:
+                for lane in cutlass.range_constexpr(LANES - 1):
+                    for k in cutlass.range_constexpr(WIN):
+                        for e in cutlass.range_constexpr(VEC):
+                            rG[k, e] = add_rn(rG[k, e], sG[lane, k, tx * VEC + e])
 
     @cute.jit
     def row_grads(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, regs: tuple,
-                  row: I32, n_seq: I32, seg_bits: I32, j: I32):
-        """dKV/dScore of one valid row's window in column j, its zero classes (a) and (b),
-        and its ds into the dAPE partials rG."""
+                  row: I32, n_seq: I32, seg_bits: I32, col: I32):
+        """dKV/dScore of one valid row's window in column group col, its zero classes (a) and
+        (b), and its ds into the dAPE partials rG."""
         (mKV, mS, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
         rA, rG, rS, rU = regs
-        RATIO, WIN = self.ratio, self.win
+        RATIO, WIN, VEC = self.ratio, self.win, self.vec
         seg = segment_search(mCuc, row, n_seq, seg_bits)
         blk = row - mCuc[seg]
         tok0 = mCu[seg] + blk * RATIO
@@ -283,71 +316,108 @@ class SmallBwdKernel(SmallGeometry):
         if cutlass.const_expr(self.coff == 2):
             if has_prev:
                 for k in cutlass.range_constexpr(RATIO):
-                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - RATIO + k, j)
+                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - RATIO + k, col)
             else:
                 for k in cutlass.range_constexpr(RATIO):
-                    rS[k] = F32(NEG_INF)
-                    rU[k] = F32(0.0)
+                    for e in cutlass.range_constexpr(VEC):
+                        rS[k, e] = F32(NEG_INF)
+                        rU[k, e] = F32(0.0)
         for k in cutlass.range_constexpr(WIN - RATIO, WIN):
             tok_off, col_off, _ = self.window_slot(k)
-            self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 + tok_off, j + col_off)
+            self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 + tok_off, col + col_off // VEC)
 
-        mx = rS[0]
-        for k in cutlass.range_constexpr(1, WIN):
-            if rS[k] > mx:
-                mx = rS[k]
-        den = F32(0.0)
-        for k in cutlass.range_constexpr(WIN):
-            ek = cute.math.exp(rS[k] - mx)  # invalid: exp(-inf) = +0
-            rS[k] = ek
-            den = add_rn(den, ek)
-        go = mGo[row, j].to(F32)
-        dot = F32(0.0)  # S = sum_k t_k
-        for k in cutlass.range_constexpr(WIN):
-            pk = rS[k] / den
-            tk = mul_rn(mul_rn(go, rU[k]), pk)
-            rS[k] = pk
-            rU[k] = tk
-            dot = add_rn(dot, tk)
+        gv = cute.local_tile(mGo, (1, VEC), (row, col)).load().to(F32)
+        rGo = cute.make_rmem_tensor((VEC,), F32)
+        rDot = cute.make_rmem_tensor((VEC,), F32)  # S = sum_k t_k, per column
+        for e in cutlass.range_constexpr(VEC):
+            mx = rS[0, e]
+            for k in cutlass.range_constexpr(1, WIN):
+                if rS[k, e] > mx:
+                    mx = rS[k, e]
+            den = F32(0.0)
+            for k in cutlass.range_constexpr(WIN):
+                ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
+                rS[k, e] = ek
+                den = add_rn(den, ek)
+            go = gv[e]
+            dot = F32(0.0)
+            for k in cutlass.range_constexpr(WIN):
+                pk = rS[k, e] / den
+                tk = mul_rn(mul_rn(go, rU[k, e]), pk)
+                rS[k, e] = pk
+                rU[k, e] = tk
+                dot = add_rn(dot, tk)
+            rGo[e] = go
+            rDot[e] = dot
 
         if cutlass.const_expr(self.coff == 2):
             if has_prev:
                 for k in cutlass.range_constexpr(RATIO):
-                    _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 - RATIO + k, j)
+                    self.store(mDKV, mDS, regs, rGo, rDot, k, tok0 - RATIO + k, col)
         for k in cutlass.range_constexpr(WIN - RATIO, WIN):
             tok_off, col_off, _ = self.window_slot(k)
-            _bwd_store(mDKV, mDS, rS, rU, rG, k, go, dot, tok0 + tok_off, j + col_off)
+            self.store(mDKV, mDS, regs, rGo, rDot, k, tok0 + tok_off, col + col_off // VEC)
 
         if row + 1 == mCuc[seg + 1]:  # the segment's last block
             if cutlass.const_expr(self.coff == 2):
                 # Zero class (b): columns [0, d) of the last block's own tokens.
+                z = cute.make_rmem_tensor((1, VEC), BF16)
+                z.fill(0.0)
                 for k in cutlass.range_constexpr(RATIO):
-                    mDKV[tok0 + k, j] = BF16(0.0)
-                    mDS[tok0 + k, j] = BF16(0.0)
+                    cute.local_tile(mDKV, (1, VEC), (tok0 + k, col)).store(z.load())
+                    cute.local_tile(mDS, (1, VEC), (tok0 + k, col)).store(z.load())
             # Zero class (a): the tail tokens after the last block, all columns.
             for tok in cutlass.range(tok0 + RATIO, mCu[seg + 1], unroll=1):
-                _zero_token(mDKV, mDS, tok, j, self.d, self.coff)
+                _zero_token(mDKV, mDS, tok, col, self.groups, self.coff, VEC)
 
-    def load(self, mKV, mS, mApe, rA, rS, rU, k, tok, c):
-        """Window position k of column c: s = f32(score) + ape (hoisted or re-read), u = f32(kv)."""
+    def load(self, mKV, mS, mApe, rA, rS, rU, k, tok, cg):
+        """Window position k of column group cg: s = f32(score) + ape (hoisted or re-read),
+        u = f32(kv)."""
+        VEC = self.vec
+        sv = cute.local_tile(mS, (1, VEC), (tok, cg)).load().to(F32)
+        uv = cute.local_tile(mKV, (1, VEC), (tok, cg)).load().to(F32)
         if self.ape_regs:
-            rS[k] = add_rn(mS[tok, c].to(F32), rA[k])
+            for e in range(VEC):
+                rS[k, e] = add_rn(sv[e], rA[k, e])
         else:
-            rS[k] = add_rn(mS[tok, c].to(F32), mApe[self.window_slot(k)[2], c])
-        rU[k] = mKV[tok, c].to(F32)
+            av = cute.local_tile(mApe, (1, VEC), (self.window_slot(k)[2], cg)).load()
+            for e in range(VEC):
+                rS[k, e] = add_rn(sv[e], av[e])
+        for e in range(VEC):
+            rU[k, e] = uv[e]
+
+    def store(self, mDKV, mDS, regs, rGo, rDot, k, tok, cg):
+        """dKV/dScore of window position k into slot (tok, column group cg); the dAPE
+        partials += fp32 ds_k."""
+        _, rG, rP, rT = regs
+        VEC = self.vec
+        dkv = cute.make_rmem_tensor((1, VEC), F32)
+        dsv = cute.make_rmem_tensor((1, VEC), F32)
+        for e in range(VEC):
+            pk = rP[k, e]
+            ds = fma_rn(pk, -rDot[e], rT[k, e])
+            dkv[0, e] = mul_rn(rGo[e], pk)
+            dsv[0, e] = ds
+            rG[k, e] = rG[k, e] + ds
+        cute.local_tile(mDKV, (1, VEC), (tok, cg)).store(dkv.load().to(BF16))
+        cute.local_tile(mDS, (1, VEC), (tok, cg)).store(dsv.load().to(BF16))
 
     @cute.jit
-    def dape_out(self, mDApe: cute.Tensor, rG: cute.Tensor, bx: I32, j: I32):
-        """One fp32 atomic per (window position, column) per CTA; deterministic: the same
-        values stored into CTA bx's partials slice (every slot written once)."""
+    def dape_out(self, mDApe: cute.Tensor, rG: cute.Tensor, bx: I32, col: I32):
+        """One fp32 reduction (vec wide) per (window position, column group) per CTA;
+        deterministic: the same values stored into CTA bx's partials slice (every slot written
+        once)."""
+        VEC = self.vec
         if cutlass.const_expr(not self.det):
             cute.arch.griddepcontrol_wait()  # the zeros land first (else already waited)
         for k in cutlass.range_constexpr(self.win):
             _, col_off, ape_row = self.window_slot(k)
+            j0 = col * VEC + col_off
             if cutlass.const_expr(self.det):
-                store_partial_f32(mDApe, bx, (ape_row, j + col_off), rG, k)
+                for e in cutlass.range_constexpr(VEC):
+                    store_partial_f32(mDApe, bx, (ape_row, j0 + e), rG, (k, e))
             else:
-                red_add_f32(mDApe, (ape_row, j + col_off), rG, k)
+                red_add_f32_vec(mDApe, (ape_row, j0), [rG[k, e] for e in range(VEC)])
 
 
 # --- build and launch (plain Python) ------------------------------------------------------

@@ -17,10 +17,13 @@ BWD_APE_REGS_MAX_WINDOW = 32  # backward: the APE hoisted in registers up to her
 SMALL_FWD_THREADS = 64       # threads per forward CTA when d/vec >= 64
 SMALL_FWD_THREADS_WIDE = 128  # used when 64 threads would need gridDim.y > MAX_GRID_Y
 MAX_GRID_Y = 65535
-SMALL_BWD_ROWS = 32          # most rows per backward CTA (the launch picks: bwd_rows_per_cta)
+SMALL_BWD_ROWS = 32          # most rows per lane of a backward CTA (bwd_rows_per_cta picks)
+SMALL_BWD_ROWS_LANES = 64    # ... and per CTA of a form with lanes
 SMALL_BWD_ROWS_WIDE = 1      # ... beyond BWD_APE_REGS_MAX_WINDOW: one, compile-time (registers)
 BWD_CTAS_PER_SLICE = 512     # bwd_rows_per_cta's CTAs along the rows per 128-column slice
-SMALL_BWD_THREADS = 128      # one thread per head-dim column
+SMALL_BWD_THREADS = 128      # threads per backward CTA (vec 1: one per head-dim column)
+BWD_VECS = (1, 2, 4)         # backward columns per thread
+BWD_VEC_MAX_VALUES = 64      # fp32 values per thread of a vector backward (bwd_values)
 FWD_VECS = (1, 2, 4)         # forward columns per thread
 FWD_ROWS = (1, 2)            # forward rows per thread (and CTA), their windows loaded at once
 FWD_MAX_VALUES = 128         # fp32 values per forward thread (fwd_values)
@@ -37,10 +40,12 @@ class SmallSchedule:
     threads: int
     rows_per_cta: int
     ape_regs: bool = True        # backward only: the APE of the thread's column hoisted
+    lanes: int = 1               # backward only: rows a CTA runs side by side (block.y)
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
+                + (f"l{self.lanes}" if self.lanes > 1 else "")
                 + ("" if self.ape_regs else "_ag"))
 
     def astuple(self) -> tuple:
@@ -116,8 +121,8 @@ def fwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
     if values > FWD_MAX_VALUES:
         out.append(f"vec {vec} with {rows} row(s) at a window of {ratio * coff} keeps "
                    f"{values} fp32 values per thread (more than {FWD_MAX_VALUES})")
-    if not sched.ape_regs:
-        out.append("ape_regs is a backward field")
+    if not sched.ape_regs or sched.lanes != 1:
+        out.append("ape_regs and lanes are backward fields")
     if not 1 <= sched.threads <= 1024:
         out.append(f"threads must be in [1, 1024], got {sched.threads}")
     return out
@@ -132,18 +137,73 @@ def fwd_forms(ratio: int, coff: int, d: int) -> tuple[SmallSchedule, ...]:
                  if s != table and not fwd_schedule_problems(ratio, coff, d, s))
 
 
+def bwd_values(window: int, vec: int) -> int:
+    """fp32 values a backward thread keeps: APE, dAPE sums, s/e/p and u/t per (position,
+    column)."""
+    return 4 * window * vec
+
+
+def bwd_form(vec: int, d: int, window: int) -> SmallSchedule:
+    """A backward form: ``vec`` adjacent columns per thread. vec 1 is the one-column form
+    (``SMALL_BWD_THREADS`` threads, one lane; beyond ``BWD_APE_REGS_MAX_WINDOW`` one row per
+    CTA, the APE re-read). A vector form spans a row's column groups with whole warps and runs
+    ``lanes`` rows side by side so a CTA keeps ``SMALL_BWD_THREADS`` threads; its lanes' dAPE
+    sums meet in shared memory before the CTA's one reduction per (position, column)."""
+    if vec == 1:
+        if window <= BWD_APE_REGS_MAX_WINDOW:
+            return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS)
+        return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS_WIDE, ape_regs=False)
+    groups = -(-d // vec)
+    threads = min(SMALL_BWD_THREADS, -(-groups // 32) * 32)
+    lanes = max(1, SMALL_BWD_THREADS // threads)
+    rows = min(SMALL_BWD_ROWS * lanes, SMALL_BWD_ROWS_LANES) if lanes > 1 else SMALL_BWD_ROWS
+    return SmallSchedule(vec, threads, rows, lanes=lanes)
+
+
+def bwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -> list[str]:
+    """Why the backward cannot build ``sched`` for (ratio, coff, d); [] if it can."""
+    out = config_problems(ratio, coff, d)
+    vec, window = sched.vec, ratio * coff
+    if vec not in BWD_VECS:
+        out.append(f"backward vec must be in {BWD_VECS}, got {vec}")
+    elif d % vec:
+        out.append(f"vec {vec} needs head_dim a multiple of it, got {d}")
+    if vec > 1 and bwd_values(window, vec) > BWD_VEC_MAX_VALUES:
+        out.append(f"vec {vec} at a window of {window} keeps {bwd_values(window, vec)} fp32 "
+                   f"values per thread (more than {BWD_VEC_MAX_VALUES})")
+    if vec > 1 and not sched.ape_regs:
+        out.append("a vector backward hoists the APE (ape_regs)")
+    if sched.ape_regs and window > BWD_APE_REGS_MAX_WINDOW:
+        out.append(f"a window of {window} re-reads the APE (ape_regs off)")
+    if sched.rows_per_cta < sched.lanes:
+        out.append(f"{sched.rows_per_cta} rows per CTA for {sched.lanes} lanes")
+    if not 1 <= sched.threads * sched.lanes <= 1024:
+        out.append(f"threads x lanes must be in [1, 1024], got {sched.threads * sched.lanes}")
+    return out
+
+
+def bwd_forms(ratio: int, coff: int, d: int, arch: str | None = None
+              ) -> tuple[SmallSchedule, ...]:
+    """The backward forms beyond ``arch``'s table form that (ratio, coff, d) can build."""
+    table = small_schedule("bwd", d, ratio=ratio, coff=coff, arch=arch)
+    forms = (bwd_form(v, d, ratio * coff) for v in BWD_VECS)
+    return tuple(s for s in dict.fromkeys(forms)
+                 if s != table and not bwd_schedule_problems(ratio, coff, d, s))
+
+
 def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
                      sm_count: int = 0) -> int:
     """Backward rows per CTA, chosen at launch (at most ``sched.rows_per_cta``): about
-    ``BWD_CTAS_PER_SLICE`` CTAs along the rows for every 128-column slice, at least
-    ``2 * slices`` rows. Fewer CTAs issue fewer dAPE atomics onto the same addresses, which
-    serialize in the L2; more slices spread them over more addresses. The H200 cold sweep behind
-    the constants: docs/PERF_NOTES.md section 14.2. ``sm_count``: the uniform signature."""
+    ``BWD_CTAS_PER_SLICE`` CTAs along the rows for every slice of a row's columns, at least
+    ``2 * slices`` rows per lane. Fewer CTAs issue fewer dAPE atomics onto the same addresses,
+    which serialize in the L2; more slices spread them over more addresses. The H200 cold sweep
+    behind the constants: docs/PERF_NOTES.md section 14.2. ``sm_count``: the uniform
+    signature."""
     if sched.rows_per_cta == 1:
         return 1
-    slices = -(-d // sched.threads)
+    slices = -(-d // (sched.threads * sched.vec))
     want = -(-n_rows // (BWD_CTAS_PER_SLICE * slices))
-    return max(1, min(sched.rows_per_cta, max(2 * slices, want)))
+    return max(sched.lanes, min(sched.rows_per_cta, max(2 * slices * sched.lanes, want)))
 
 
 def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
@@ -157,9 +217,7 @@ def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
             return fwd_form(*form, d)
         vec, threads = fwd_schedule(d, window)
         return SmallSchedule(vec, threads, 1)
-    if window <= BWD_APE_REGS_MAX_WINDOW:
-        return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS)
-    return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS_WIDE, ape_regs=False)
+    return bwd_form(_bwd_table_vec(ratio, coff, d, arch), d, window)
 
 
 # The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.2), for
@@ -173,6 +231,20 @@ def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
     if arch != "sm_90a" or d < 128 or d % 4:
         return None
     return SM90_FWD_FORMS.get((ratio, coff, d // 4 < SMALL_FWD_THREADS))
+
+
+# The backward's vec the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.4), for
+# d >= 128: (ratio, coff, narrow) -> columns per thread, narrow: d < 256 as the forward's.
+# Elsewhere (ratio 8 and up, d < 128, the other arches) the one-column form.
+SM90_BWD_VECS = {(2, 1, True): 4, (2, 1, False): 4, (2, 2, True): 4, (2, 2, False): 1,
+                 (4, 1, True): 4, (4, 1, False): 4, (4, 2, True): 2, (4, 2, False): 2}
+
+
+def _bwd_table_vec(ratio: int, coff: int, d: int, arch: str | None) -> int:
+    if arch != "sm_90a" or d < 128:
+        return 1
+    vec = SM90_BWD_VECS.get((ratio, coff, d // 4 < SMALL_FWD_THREADS), 1)
+    return vec if d % vec == 0 else 1
 
 
 def build_configs(ratio: int) -> tuple[tuple[int, int], ...]:

@@ -176,21 +176,24 @@ def _same_bits(a, b) -> bool:
     return (a[2] - b[2]).abs().max().item() <= tol
 
 
-AB_BWD_ROWS = (2, 4, 8, 16, 32)  # the fixed rows per CTA the backward's rule is timed against
+AB_BWD_ROWS = (2, 4, 8, 16, 32)  # the fixed rows per lane each backward form is timed at
 
 
 def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
              arch: str | None = None) -> dict:
     """tag -> (schedule, rows per CTA or None): the table's first (the backward: at the rows
-    ``bwd_rows_per_cta`` picks for ``n_rows``), then every other forward form, or the
-    backward at each other fixed rows per CTA."""
+    ``bwd_rows_per_cta`` picks for ``n_rows``), then every other forward form, or every
+    backward form (the table's included) at each other fixed rows per lane."""
     table = SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
     if direction == "fwd":
         return {s.tag: (s, None) for s in (table, *SS.fwd_forms(ratio, coff, d))}
     rule = SS.bwd_rows_per_cta(n_rows, d, coff, table)
-    out = {f"rule r{rule}": (table, rule)}
-    out.update({f"r{r}": (table, r) for r in AB_BWD_ROWS
-                if r != rule and r <= table.rows_per_cta})
+    out = {f"{table.tag} rule {rule}": (table, rule)}
+    for sched in (table, *SS.bwd_forms(ratio, coff, d, arch)):
+        picks = {r * sched.lanes for r in AB_BWD_ROWS} | {
+            SS.bwd_rows_per_cta(n_rows, d, coff, sched)}
+        out.update({f"v{sched.vec}l{sched.lanes} {r}": (sched, r) for r in sorted(picks)
+                    if r <= sched.rows_per_cta and (sched, r) != (table, rule)})
     return out
 
 

@@ -19,7 +19,10 @@ from csagate.kernels import small_schedule as SS
 from csagate.kernels.cache import KernelCache, keys_for
 from csagate.kernels.small_schedule import small_schedule as _small_schedule
 
-_BWD_TAG = _small_schedule("bwd", 128, ratio=4, coff=2).tag  # the table's backward schedule
+
+def _bwd_tag(d: int) -> str:
+    """The sm_90a table's ratio-4 coff-2 backward schedule tag at head dim d."""
+    return _small_schedule("bwd", d, ratio=4, coff=2, arch="sm_90a").tag
 
 
 @pytest.mark.parametrize("arch", S.ARCHES)
@@ -89,9 +92,9 @@ def test_r4_keys():
         (c, d, direction) for c in S.COFFS for d in SS.SMALL_HEAD_DIMS
         for direction in ("fwd", "bwd"))
     tags = {k.tag for k in keys}
-    assert {"r4fwd_c2d128_v2", "r4fwd_c1d65_v1", f"r4bwd_c2d128_{_BWD_TAG}"} <= tags
+    assert {"r4fwd_c2d128_v2", "r4fwd_c1d65_v1", f"r4bwd_c2d128_{_bwd_tag(128)}"} <= tags
     assert [k.tag for k in keys_for(4, "sm_90a", coff=2, d=192)] == \
-        ["r4fwd_c2d192_v2", f"r4bwd_c2d192_{_BWD_TAG}"]
+        ["r4fwd_c2d192_v2", f"r4bwd_c2d192_{_bwd_tag(192)}"]
 
 
 # --- cache behaviour (fake compiler: no DSL needed) -------------------------------------

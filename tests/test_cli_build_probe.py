@@ -15,7 +15,10 @@ from csagate.kernels.small_schedule import small_schedule as _small_schedule
 
 from csagate.cli import cli
 
-_BWD_TAG = _small_schedule("bwd", 128, ratio=4, coff=2).tag  # the table's backward schedule
+
+def _bwd_tag(d: int) -> str:
+    """The sm_90a table's ratio-4 coff-2 backward schedule tag at head dim d."""
+    return _small_schedule("bwd", d, ratio=4, coff=2, arch="sm_90a").tag
 
 
 def run(*args):
@@ -57,10 +60,10 @@ def test_build_again_hits_the_cache_json(dsl):
     assert doc["arch"] == "sm_90a" and "disk cache" in doc["cache"]
     records = doc["kernels"]
     assert len(records) == 12 and all(rec["cache_hit"] for rec in records)
-    assert {rec["tag"] for rec in records} >= {"r4fwd_c1d65_v1", f"r4bwd_c2d512_{_BWD_TAG}"}
+    assert {rec["tag"] for rec in records} >= {"r4fwd_c1d65_v1", f"r4bwd_c2d512_{_bwd_tag(512)}"}
     fwd = next(rec for rec in records if rec["tag"] == "r4fwd_c2d128_v2")
     assert fwd["schedule"] == {"tag": "v2", "vec": 2, "threads": 64, "rows_per_cta": 1,
-                               "ape_regs": True}
+                               "ape_regs": True, "lanes": 1}
     assert fwd["deterministic"] is False  # the key's mode, not a schedule field
     assert (fwd["kind"], fwd["ratio"], fwd["config"], fwd["arch"]) == \
         ("r4fwd", 4, "c2d128", "sm_90a")

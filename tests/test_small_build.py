@@ -139,7 +139,8 @@ def test_ptx_pins_numerics(kernel):
     label = _kid(kernel)
     assert _count(r"\b(?:ld|st)\.local\b", ptx) == 0, f"{label}: local memory used"
     assert _count(r"div\.(?:approx|full)\.f32", ptx) == 0, f"{label}: inexact div"
-    assert f".reqntid {sched.threads}, 1, 1" in ptx, f"{label}: block is not {sched.threads}"
+    block = f"{sched.threads}, {sched.lanes}, 1"
+    assert f".reqntid {block}" in ptx, f"{label}: block is not ({block})"
     if kind == "fwd":
         _check_fwd_ptx(ptx, label, win, sched)
     else:
@@ -148,17 +149,25 @@ def test_ptx_pins_numerics(kernel):
 
 def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     """A backward's PTX: the pinned operations of one row body per (window position, column)
-    (LLVM may duplicate the body, every copy whole); score and kv one 2-byte load per window
-    position and grad_out one per row body; one dAPE atomic per window position."""
-    found, expected = _pinned_counts(ptx), _pinned_expected("bwd", win)
+    (LLVM may duplicate the body, every copy whole) plus, with lanes, one add.rn per dAPE sum
+    and extra lane; score and kv one vec-wide load per window position and grad_out one per row
+    body; one dAPE reduction (vec wide) per window position."""
+    vec, lanes = sched.vec, sched.lanes
+    n = win * vec
+    found, expected = _pinned_counts(ptx), _pinned_expected("bwd", n)
+    found["add.rn.f32"] -= (lanes - 1) * n  # the lanes' dAPE sums merged, once per CTA
     # The compiler may duplicate the backward's row body (LLVM does at ratio 2, c1d128 on
     # sm_100a: two copies of the same instructions); every copy holds the whole pinned set.
-    copies = found["div.rn.f32"] // win
+    copies = found["div.rn.f32"] // n
     assert copies >= 1 and found == {k: copies * v for k, v in expected.items()}, (
         f"{label}: PTX op counts {found} != {copies} x {expected}")
-    assert _count(r"ld\.global\.b16", ptx) == copies * (2 * win + 1), label
-    n_atomic = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
-    assert n_atomic == win, f"{label}: {n_atomic} fp32 atomic adds, expected one per position"
+    load = r"ld\.global\.b16" if vec == 1 else rf"ld\.global\.v{vec}\.b16"
+    assert _count(load, ptx) == copies * (2 * win + 1), label
+    scalar = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
+    vector = _count(rf"red\.[a-z.]*add\.v{vec}\.f32", ptx) if vec > 1 else 0
+    assert scalar + vector == win and (vec == 1 or scalar == 0), (
+        f"{label}: {scalar} scalar and {vector} v{vec} fp32 reductions, expected {win} "
+        f"{'scalar' if vec == 1 else f'v{vec}'}")
 
 
 def _case_configs() -> list[tuple[int, int, int]]:
@@ -298,7 +307,7 @@ def test_fwd_forms_follow_the_register_budget():
                 and SS.fwd_values(win, v, r) <= SS.FWD_MAX_VALUES} - {(table.vec, 1)}
     assert any("multiple" in p for p in SS.fwd_schedule_problems(
         4, 1, 130, SS.fwd_form(4, 1, 130)))
-    assert any("backward field" in p for p in SS.fwd_schedule_problems(
+    assert any("backward fields" in p for p in SS.fwd_schedule_problems(
         4, 1, 128, SS.SmallSchedule(2, 64, 1, ape_regs=False)))
 
 
@@ -343,3 +352,72 @@ def test_sm90a_forward_table_and_defaults():
     assert SS.small_schedule("fwd", 128, ratio=4, coff=2, arch="sm_90a").vec == 2
 
 
+
+
+# --- the backward's forms (vec 1, 2, 4 columns per thread; lanes)
+
+BWD_FORM_KERNELS = [(ratio, "sm_90a", coff, d, sched) for ratio in SMALL_RATIOS
+                    for coff in COFFS for d in (128, 512)
+                    for sched in SS.bwd_forms(ratio, coff, d, "sm_90a")]
+
+
+@functools.cache
+def _bwd_form_ptx(ratio: int, arch: str, coff: int, d: int, sched) -> str:
+    from csagate.kernels import registry
+    from csagate.kernels.cache import CACHE
+
+    ptx = CACHE.ptx(registry.make_key("bwd", ratio, coff, d, sched, arch))
+    assert ptx, f"{_fid((ratio, arch, coff, d, sched))}: no PTX retained"
+    return ptx
+
+
+@pytest.mark.parametrize("kernel", BWD_FORM_KERNELS,
+                         ids=lambda k: _fid(k).replace("fwd", "bwd"))
+def test_bwd_form_ptxas_clean_and_pinned(kernel, ptxas):
+    """Every backward form the sm_90a A/B times beside the table's: 0 spill, 0 stack; per row
+    body the pinned operations, vec-wide loads, one vec-wide dAPE reduction per position."""
+    from csagate.perf.probe import main_entry
+
+    ratio, arch, coff, d, sched = kernel
+    label = _fid(kernel).replace("fwd", "bwd")
+    ptx = _bwd_form_ptx(*kernel)
+    _assert_ptxas_clean(ptx, label, "bwd", arch, ptxas)
+    main = main_entry(ptx)
+    _check_bwd_ptx(main, label, coff * ratio, sched)
+    assert f".reqntid {sched.threads}, {sched.lanes}, 1" in main
+
+
+def test_bwd_forms_and_the_sm90a_table():
+    """The backward's table: vector forms on sm_90a only where the measured table says and d
+    allows, the one-column form elsewhere; every table and listed form builds (no problems);
+    a vector form fills its CTA with lanes; what the kernel cannot build is refused."""
+    for ratio in SMALL_RATIOS:
+        for coff in COFFS:
+            for d in (65, 96, 128, 130, 136, 256, 512):
+                if SS.config_problems(ratio, coff, d):
+                    continue
+                for arch in ARCHES:
+                    got = SS.small_schedule("bwd", d, ratio=ratio, coff=coff, arch=arch)
+                    assert not SS.bwd_schedule_problems(ratio, coff, d, got), (ratio, coff, d)
+                    want = 1
+                    if arch == "sm_90a" and d >= 128:
+                        want = SS.SM90_BWD_VECS.get((ratio, coff, d < 256), 1)
+                        want = want if d % want == 0 else 1
+                    assert got.vec == want, (ratio, coff, d, arch, got)
+                for form in SS.bwd_forms(ratio, coff, d, "sm_90a"):
+                    assert not SS.bwd_schedule_problems(ratio, coff, d, form)
+                    groups = d // form.vec
+                    if form.vec > 1:
+                        assert form.threads % 32 == 0 and form.threads >= min(groups, 128)
+                        assert form.threads * form.lanes <= SS.SMALL_BWD_THREADS
+                        assert form.lanes == 1 or form.threads * form.lanes == 128
+    ok = SS.bwd_form(2, 128, 8)
+    assert not SS.bwd_schedule_problems(4, 2, 128, ok) and ok.lanes == 2
+    assert any("values" in p for p in SS.bwd_schedule_problems(4, 2, 128, SS.bwd_form(4, 128, 8)))
+    assert any("multiple" in p for p in SS.bwd_schedule_problems(4, 1, 130, SS.bwd_form(4, 130, 4)))
+    assert any("vec must be" in p for p in SS.bwd_schedule_problems(
+        4, 1, 128, SS.SmallSchedule(3, 128, 32)))
+    assert any("hoists" in p for p in SS.bwd_schedule_problems(
+        4, 1, 128, SS.SmallSchedule(2, 64, 32, ape_regs=False, lanes=2)))
+    assert any("lanes" in p for p in SS.fwd_schedule_problems(
+        4, 1, 128, SS.SmallSchedule(2, 64, 1, lanes=2)))

@@ -114,9 +114,11 @@ def _run_fwd(pack, *, fill=float("nan"), stream=None) -> torch.Tensor:
 
 def _table_rows(pack) -> int:
     """The rows per CTA a launch takes by default (``bwd_rows_per_cta``)."""
+    from csagate.kernels._dsl import device_arch
     from csagate.kernels.small_schedule import bwd_rows_per_cta, small_schedule
 
-    sched = small_schedule("bwd", pack.d, ratio=pack.ratio, coff=pack.coff)
+    sched = small_schedule("bwd", pack.d, ratio=pack.ratio, coff=pack.coff,
+                           arch=device_arch())
     return bwd_rows_per_cta(pack.n_rows, pack.d, pack.coff, sched)
 
 
@@ -507,6 +509,61 @@ def test_backward_rows_per_cta_bitwise(ratio, coff, rows, pack_name):
         assert not got.isnan().any(), f"{label}: {int(got.isnan().sum())} {name} never written"
         assert torch.equal(got, want), f"{label}: " + _mismatch(name, got, want, pack)
     assert (dape - ref.dape).abs().max().item() <= DAPE_ATOL, f"{label}: dAPE"
+
+
+def _bwd_form_cases():
+    """Every backward form (vec 1, 2, 4 where the window allows) at d = 128, 512 and 136 (a
+    partial warp of column groups), whether or not a table picks it."""
+    from csagate.kernels.small_schedule import bwd_forms, small_schedule
+
+    cases = []
+    for ratio in SMALL_RATIOS:
+        for coff in (1, 2):
+            for d in (128, 136, 512):
+                table = small_schedule("bwd", d, ratio=ratio, coff=coff)
+                cases += [(ratio, coff, d, s) for s in (table, *bwd_forms(ratio, coff, d))
+                          if s.vec > 1]
+    return cases
+
+
+@functools.cache
+def _bwd_kernel(d: int, coff: int, ratio: int, sched):
+    from csagate.kernels import small
+    from csagate.kernels._dsl import device_arch
+
+    return small.build_bwd(d=d, coff=coff, arch=device_arch(), sched=sched, ratio=ratio)
+
+
+@pytest.mark.parametrize("pack_name", tuple(FORM_PACKS))
+@pytest.mark.parametrize("case", _bwd_form_cases(), ids=_form_id)
+def test_backward_vector_forms_bitwise(case, pack_name):
+    """A vector backward form (vec columns per thread, lanes rows side by side, the lanes'
+    dAPE sums merged in shared memory, one vector reduction per slot) writes every dKV/dScore
+    slot bitwise the fp32 reference's at one row per lane, a ragged count and its most rows per
+    CTA; dAPE within the atomics' noise."""
+    from csagate.kernels import small
+    from csagate.reference import make_grad_out
+
+    ratio, coff, d, sched = case
+    lens, pad_rows, pad_tokens = FORM_PACKS[pack_name]
+    pack = _pack(lens, d, coff, ratio, pad_rows=pad_rows, pad_tokens=pad_tokens)
+    go = make_grad_out(pack.n_rows, d, seed=7, device="cuda")
+    ref = _ref_grads(pack, go)
+    kv, score, ape, cu, cuc = pack.inputs()
+    for rows in sorted({sched.lanes, 3 * sched.lanes + 1, sched.rows_per_cta}):
+        rows = min(rows, sched.rows_per_cta)
+        dkv, dscore = torch.full_like(kv, float("nan")), torch.full_like(score, float("nan"))
+        dape = torch.full_like(ape, 7.0)  # zeroed inside the launch
+        small.launch_bwd(_bwd_kernel(d, coff, ratio, sched), kv=kv, score=score, ape=ape,
+                         cu=cu, cuc=cuc, grad_out=go, dkv=dkv, dscore=dscore, dape=dape,
+                         rows_per_cta=rows, zero_dape=True)
+        torch.cuda.synchronize()
+        label = f"{_form_id(case)} rows {rows} {pack_name}"
+        for name, got, want in (("dKV", dkv, ref.dkv), ("dScore", dscore, ref.dscore)):
+            assert not got.isnan().any(), f"{label}: {int(got.isnan().sum())} {name} unwritten"
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (
+                f"{label}: " + _mismatch(name, got, want, pack))
+        assert (dape - ref.dape).abs().max().item() <= DAPE_ATOL, f"{label}: dAPE"
 
 
 # ----------------------------------------------------------------------------------------
