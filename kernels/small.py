@@ -56,6 +56,22 @@ class SmallGeometry:
         return k - self.ratio, (self.d if k >= self.ratio else 0), k % self.ratio
 
 
+@cute.jit
+def _exp_den(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr):
+    """Column e of a window: s_k -> e_k = exp(s_k - mx) in place, mx the strict serial max
+    from s_0; returns den, the serial ascending sum of the e_k."""
+    mx = rS[0, e]
+    for k in cutlass.range_constexpr(1, win):
+        if rS[k, e] > mx:
+            mx = rS[k, e]
+    den = F32(0.0)
+    for k in cutlass.range_constexpr(win):
+        ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
+        rS[k, e] = ek
+        den = add_rn(den, ek)
+    return den
+
+
 # --- forward: one CTA per (rows_per_cta rows, threads*vec columns); a thread owns vec columns
 # of rows_per_cta rows and loads every one of their windows before their arithmetic --------
 
@@ -157,15 +173,7 @@ class SmallFwdKernel(SmallGeometry):
         WIN, VEC = self.win, self.vec
         rOut = cute.make_rmem_tensor((1, VEC), F32)
         for e in cutlass.range_constexpr(VEC):
-            mx = rS[0, e]
-            for k in cutlass.range_constexpr(1, WIN):
-                if rS[k, e] > mx:
-                    mx = rS[k, e]
-            den = F32(0.0)
-            for k in cutlass.range_constexpr(WIN):
-                ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
-                rS[k, e] = ek
-                den = add_rn(den, ek)
+            den = _exp_den(rS, e, WIN)
             acc = F32(0.0)
             for k in cutlass.range_constexpr(WIN):
                 pk = rS[k, e] / den
@@ -330,15 +338,7 @@ class SmallBwdKernel(SmallGeometry):
         rGo = cute.make_rmem_tensor((VEC,), F32)
         rDot = cute.make_rmem_tensor((VEC,), F32)  # S = sum_k t_k, per column
         for e in cutlass.range_constexpr(VEC):
-            mx = rS[0, e]
-            for k in cutlass.range_constexpr(1, WIN):
-                if rS[k, e] > mx:
-                    mx = rS[k, e]
-            den = F32(0.0)
-            for k in cutlass.range_constexpr(WIN):
-                ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
-                rS[k, e] = ek
-                den = add_rn(den, ek)
+            den = _exp_den(rS, e, WIN)
             go = gv[e]
             dot = F32(0.0)
             for k in cutlass.range_constexpr(WIN):
