@@ -1,20 +1,29 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from csagate import console
-from csagate.commands.build import (
+from csagate.exitcodes import ExitCode
+from csagate.kernel_choice import (
     arch_option,
-    existing_parent,
     kernel_json,
     kernels_doc,
-    progress_bar,
     ratio_option,
     ratios_of,
     require_dsl,
     resolve_arch,
 )
-from csagate.exitcodes import ExitCode
+from csagate.progress import progress_bar
+
+
+def existing_parent(ctx, param, value):
+    """A path option whose parent directory must exist (exit 2 otherwise, like --json)."""
+    if value is not None and not Path(value).resolve().parent.is_dir():
+        raise click.BadParameter(f"directory {str(Path(value).resolve().parent)!r} does not "
+                                 "exist")
+    return value
 
 
 def _num(value) -> str:
