@@ -159,6 +159,27 @@ def test_cache_hit_on_second_get(dsl):
     assert stats["misses"] == 1 and stats["hits"] == 2 and stats["compile_seconds"] > 0
 
 
+def test_the_same_ptx_is_assembled_once_and_still_kept(tmp_path):
+    """ptxas runs once per (PTX, arch, ptxas) in a process; a kept PTX file is written on
+    every call."""
+    from csagate.perf.probe import assemble
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "ptxas"
+    fake.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'ptxas info    : Used 7 registers'\n")
+    fake.chmod(0o755)
+    ptx = f"// {tmp_path}\n.version 8.8\n"   # a PTX no other test assembles
+    first = assemble(ptx, "sm_90a", str(fake))
+    kept = tmp_path / "kept.ptx"
+    assert assemble(ptx, "sm_90a", str(fake), kept) == first == (0, "ptxas info    : Used 7 "
+                                                                     "registers\n")
+    assert kept.read_text() == ptx
+    assert len(calls.read_text().split()) == 1
+    assemble(ptx, "sm_100a", str(fake))       # another arch: assembled again
+    assemble(ptx + "\n", "sm_90a", str(fake))  # another PTX: assembled again
+    assert len(calls.read_text().split()) == 3
+
+
 def test_parse_ptxas_report():
     from csagate.perf.probe import parse_ptxas
 
