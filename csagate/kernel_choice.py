@@ -25,6 +25,13 @@ def ratios_of(choice: str) -> tuple[int, ...]:
     return RATIOS if choice == "all" else (int(choice),)
 
 
+def keys_of(ratio: str, arch: str) -> list:
+    """Every kernel key of the families ``--ratio`` names, for ``arch``, in build order."""
+    from csagate.kernels.cache import keys_for
+
+    return [key for r in ratios_of(ratio) for key in keys_for(r, arch)]
+
+
 def require_dsl() -> None:
     """Exit 3 with one line when nvidia-cutlass-dsl does not import."""
     from csagate.kernels._dsl import dsl_available

@@ -9,6 +9,7 @@ from csagate.kernel_choice import (
     arch_option,
     kernel_json,
     kernels_doc,
+    keys_of,
     ratio_option,
     ratios_of,
     require_dsl,
@@ -41,9 +42,8 @@ def command(ratio: str, arch: str | None, as_json: bool) -> None:
     require_dsl()
     arch = resolve_arch(arch)
     from csagate.kernels import api
-    from csagate.kernels.cache import keys_for
 
-    keys = [key for r in ratios_of(ratio) for key in keys_for(r, arch)]
+    keys = keys_of(ratio, arch)
     records = []
     with progress_bar(len(keys), f"compiling for {arch}") as bar:
         task = bar.add_task(f"compiling ({arch})", total=len(keys), tag="")

@@ -10,8 +10,8 @@ from csagate.kernel_choice import (
     arch_option,
     kernel_json,
     kernels_doc,
+    keys_of,
     ratio_option,
-    ratios_of,
     require_dsl,
     resolve_arch,
 )
@@ -62,9 +62,7 @@ def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -
     except PtxasNotFound as exc:
         console.abort(str(exc), ExitCode.COULD_NOT_EVALUATE)
     arch = resolve_arch(arch)
-    from csagate.kernels.cache import keys_for
-
-    keys = [key for r in ratios_of(ratio) for key in keys_for(r, arch)]
+    keys = keys_of(ratio, arch)
     with progress_bar(len(keys), f"probing for {arch}") as bar:
         task = bar.add_task(f"probing ({arch})", total=len(keys), tag="")
         try:
