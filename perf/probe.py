@@ -6,19 +6,23 @@ retained PTX is written to a directory and assembled with ``ptxas -v -arch=<arch
 and ``ex2.approx`` is counted in the PTX (the fast-exp buckets use it, and so does the
 accurate exp's range-reduced ex2). A kernel is clean when ptxas succeeded and reported 0
 spill bytes and a 0-byte stack frame. A kernel whose PTX was not retained is a row that
-says so and is not clean: nothing was verified for it.
+says so and is not clean: nothing was verified for it. ptxas of one kernel runs while the next
+one compiles, and one process assembles the same PTX for the same arch once.
 
 Returns data; never prints.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,17 +144,33 @@ def ptxas_entries(report: str) -> dict[str, tuple[int | None, int | None, int | 
     return {parts[i]: parse_ptxas(parts[i + 1]) for i in range(1, len(parts) - 1, 2)}
 
 
+# (sha256 of the PTX, arch, ptxas) -> (return code, report): ptxas is a pure function of them
+_ASSEMBLED: dict[tuple[str, str, str], tuple[int, str]] = {}
+_ASSEMBLED_LOCK = threading.Lock()
+
+
 def assemble(ptx: str, arch: str, ptxas: str | None = None, path: Path | None = None
              ) -> tuple[int, str]:
-    """``(return code, report)`` of ``ptxas -v -arch=<arch>`` on ``ptx`` (written to ``path``,
-    else to a temporary file); ``ptxas`` defaults to :func:`find_ptxas`."""
+    """``(return code, report)`` of ``ptxas -v -arch=<arch>`` on ``ptx`` (also written to
+    ``path`` when given); ``ptxas`` defaults to :func:`find_ptxas`. The same PTX, arch and
+    ptxas give the same report: each is assembled once per process."""
     ptxas = ptxas or find_ptxas()
+    if path is not None:
+        Path(path).write_text(ptx)
+    key = (hashlib.sha256(ptx.encode()).hexdigest(), arch, ptxas)
+    with _ASSEMBLED_LOCK:
+        found = _ASSEMBLED.get(key)
+    if found is not None:
+        return found
     with tempfile.TemporaryDirectory(prefix="csagate-ptxas-") as tmp:
-        path = path or Path(tmp) / "kernel.ptx"
-        path.write_text(ptx)
-        proc = subprocess.run([ptxas, "-v", f"-arch={arch}", str(path), "-o", os.devnull],
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        proc = subprocess.run([ptxas, "-v", f"-arch={arch}", str(source), "-o", os.devnull],
                               capture_output=True, text=True)
-    return proc.returncode, proc.stdout + proc.stderr
+    found = (proc.returncode, proc.stdout + proc.stderr)
+    with _ASSEMBLED_LOCK:
+        _ASSEMBLED[key] = found
+    return found
 
 
 def _schedule_tuple(key: KernelKey) -> tuple:
@@ -160,9 +180,12 @@ def _schedule_tuple(key: KernelKey) -> tuple:
 
 def probe_one(key: KernelKey, out_dir: Path, ptxas: str, cache: KernelCache = CACHE
               ) -> ProbeRow:
+    return _row(key, cache.ptx(key), out_dir, ptxas)
 
+
+def _row(key: KernelKey, ptx: str | None, out_dir: Path, ptxas: str) -> ProbeRow:
+    """``key``'s row from its PTX (None: none retained)."""
     sched = _schedule_tuple(key)
-    ptx = cache.ptx(key)
     if ptx is None:
         return ProbeRow(key.tag, key.kind, sched, key.arch, None, None, None, None, None, None,
                         False, "skipped: no PTX retained (need CUTE_DSL_KEEP=ptx)")
@@ -194,14 +217,23 @@ def probe(keys: Iterable[KernelKey], *, keep_dir: str | os.PathLike | None = Non
     ptxas = find_ptxas()
     keys = list(keys)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="csagate-probe-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="csagate-probe-") as tmp, \
+            ThreadPoolExecutor(max_workers=1) as assembler:
         out_dir = Path(keep_dir) if keep_dir is not None else Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
-        for i, key in enumerate(keys):
-            row = probe_one(key, out_dir, ptxas, cache)
-            rows.append(row)
+        pending = []   # ptxas of the kernel before runs while this thread compiles the next
+
+        def finish(future) -> None:
+            rows.append(future.result())
             if progress is not None:
-                progress(row, i + 1, len(keys))
+                progress(rows[-1], len(rows), len(keys))
+
+        for key in keys:
+            pending.append(assembler.submit(_row, key, cache.ptx(key), out_dir, ptxas))
+            while len(pending) > 1:
+                finish(pending.pop(0))
+        for future in pending:
+            finish(future)
     return rows
 
 

@@ -1,4 +1,9 @@
+import json
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +44,49 @@ def ptxas(dsl):
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {exc}", pytrace=False)
         pytest.skip(str(exc))
+
+
+# The sm_103a table kernels are built by no other test, so their probe runs as `csagate probe` in
+# a process of its own, started when collection is done, on another core than the suite; its
+# test runs last and reads what the process wrote.
+BESIDE_ARCH = "sm_103a"
+BESIDE_TEST = "test_sm_103a_table_kernels_build_and_probe_clean"
+_beside: dict = {}
+
+
+def _start_beside_probe() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="csagate-probe-beside-"))
+    env = {**os.environ, "CSAGATE_CACHE_DIR": str(folder / "cache")}
+    with open(folder / "probe.json", "w") as out, open(folder / "stderr.txt", "w") as err:
+        _beside["proc"] = subprocess.Popen(
+            [sys.executable, "-m", "csagate", "probe", "--ratio", "all", "--arch", BESIDE_ARCH,
+             "--json"], stdout=out, stderr=err, env=env)
+    _beside["folder"] = folder
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.name == BESIDE_TEST)   # stable: the rest keep their order
+
+
+def pytest_collection_finish(session):
+    if any(item.name == BESIDE_TEST for item in session.items):
+        _start_beside_probe()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    proc = _beside.get("proc")
+    if proc is not None and proc.poll() is None:   # the session ended before its test
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def beside_probe(ptxas):
+    """``(exit code, the JSON of `csagate probe --ratio all --arch sm_103a --json`, stderr)``,
+    from the process started beside the suite (started now if it was not)."""
+    if "proc" not in _beside:
+        _start_beside_probe()
+    code = _beside["proc"].wait(timeout=1800)
+    folder = _beside["folder"]
+    text = (folder / "probe.json").read_text()
+    return code, json.loads(text) if text.strip() else None, (folder / "stderr.txt").read_text()

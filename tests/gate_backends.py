@@ -406,8 +406,7 @@ SMALL_FAMILIES = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
 def small_gate(monkeypatch) -> dict:
     """``csagate run`` on the small contracts (``--ratio 128|4|all``) with the reference stand-in
     of the gate's kernels on the CPU; the returned dict counts the preflights."""
-    from csagate import impl_choice
-    from csagate.commands import run as run_cmd
+    from csagate import family_choice, impl_choice
 
     state = {"preflights": 0}
 
@@ -415,7 +414,7 @@ def small_gate(monkeypatch) -> dict:
         state["preflights"] += 1
         return torch.device("cpu")
 
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
+    monkeypatch.setattr(family_choice, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
     use_stand_in(monkeypatch)
     monkeypatch.setattr(impl_choice, "preflight", preflight)
     return state

@@ -20,6 +20,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is in the dev extra: pip insta
 from csagate.commands import fuzz as fuzz_cmd  # noqa: E402
 from csagate.commands import run as run_cmd  # noqa: E402
 from csagate.device_choice import DeviceType  # noqa: E402
+from csagate.family_choice import RATIOS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTION = ROOT / "action.yml"
@@ -79,7 +80,7 @@ def test_the_inputs_and_their_defaults(action):
         <= set(inputs)
     defaults = {k: v.get("default") for k, v in inputs.items()}
     assert defaults["impl"] == "csagate" and defaults["fuzz-budget"] == "0"
-    assert defaults["ratio"] == "128" and defaults["ratio"] in run_cmd.RATIOS
+    assert defaults["ratio"] == "128" and defaults["ratio"] in RATIOS
     assert defaults["device"] == "cuda"
     assert str(DeviceType().convert(defaults["device"], None, None)) == "cuda:0"
     assert not any(v.get("required") for v in inputs.values())   # every input has a default
@@ -147,7 +148,9 @@ def test_the_commands_take_the_options_passed(action):
         <= set(_invocations(gate["run"], "run"))
     assert {"--budget", "--out"} <= set(_invocations(gate["run"], "fuzz"))
     # fuzz takes every ratio run does, so the one input serves both
-    assert set(fuzz_cmd.RATIOS) == set(run_cmd.RATIOS)
+    choices = {name: next(p.type.choices for p in c.params if p.name == "ratio")
+               for name, c in (("run", run_cmd.command), ("fuzz", fuzz_cmd.command))}
+    assert set(choices["fuzz"]) == set(choices["run"]) == set(RATIOS)
 
 
 def test_reports_are_uploaded_on_every_exit_and_the_code_propagates(action):

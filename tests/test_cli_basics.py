@@ -131,9 +131,9 @@ def test_color_flag_forces_or_forbids_colour():
 
 def test_unexpected_error_is_one_line_and_exit_3(monkeypatch, capsys):
     from csagate import cli as cli_mod
-    from csagate.commands import run as run_cmd
+    from csagate import family_choice
 
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: (object(),))
+    monkeypatch.setattr(family_choice, "contracts", lambda ratio: (object(),))
     monkeypatch.setattr(sys, "argv", ["csagate", "cases"])
     monkeypatch.delenv("CSAGATE_DEBUG", raising=False)
     try:
@@ -163,13 +163,13 @@ def _main_exit(monkeypatch, *argv) -> int:
 def test_ctrl_c_in_a_command_is_one_line_and_exit_130(monkeypatch, capsys):
     """KeyboardInterrupt anywhere in a command: ``csagate: interrupted``, exit 130 (not click's
     "Aborted!" and exit 1), no traceback, even under CSAGATE_DEBUG."""
-    from csagate.commands import run as run_cmd
+    from csagate import family_choice
     from csagate.exitcodes import ExitCode
 
     def interrupted(ratio):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(run_cmd, "contracts", interrupted)
+    monkeypatch.setattr(family_choice, "contracts", interrupted)
     for debug in ("", "1"):
         monkeypatch.setenv("CSAGATE_DEBUG", debug)
         assert _main_exit(monkeypatch, "cases") == ExitCode.INTERRUPTED == 130

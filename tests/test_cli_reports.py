@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from csagate.gates.contracts import CONTRACT_VERSION
 from gate_backends import SMALL_FAMILIES, small_gate
 
-from csagate import __version__, impl_choice, render
+from csagate import __version__, console, family_choice, impl_choice, render
 from csagate.cli import cli
-from csagate.commands import run as run_cmd
 from csagate.console import short_error
+from csagate.exitcodes import ExitCode
 
 
 @pytest.fixture
@@ -113,9 +113,9 @@ def test_could_not_evaluate_junit_names_its_family(ratio, tmp_path):
 
 
 def test_ratio_all_without_a_gpu_writes_each_family_its_suite(monkeypatch, tmp_path):
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
-    monkeypatch.setattr(impl_choice, "preflight", lambda device, kernels: run_cmd.console.abort(
-        "no GPU here", run_cmd.ExitCode.COULD_NOT_EVALUATE))
+    monkeypatch.setattr(family_choice, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
+    monkeypatch.setattr(impl_choice, "preflight", lambda device, kernels: console.abort(
+        "no GPU here", ExitCode.COULD_NOT_EVALUATE))
     result = invoke("run", "--ratio", "all", "--junit-xml", str(tmp_path / "j.xml"))
     assert result.exit_code == 3
     for contract in SMALL_FAMILIES["all"]:

@@ -31,9 +31,8 @@ from gate_backends import (
     use_stand_in,
 )
 
-from csagate import impl_choice
+from csagate import family_choice, impl_choice
 from csagate.cli import cli
-from csagate.commands import run as run_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 N, H, N4 = len(SMALL_CASES), len(SMALL_HARDENING), len(SMALL_R4_CASES)
@@ -68,7 +67,7 @@ def invoke(*args, env=None):
 @pytest.fixture
 def cpu_gate(monkeypatch):
     """Route the run command to the small cases and a reference backend (test double)."""
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL[ratio])
+    monkeypatch.setattr(family_choice, "contracts", lambda ratio: SMALL[ratio])
     return use_stand_in(monkeypatch)
 
 

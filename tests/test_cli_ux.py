@@ -16,10 +16,10 @@ from csagate.gates.contracts import CONTRACTS
 from csagate.kernels import diskcache as D
 from gate_backends import SMALL_FAMILIES, small_gate
 
-from csagate import impl_choice
+from csagate import family_choice, impl_choice
 from csagate.cli import cli
 from csagate.commands import compare as compare_cmd
-from csagate.commands import run as run_cmd
+from csagate.exitcodes import ExitCode
 
 
 def invoke(*args, env=None):
@@ -74,7 +74,7 @@ def test_one_env_helper():
 def test_debug_keeps_exit_3(monkeypatch, capsys, debug):
     from csagate import cli as cli_mod
 
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: (object(),))
+    monkeypatch.setattr(family_choice, "contracts", lambda ratio: (object(),))
     monkeypatch.setattr(sys, "argv", ["csagate", "cases"])
     monkeypatch.setenv("CSAGATE_DEBUG", debug)
     with pytest.raises(SystemExit) as exc:
@@ -172,9 +172,9 @@ def test_exit_3_still_writes_the_report_dir(monkeypatch, tmp_path):
     from csagate import console
 
     def no_gpu(device, kernels):
-        console.abort("no CUDA GPU visible (test)", run_cmd.ExitCode.COULD_NOT_EVALUATE)
+        console.abort("no CUDA GPU visible (test)", ExitCode.COULD_NOT_EVALUATE)
 
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
+    monkeypatch.setattr(family_choice, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
     monkeypatch.setattr(impl_choice, "preflight", no_gpu)
     rep = tmp_path / "rep"
     r = invoke("run", "--report", str(rep))
@@ -302,7 +302,7 @@ def test_listing_commands_print_json(args):
 def test_build_progress_shows_elapsed_and_eta():
     from rich.progress import TimeElapsedColumn, TimeRemainingColumn
 
-    from csagate.commands.build import progress_bar
+    from csagate.progress import progress_bar
 
     bar = progress_bar(3, "x")
     kinds = {type(c) for c in bar.columns}

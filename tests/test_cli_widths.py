@@ -216,9 +216,9 @@ def test_run_at_columns_80_shows_every_result(monkeypatch):
         use_stand_in,
     )
 
-    from csagate.commands import run as run_cmd
+    from csagate import family_choice
 
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: (SMALL_CONTRACT,))
+    monkeypatch.setattr(family_choice, "contracts", lambda ratio: (SMALL_CONTRACT,))
     use_stand_in(monkeypatch, FaultyImpl("dape", "c1d16/edge"))
     result = CliRunner().invoke(cli, ["run"], env={"COLUMNS": "80", "NO_COLOR": "1"})
     assert result.exit_code == 1, result.output

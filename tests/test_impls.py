@@ -29,9 +29,9 @@ from gate_backends import (
     use_stand_in,
 )
 
+from csagate import family_choice
 from csagate.cli import cli
 from csagate.commands import compare as compare_cmd
-from csagate.commands import run as run_cmd
 
 ADAPTER = reference_adapter('Supports()') + '''
 
@@ -68,7 +68,7 @@ def cpu_run(monkeypatch):
     implementation on CPU tensors (test double of the GPU)."""
     small = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
              "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
-    monkeypatch.setattr(run_cmd, "contracts", lambda ratio: small[ratio])
+    monkeypatch.setattr(family_choice, "contracts", lambda ratio: small[ratio])
     use_stand_in(monkeypatch)
 
 

@@ -1,7 +1,10 @@
 """No import circle in the installed layout: the top-level folders install as ``csagate.*``
 (pyproject's package-dir), and the module-level ``import`` / ``from ... import`` statements of
 every module, read with ``ast`` (imports inside functions run late and are left out; so are
-those under ``if TYPE_CHECKING:``), must form no cycle."""
+those under ``if TYPE_CHECKING:``), must form no cycle.
+
+The CLI's command modules (``csagate.commands.*``) import no other command module, at any
+level: what two commands share lives in a module of ``csagate`` named for what it holds."""
 
 from __future__ import annotations
 
@@ -49,11 +52,13 @@ def _module_level(body):
             yield node
 
 
-def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The modules of ``known`` that module ``name`` imports at module level."""
+def imports(name: str, path: Path, known: set[str], *, anywhere: bool = False) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports at module level (``anywhere``:
+    also inside functions and under ``if TYPE_CHECKING``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in _module_level(ast.parse(path.read_text()).body):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if anywhere else _module_level(tree.body):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -134,3 +139,32 @@ def test_the_plugin_interface_and_the_builtins_do_not_import_each_other():
     edges = graph()
     assert "csagate.gates.builtin_impls" not in edges["csagate.gates.implementation"]
     assert "csagate.gates.implementation" not in edges["csagate.gates.builtin_impls"]
+
+
+COMMANDS = "csagate.commands"
+
+
+def command_imports() -> dict[str, set[str]]:
+    """Each command module -> the other modules of ``csagate.commands`` it imports anywhere."""
+    found = modules()
+    return {name: {m for m in imports(name, path, set(found), anywhere=True)
+                   if m == COMMANDS or m.startswith(COMMANDS + ".")}
+            for name, path in found.items() if name.startswith(COMMANDS + ".")}
+
+
+def test_the_walk_sees_imports_inside_functions(tmp_path):
+    known = {"csagate.commands", "csagate.commands.run", "csagate.commands.cases"}
+    path = tmp_path / "cases.py"
+    path.write_text("def f():\n    from csagate.commands import run as run_cmd\n")
+    assert imports("csagate.commands.cases", path, known) == set()
+    assert imports("csagate.commands.cases", path, known, anywhere=True) == \
+        {"csagate.commands.run"}
+    assert "csagate.perf.probe" in imports("csagate.commands.probe", modules()[
+        "csagate.commands.probe"], set(modules()), anywhere=True)   # imported in the command
+
+
+def test_no_command_module_imports_another():
+    found = command_imports()
+    assert {"csagate.commands.run", "csagate.commands.probe"} <= set(found)
+    offenders = {name: sorted(others) for name, others in found.items() if others}
+    assert not offenders, f"command modules importing other command modules: {offenders}"

@@ -93,6 +93,16 @@ def _built(coff: int, d: int, sched: BwdSchedule, arch: str) -> tuple[str, str, 
     return main_entry(ptx), log, rc, fn
 
 
+def _module_ptx(coff: int, d: int, sched: BwdSchedule, arch: str,
+                deterministic: bool = False) -> str:
+    """The whole PTX module of a launcher, through the test run's compile cache (the table
+    probe and the deterministic build tests compile the same keys)."""
+    from csagate.kernels.cache import CACHE
+    from csagate.kernels.registry import make_key
+
+    return CACHE.ptx(make_key("bwd", 128, coff, d, sched, arch, deterministic))
+
+
 def _count(pattern: str, text: str) -> int:
     return len(re.findall(pattern, text))
 
@@ -201,18 +211,15 @@ def test_launcher_carries_the_dape_zeroing_kernel(arch):
     +0.0, 16 bytes at a time (launched first when zero_dape != 0: api.backward's fresh dAPE
     without a torch zeros_like); the deterministic launcher's dAPE is a partials slice: no
     zeroing kernel."""
-    from csagate.kernels.r128_bwd import build_bwd
-
     (coff, d), sched = BASE[0]
-    entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch)))
+    entries = ptx_entries(_module_ptx(coff, d, sched, arch))
     zero = [text for name, text in entries.items() if ZERO_KERNEL in name]
     assert len(entries) == 2 and len(zero) == 1, list(entries)
     stores = re.findall(r"\bst\.global([\w.]*)\s+\[[^\]]+\],\s*([^;]+);", zero[0])
     assert stores and all(kind in (".v4.b32", ".v2.b64") and _is_zero(value, zero[0])
                           for kind, value in stores), stores
     assert not re.search(r"\b(?:ld\.global|red|atom|bar)\b", zero[0])
-    det_entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch,
-                                               deterministic=True)))
+    det_entries = ptx_entries(_module_ptx(coff, d, sched, arch, deterministic=True))
     assert len(det_entries) == 1 and ZERO_KERNEL not in next(iter(det_entries))
 
 
@@ -229,10 +236,8 @@ def test_default_backward_overlaps_the_dape_zeroing_through_pdl(arch):
     (griddepcontrol.wait) before its first load when it follows any other kernel
     (zero_dape == 0) and, in every case, before its first dAPE atomic. The deterministic
     kernel never waits."""
-    from csagate.kernels.r128_bwd import build_bwd
-
     (coff, d), sched = BASE[0]
-    entries = ptx_entries(ptx_of(build_bwd(d=d, coff=coff, sched=sched, arch=arch)))
+    entries = ptx_entries(_module_ptx(coff, d, sched, arch))
     zero = next(text for name, text in entries.items() if ZERO_KERNEL in name)
     body = next(text for name, text in entries.items() if ZERO_KERNEL not in name)
     # the zeroing waits for the kernel before it (it is a dependent too), then releases the
@@ -244,8 +249,8 @@ def test_default_backward_overlaps_the_dape_zeroing_through_pdl(arch):
     assert waits[0] < _first(r"\bld\.global", body)
     reds = [m.start() for m in re.finditer(r"\bred\.[\w.]*global", body)]
     assert reds and waits[1] < reds[0] and waits[1] > _first(r"\bst\.global", body)
-    det = build_bwd(d=d, coff=coff, sched=sched, arch=arch, deterministic=True)
-    assert all("griddepcontrol.wait" not in text for text in ptx_entries(ptx_of(det)).values())
+    det = _module_ptx(coff, d, sched, arch, deterministic=True)
+    assert all("griddepcontrol.wait" not in text for text in ptx_entries(det).values())
 
 
 def test_rejects_invalid_schedules():

@@ -7,11 +7,11 @@ import click
 from rich.table import Table
 
 from csagate import console
-from csagate.commands.reports import checked_file
-from csagate.commands.run import RATIOS
 from csagate.exitcodes import ExitCode
+from csagate.family_choice import RATIOS
 from csagate.kernels import schedule as S
 from csagate.kernels.registry import SMALL_RATIOS, TABLE_RATIO, has_tables, parse_shape
+from csagate.report_files import checked_file
 
 TABLE = str(TABLE_RATIO)  # the --ratio choice of the table family
 

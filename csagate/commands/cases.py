@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import click
 
-from csagate import console
-from csagate.commands import run as run_cmd
-from csagate.commands.run import case_counts, ratio_option
+from csagate import console, family_choice
+from csagate.family_choice import case_counts, ratio_option
 
 COLUMNS = ("#", "case", "tokens", "rows", "kind")
 
@@ -55,9 +54,9 @@ def command(ratio: str, verbose: bool, as_json: bool) -> None:
              "cases": [case_json(c) for c in k.cases],
              "hardening": [case_json(c) for c in k.hardening],
              "deterministic": [case_json(c) for c in k.deterministic]}
-            for k in run_cmd.contracts(ratio)]}, indent=2))
+            for k in family_choice.contracts(ratio)]}, indent=2))
         return
-    for contract in run_cmd.contracts(ratio):  # a module attribute: the tests' seam
+    for contract in family_choice.contracts(ratio):  # a module attribute: the tests' seam
         table = console.new_table(f"csagate ratio={contract.ratio} gate: drift check + "
                                   f"{case_counts(contract)}", COLUMNS,
                                   marks=("#", "tokens", "rows", "kind"), names=("case",),

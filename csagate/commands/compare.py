@@ -19,12 +19,13 @@ from pathlib import Path
 
 import click
 
-from csagate import console
-from csagate.commands.reports import STDOUT, check_report_paths
-from csagate.commands.run import RATIOS
+from csagate import console, family_choice
 from csagate.device_choice import device_option
 from csagate.exitcodes import ExitCode
+from csagate.family_choice import RATIOS
 from csagate.impl_choice import load_impl
+from csagate.render import STDOUT
+from csagate.report_files import check_report_paths
 
 COLUMNS = ("case / output", "|A-B|", "n diff", "A-fp64", "B-fp64", "A-fp32", "B-fp32")
 STEP_COLUMNS = ("case / output", "p50", "p90", "p99", "p99.9", "max")
@@ -145,17 +146,9 @@ def where_table(diffs, a: str, b: str):
 
 
 def _cases(ratio: str, names, a, b):
-    from csagate.commands.run import contracts, unknown_case_message
-
-    cases = [c for k in contracts(ratio) for c in k.cases + k.hardening]
+    cases = [c for k in family_choice.contracts(ratio) for c in k.cases + k.hardening]
     if names:
-        valid = [c.name for k in contracts(ratio) for c in k.all_cases]
-        elsewhere = [c.name for k in contracts("all") if k not in contracts(ratio)
-                     for c in k.all_cases]
-        bad = [n for n in names if n not in valid]
-        if bad:
-            raise click.BadParameter(unknown_case_message(bad[0], valid, elsewhere),
-                                     param_hint="--case")
+        family_choice.check_case_names(names, ratio, param_hint="--case")
         cases = [c for c in cases if c.name in set(names)]
     return [c for c in cases if a.supports.covers(c.ratio, c.coff, c.d)
             and b.supports.covers(c.ratio, c.coff, c.d)]

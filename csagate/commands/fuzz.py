@@ -18,14 +18,16 @@ from time import perf_counter
 import click
 
 from csagate import __version__, console
-from csagate.commands.reports import STDOUT, check_report_paths
 from csagate.device_choice import DeviceType
 from csagate.exitcodes import ExitCode
-from csagate.gates.contracts import CONTRACT_VERSION, CONTRACTS
+from csagate.family_choice import RATIOS
+from csagate.gates.contracts import CONTRACT_VERSION
 from csagate.impl_choice import IMPL_HELP, load_impl
+from csagate.progress import StderrProgress
+from csagate.render import STDOUT
+from csagate.report_files import check_report_paths
 
 DEFAULT_BUDGET = 60.0
-RATIOS = (*(str(r) for r in CONTRACTS), "all")
 SCHEMA = "csagate.fuzz/1"
 
 
@@ -138,7 +140,6 @@ def _backend(impl, device):
 
 def _run(impl, impl_spec, env, device, seed, trials, budget, out_dir, shrink_calls, reports,
          to_stdout) -> ExitCode:
-    from csagate.commands.run import StderrProgress
     from csagate.gates import fuzz
     from csagate.gates.backend import BuildError
 

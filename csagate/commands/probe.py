@@ -1,20 +1,29 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from csagate import console
-from csagate.commands.build import (
+from csagate.exitcodes import ExitCode
+from csagate.kernel_choice import (
     arch_option,
-    existing_parent,
     kernel_json,
     kernels_doc,
-    progress_bar,
+    keys_of,
     ratio_option,
-    ratios_of,
     require_dsl,
     resolve_arch,
 )
-from csagate.exitcodes import ExitCode
+from csagate.progress import progress_bar
+
+
+def existing_parent(ctx, param, value):
+    """A path option whose parent directory must exist (exit 2 otherwise, like --json)."""
+    if value is not None and not Path(value).resolve().parent.is_dir():
+        raise click.BadParameter(f"directory {str(Path(value).resolve().parent)!r} does not "
+                                 "exist")
+    return value
 
 
 def _num(value) -> str:
@@ -53,9 +62,7 @@ def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -
     except PtxasNotFound as exc:
         console.abort(str(exc), ExitCode.COULD_NOT_EVALUATE)
     arch = resolve_arch(arch)
-    from csagate.kernels.cache import keys_for
-
-    keys = [key for r in ratios_of(ratio) for key in keys_for(r, arch)]
+    keys = keys_of(ratio, arch)
     with progress_bar(len(keys), f"probing for {arch}") as bar:
         task = bar.add_task(f"probing ({arch})", total=len(keys), tag="")
         try:

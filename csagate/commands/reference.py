@@ -55,11 +55,12 @@ def command(check: bool, device_index: int) -> None:
 
 
 def _check(device_index: int) -> None:
-    from csagate.commands import run as run_cmd
+    from csagate import family_choice
     from csagate.device_choice import Device
     from csagate.impl_choice import drivers, load_impl
+    from csagate.progress import StderrProgress
 
-    drift = run_cmd.contracts("128")[0].drift
+    drift = family_choice.contracts("128")[0].drift
     backend = drivers(load_impl("csagate"), Device("cuda", device_index)).drift
 
     from csagate import render
@@ -67,7 +68,7 @@ def _check(device_index: int) -> None:
     from csagate.gates.runner import build_targets, run_drift
 
     try:
-        with run_cmd.StderrProgress("build") as progress:
+        with StderrProgress("build") as progress:
             backend.build(build_targets((), drift), progress=progress)
     except BuildError as exc:
         console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)

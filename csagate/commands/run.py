@@ -12,54 +12,30 @@ prints one message.
 By default the gate judges its own kernels (the built-in ``csagate``); ``--impl`` judges
 another implementation (``csagate impls``) against the same contract, the drift check still
 judging the reference with the gate's kernels. ``csagate.impl_choice.drivers`` decides where
-and with what (one preflight); ``contracts`` is a module-level function so the CLI tests can
-pick small contracts.
+and with what (one preflight); the families come from ``csagate.family_choice.contracts``,
+looked up at call time so the CLI tests can pick small contracts.
 """
 
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
 from time import perf_counter
 
 import click
 
-from csagate import __version__, console
-from csagate.commands.reports import STDOUT, Reports, check_report_paths, report_path
+from csagate import __version__, console, family_choice
 from csagate.device_choice import DeviceType
 from csagate.env import debug
 from csagate.exitcodes import ExitCode
+from csagate.family_choice import case_counts, ratio_option
 from csagate.gates.contracts import CONTRACTS  # plain data: no torch
 from csagate.impl_choice import impl_option, report_option
+from csagate.progress import StderrProgress
+from csagate.render import STDOUT
+from csagate.report_files import Reports, check_report_paths, report_path
 
 QUICK_CASES = 2
-
-RATIOS = (*(str(r) for r in CONTRACTS), "all")   # --ratio: one family, or every family
-
-
-def contracts(ratio: str):
-    """The contract families ``--ratio`` names (``all``: every family, in CONTRACTS' order)."""
-    if ratio == "all":
-        return tuple(CONTRACTS.values())
-    return (CONTRACTS[int(ratio)],)
-
-
-def ratio_option(help_: str):
-    """``--ratio``, shared by ``run`` and ``cases``; eager, so ``--case`` names are checked
-    against the family it picks."""
-    return click.option("--ratio", type=click.Choice(RATIOS), default="128", show_default=True,
-                        is_eager=True, help=help_)
-
-
-def case_counts(contract) -> str:
-    """``21 + 3 hardening + 4 deterministic cases``: a family's counts, from its data."""
-    parts = [str(len(contract.cases))]
-    parts += [f"{len(extra)} {word}" for extra, word in ((contract.hardening, "hardening"),
-                                                         (contract.deterministic, "deterministic"))
-              if extra]
-    return " + ".join(parts) + " cases"
-
 
 def _ratio_help() -> str:
     families = ", ".join(f"{k.ratio} ({case_counts(k)})" for k in CONTRACTS.values())
@@ -67,72 +43,9 @@ def _ratio_help() -> str:
             "`csagate cases` lists them.")
 
 
-class StderrProgress:
-    """A progress bar on a terminal's stderr; one status line per call when stderr is a log.
-
-    Called as ``(done, total, label)``: ``done`` items finished, ``label`` the latest step.
-    """
-
-    def __init__(self, title: str):
-        self.title = title
-        self.err = console.err()
-        self._bar = None
-        self._task = None
-
-    def __enter__(self):
-        if self.err.is_terminal:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._bar = Progress(TextColumn(self.title), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"),
-                                 console=self.err, transient=True)
-            self._bar.__enter__()
-            self._task = self._bar.add_task("", total=None)
-        return self
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done, total=total, description=label)
-        else:
-            self.err.print(f"{self.title} [{done}/{total}] {label}")
-
-    def __exit__(self, *exc):
-        if self._bar is not None:
-            self._bar.__exit__(*exc)
-        return False
-
-
-def unknown_case_message(name: str, valid: list[str], elsewhere: list[str]) -> str:
-    """An unknown ``--case``: up to three close names (of this family, else of another one,
-    with the ``--ratio`` that has it), never the whole list."""
-    close = difflib.get_close_matches(name, valid, n=3)
-    text = f"unknown case {name!r}."
-    if name in elsewhere:
-        return text + " It is a case of another family: add --ratio all (or its ratio)."
-    if not close:
-        close = difflib.get_close_matches(name, elsewhere, n=3)
-        if close:
-            return (text + f" Did you mean {', '.join(repr(c) for c in close)} (another "
-                    "family: --ratio all)? See `csagate cases --ratio all`.")
-        return text + " See `csagate cases` for the names."
-    return text + f" Did you mean {', '.join(repr(c) for c in close)}? See `csagate cases`."
-
-
 def _check_names(ctx, param, names):
-    if not names:
-        return names
-    chosen = contracts(ctx.params.get("ratio", "128"))
-    valid = [c.name for k in chosen for c in k.all_cases]
-    elsewhere = [c.name for k in contracts("all") if k not in chosen for c in k.all_cases]
-    for name in names:
-        if name not in valid:
-            raise click.BadParameter(unknown_case_message(name, valid, elsewhere))
+    if names:
+        family_choice.check_case_names(names, ctx.params.get("ratio", "128"))
     return names
 
 
@@ -237,7 +150,8 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
     if case_files:
         families = _from_case_files(case_files)
     else:
-        families = [(k, _select(k.all_cases, names, quick)) for k in contracts(ratio)]
+        families = [(k, _select(k.all_cases, names, quick))
+                    for k in family_choice.contracts(ratio)]
         families = [(k, cases) for k, cases in families if cases or not names]
     several = len(families) > 1
     check_report_paths({"--json": json_path, "--junit-xml": junit_path, "--report": report_dir},

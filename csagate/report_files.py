@@ -1,5 +1,5 @@
 """The report files of ``csagate run`` (``--json``, ``--junit-xml``): checked before anything
-runs, written on every exit path.
+runs, written on every exit path. ``bench``, ``compare`` and ``fuzz`` check theirs here too.
 
 A report path is a usage error (exit 2, one line naming the option) when it is empty, names a
 directory or an existing file that is not a regular one (``/dev/full``), lies in a directory
