@@ -111,8 +111,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "            dot = fma_rn(mul_rn(go, rU[k]), rS[k], dot)", 4, "drift",
            "ratio=4: S summed with a fused multiply-add (another rounding order than torch)"),
     Mutant("r4-bwd-dape-keeps-last-row", SMALL,
-           "    rG[k] = rG[k] + ds",
-           "    rG[k] = ds", 4, "drift",
+           "            rG[k, e] = rG[k, e] + ds",
+           "            rG[k, e] = ds", 4, "drift",
            "ratio=4: the per-CTA dAPE register sum keeps only the last row"),
     # --- the other small ratios (each leaves ratio 4 as it is: the drift check passes) -------
     Mutant("r2-fwd-first-block-reads-previous-segment", SMALL,
@@ -130,14 +130,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "coff=2: the APE row of window position k taken mod 4 (the ratio-4 constant), not "
            "mod ratio"),
     Mutant("r16-bwd-previous-block-offset-4", SMALL,
-           "                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - RATIO + k, j)",
-           "                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - 4 + k, j)", 16,
+           "                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - RATIO + k, col)",
+           "                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - 4 + k, col)", 16,
            "G2", "coff=2: the backward reads the previous block at tok0 - 4 (the ratio-4 "
            "offset) instead of tok0 - ratio"),
     Mutant("r32-bwd-reread-ape-own-half-columns", SMALL,
-           "            rS[k] = add_rn(mS[tok, c].to(F32), mApe[self.window_slot(k)[2], c])",
-           "            rS[k] = add_rn(mS[tok, c].to(F32), mApe[self.window_slot(k)[2], "
-           "c % self.d])", 32, "G2",
+           "            av = cute.local_tile(mApe, (1, VEC), (self.window_slot(k)[2], cg)).load()",
+           "            av = cute.local_tile(mApe, (1, VEC), (self.window_slot(k)[2], "
+           "cg % self.groups)).load()", 32, "G2",
            "coff=2, ratio 32 (the APE re-read per row): the own half reads the APE of columns "
            "[0, d)"),
     Mutant("fwd-column-guard-rounds-down", SMALL,

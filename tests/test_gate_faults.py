@@ -510,7 +510,8 @@ def test_r4_coverage_is_over_the_ratio4_schedules_of_the_four_configs():
     from csagate.kernels.small_schedule import small_schedule
 
     assert {s.tag for s in v.coverage.expected["bwd"]} == {
-        small_schedule("bwd", 128, ratio=4, coff=c).tag for c in (1, 2)}
+        small_schedule("bwd", d, ratio=4, coff=c, arch="sm_90a").tag
+        for c in (1, 2) for d in (128, 512)}
     no_512 = [r for r in _routed(backend, R4) if r.case.d != 512]
     assert {s.config for s in _verdict(backend, R4, no_512).coverage.missing("fwd")} == \
         {"c1d512", "c2d512"}
