@@ -25,18 +25,8 @@ from rich.text import Text
 from csagate import __version__
 from csagate import console as _console
 from csagate.exitcodes import ExitCode
+from csagate.gates import verdict as V
 from csagate.gates.contracts import CONTRACT_VERSION
-from csagate.gates.verdict import (
-    ERROR,
-    FAIL,
-    INCONCLUSIVE,
-    NA,
-    NOT_ASSERTED,
-    PASS,
-    RECORDED,
-    SKIP,
-    UNTRUSTED,
-)
 
 if TYPE_CHECKING:  # annotations only: the renderers read the verdict's records
     from csagate.gates.verdict import CaseResult, CoverageResult, GateResult, Selection, Verdict
@@ -44,11 +34,12 @@ if TYPE_CHECKING:  # annotations only: the renderers read the verdict's records
 SCHEMA = "csagate.verdict/1"
 COULD_NOT_EVALUATE = "COULD NOT EVALUATE"   # the verdict of an exit-3 run
 
-_STYLE = {PASS: "green", FAIL: "bold red", ERROR: "bold red", SKIP: "yellow",
-          RECORDED: "cyan", UNTRUSTED: "yellow", NOT_ASSERTED: "yellow", NA: "dim",
-          INCONCLUSIVE: "yellow"}
-_WORD = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", SKIP: "skip", RECORDED: "rec",
-         UNTRUSTED: "UNTRUSTED", NOT_ASSERTED: "NOT ASSERTED", NA: "n/a", INCONCLUSIVE: "inc"}
+_STYLE = {V.PASS: "green", V.FAIL: "bold red", V.ERROR: "bold red", V.SKIP: "yellow",
+          V.RECORDED: "cyan", V.UNTRUSTED: "yellow", V.NOT_ASSERTED: "yellow", V.NA: "dim",
+          V.INCONCLUSIVE: "yellow"}
+_WORD = {V.PASS: "PASS", V.FAIL: "FAIL", V.ERROR: "ERROR", V.SKIP: "skip", V.RECORDED: "rec",
+         V.UNTRUSTED: "UNTRUSTED", V.NOT_ASSERTED: "NOT ASSERTED", V.NA: "n/a",
+         V.INCONCLUSIVE: "inc"}
 
 # The compact verdict: one mark per gate. The marks, the result and the case name never wrap
 # or shrink (the name's prefix is its config). The longest name of either family fits 80
@@ -57,7 +48,7 @@ COLUMNS = ("#", "case", "G1", "G2", "G3", "zeros", "result")
 MARKS = ("#", "G1", "G2", "G3", "zeros", "result")
 NAMES = ("case",)
 # The coverage cell of a subset run, kept short (its row says "not asserted" in words).
-_COVERAGE_WORD = {NOT_ASSERTED: "n/a"}
+_COVERAGE_WORD = {V.NOT_ASSERTED: "n/a"}
 DETAIL_COLUMNS = ("#", "case", "fwd diff / max", "dKV diff / max", "dScore diff / max",
                   "dAPE max", "s")
 SCHEDULE_COLUMNS = ("#", "case", "fwd schedules", "bwd schedules")
@@ -99,8 +90,8 @@ def _schedules(result: CaseResult, direction: str) -> str:
 
 
 def _result(result: CaseResult) -> Text:
-    if result.status == ERROR:  # a raising case is a FAIL row; its error is in the reasons
-        return Text("FAIL", style=_STYLE[ERROR])
+    if result.status == V.ERROR:  # a raising case is a FAIL row; its error is in the reasons
+        return Text("FAIL", style=_STYLE[V.ERROR])
     return _status(result.status)
 
 
@@ -133,7 +124,7 @@ def verdict_table(verdict: Verdict) -> Table:
     for i, result in enumerate(verdict.cases, start=1):
         table.add_row(*_case_row(i, result))
     cov = verdict.coverage
-    label = (f"coverage not asserted (subset run): {cov.summary}" if cov.status == NOT_ASSERTED
+    label = (f"coverage not asserted (subset run): {cov.summary}" if cov.status == V.NOT_ASSERTED
              else f"coverage ({cov.summary})")
     word = _COVERAGE_WORD.get(cov.status)
     table.add_row("", _console.prose(label), *([_status("")] * 4),
@@ -375,11 +366,11 @@ def _testcase(suite: ET.Element, classname: str, name: str, seconds: float) -> E
 
 def _case_testcase(suite: ET.Element, result: CaseResult) -> str:
     tc = _testcase(suite, f"csagate.case.{result.case.kind}", result.name, result.seconds)
-    if result.status == ERROR:
+    if result.status == V.ERROR:
         ET.SubElement(tc, "error", message=result.error, type="error").text = result.error
-    elif result.status in (UNTRUSTED, NA):
+    elif result.status in (V.UNTRUSTED, V.NA):
         ET.SubElement(tc, "skipped", message=result.error or "not trusted")
-    elif result.status == FAIL:
+    elif result.status == V.FAIL:
         reasons = result.reasons
         ET.SubElement(tc, "failure", message=reasons[0] if reasons else "failed",
                       type=",".join(sorted({g.gate for g in result.failures}))
@@ -400,21 +391,21 @@ def junit_xml(verdict: Verdict) -> ET.ElementTree:
 
     cov = verdict.coverage
     tc = _testcase(suite, "csagate.gate.coverage", "coverage", 0.0)
-    if cov.status == FAIL:
+    if cov.status == V.FAIL:
         ET.SubElement(tc, "failure", message=cov.reasons[0], type="coverage").text = \
             "\n".join(cov.reasons)
-    elif cov.status != PASS:
+    elif cov.status != V.PASS:
         ET.SubElement(tc, "skipped", message=f"coverage {cov.status}: {cov.summary}")
     ET.SubElement(tc, "system-out").text = cov.summary
     statuses.append(cov.status)
 
     for status in statuses:
         counts["tests"] += 1
-        if status == FAIL:
+        if status == V.FAIL:
             counts["failures"] += 1
-        elif status == ERROR:
+        elif status == V.ERROR:
             counts["errors"] += 1
-        elif status != PASS:
+        elif status != V.PASS:
             counts["skipped"] += 1
     for key, value in counts.items():
         suite.set(key, str(value))
