@@ -5,8 +5,10 @@ cutlass through :func:`cute_modules`; PTX retention is always on (the register p
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,8 +34,11 @@ def _prepare_env() -> None:
             os.mkdir(root, 0o700)
         except FileExistsError:
             pass
-        dump = root / "ptx"
+        # One folder per process: the DSL names a dump after the kernel function, so two
+        # processes sharing the root would read each other's PTX. Removed when the process exits.
+        dump = root / "ptx" / f"pid{os.getpid()}"
         dump.mkdir(parents=True, exist_ok=True)
+        atexit.register(shutil.rmtree, dump, ignore_errors=True)
         os.environ["CUTE_DSL_DUMP_DIR"] = str(dump)
     else:
         Path(os.environ["CUTE_DSL_DUMP_DIR"]).mkdir(parents=True, exist_ok=True)
