@@ -75,7 +75,7 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session, exitstatus):
     proc = _beside.get("proc")
-    if proc is not None and proc.poll() is None:   # the session ended before its test
+    if proc is not None and proc.poll() is None:   # the test run ended before its test
         proc.kill()
         proc.wait()
 

@@ -264,18 +264,26 @@ FWD_FORM_KERNELS = [(ratio, arch, coff, d, sched) for ratio in SMALL_RATIOS
                     for sched in SS.fwd_forms(ratio, coff, d)]
 
 
-def _fid(k) -> str:
+def _form_id(direction: str, k) -> str:
     ratio, arch, coff, d, sched = k
-    return f"r{ratio}fwd-{arch}-c{coff}d{d}-{sched.tag}"
+    return f"r{ratio}{direction}-{arch}-c{coff}d{d}-{sched.tag}"
+
+
+def _fid(k) -> str:
+    return _form_id("fwd", k)
+
+
+def _bid(k) -> str:
+    return _form_id("bwd", k)
 
 
 @functools.cache
-def _fwd_form_ptx(ratio: int, arch: str, coff: int, d: int, sched) -> str:
+def _form_ptx(direction: str, ratio: int, arch: str, coff: int, d: int, sched) -> str:
     from csagate.kernels import registry
     from csagate.kernels.cache import CACHE
 
-    ptx = CACHE.ptx(registry.make_key("fwd", ratio, coff, d, sched, arch))
-    assert ptx, f"{_fid((ratio, arch, coff, d, sched))}: no PTX retained"
+    ptx = CACHE.ptx(registry.make_key(direction, ratio, coff, d, sched, arch))
+    assert ptx, f"{_form_id(direction, (ratio, arch, coff, d, sched))}: no PTX retained"
     return ptx
 
 
@@ -286,7 +294,7 @@ def test_fwd_form_ptxas_clean_and_pinned(kernel, ptxas):
     from csagate.perf.probe import main_entry
 
     ratio, arch, coff, d, sched = kernel
-    ptx = _fwd_form_ptx(*kernel)
+    ptx = _form_ptx("fwd", *kernel)
     _assert_ptxas_clean(ptx, _fid(kernel), "fwd", arch, ptxas)
     main = main_entry(ptx)
     _check_fwd_ptx(main, _fid(kernel), coff * ratio, sched)
@@ -361,26 +369,15 @@ BWD_FORM_KERNELS = [(ratio, "sm_90a", coff, d, sched) for ratio in SMALL_RATIOS
                     for sched in SS.bwd_forms(ratio, coff, d, "sm_90a")]
 
 
-@functools.cache
-def _bwd_form_ptx(ratio: int, arch: str, coff: int, d: int, sched) -> str:
-    from csagate.kernels import registry
-    from csagate.kernels.cache import CACHE
-
-    ptx = CACHE.ptx(registry.make_key("bwd", ratio, coff, d, sched, arch))
-    assert ptx, f"{_fid((ratio, arch, coff, d, sched))}: no PTX retained"
-    return ptx
-
-
-@pytest.mark.parametrize("kernel", BWD_FORM_KERNELS,
-                         ids=lambda k: _fid(k).replace("fwd", "bwd"))
+@pytest.mark.parametrize("kernel", BWD_FORM_KERNELS, ids=_bid)
 def test_bwd_form_ptxas_clean_and_pinned(kernel, ptxas):
     """Every backward form the sm_90a A/B times beside the table's: 0 spill, 0 stack; per row
     body the pinned operations, vec-wide loads, one vec-wide dAPE reduction per position."""
     from csagate.perf.probe import main_entry
 
     ratio, arch, coff, d, sched = kernel
-    label = _fid(kernel).replace("fwd", "bwd")
-    ptx = _bwd_form_ptx(*kernel)
+    label = _bid(kernel)
+    ptx = _form_ptx("bwd", *kernel)
     _assert_ptxas_clean(ptx, label, "bwd", arch, ptxas)
     main = main_entry(ptx)
     _check_bwd_ptx(main, label, coff * ratio, sched)
