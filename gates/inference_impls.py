@@ -84,6 +84,32 @@ class _State:
     score: torch.Tensor
 
 
+class _Windows:
+    """Completed blocks' windows waiting to be emitted into ``out``, in chunks of at most
+    ``CHUNK`` fp32 values per tensor."""
+
+    CHUNK = 1 << 24
+
+    def __init__(self, out: torch.Tensor, emit, *, window: int, d: int):
+        self.out, self.emit = out, emit
+        self.cap = max(1, self.CHUNK // (window * d))
+        self.s, self.u, self.rows, self.fill = [], [], [], 0
+
+    def add(self, s: torch.Tensor, u: torch.Tensor, rows: torch.Tensor) -> None:
+        self.s.append(s)
+        self.u.append(u)
+        self.rows.append(rows)
+        self.fill += rows.numel()
+        if self.fill >= self.cap:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.fill:
+            s, u = torch.cat(self.s, dim=1), torch.cat(self.u, dim=1)
+            self.out[torch.cat(self.rows)] = self.emit(s, u)
+        self.s, self.u, self.rows, self.fill = [], [], [], 0
+
+
 class Decode:
     """Token-by-token decode with a running fp32 state per sequence, a row per completed block."""
 
@@ -147,7 +173,15 @@ class Decode:
 
     def _run(self, kv, score, ape, jobs, out, *, ratio, coff, emit) -> None:
         """Decode ``jobs`` through a pool of state slots: a free slot takes the next sequence
-        (and is reset); every step feeds each busy slot its next token, in order."""
+        (and is reset); each busy slot is fed its tokens in order.
+
+        Between two events (a block completing, a sequence ending) the token writes touch
+        distinct state positions and nothing reads the state, so they go in as one batched
+        write: the state at every event is the token-by-token state. Each completed block's
+        window is copied out of the state when it completes (before ``advance``), and the
+        copied windows are emitted in chunks: emission is elementwise over rows, so a row's
+        bits do not depend on which rows share its chunk. The token and row indices live on
+        the device; the host keeps only the integer schedule."""
         jobs = [job for job in jobs if job[1] > 0]
         if not jobs:
             return
@@ -156,35 +190,49 @@ class Decode:
         shape = (n_slots, coff * ratio, kv.shape[1])
         state = _State(torch.zeros(shape, dtype=self.state_dtype, device=dev),
                        torch.zeros(shape, dtype=self.state_dtype, device=dev))
+        windows = _Windows(out, emit, window=coff * ratio, d=kv.shape[1] // coff)
         queue = deque(jobs)
         job: list[tuple[int, int, int] | None] = [None] * n_slots
         pos = [0] * n_slots
         ape32 = ape.float()
         own = (coff - 1) * ratio       # the state position of the current block's slot 0
+        busy: list[int] = []
         while True:
+            changed = False
             for slot in range(n_slots):
                 if job[slot] is None and queue:
                     job[slot], pos[slot] = queue.popleft(), 0
                     self.reset(state, slot)
-            busy = [slot for slot in range(n_slots) if job[slot] is not None]
-            if not busy:
-                return
-            slots = torch.tensor(busy, device=dev)
-            tokens = torch.tensor([job[i][0] + pos[i] for i in busy], device=dev)
-            j = torch.tensor([pos[i] % ratio for i in busy], device=dev)
-            state.kv[slots, own + j] = kv[tokens].to(self.state_dtype)
-            state.score[slots, own + j] = (score[tokens].float() + ape32[j]).to(
+                    changed = True
+            if changed or any(job[i] is None for i in busy):
+                busy = [slot for slot in range(n_slots) if job[slot] is not None]
+                if not busy:
+                    windows.flush()
+                    return
+                slots = torch.tensor(busy, device=dev)
+                first = torch.tensor([job[i][0] for i in busy], device=dev)   # first token
+                row0 = torch.tensor([job[i][2] for i in busy], device=dev)    # first row
+                at = torch.tensor([pos[i] for i in busy], device=dev)         # tokens fed
+            # tokens until the next event, the same count for every busy slot
+            k = min(min(ratio - pos[i] % ratio, job[i][1] - pos[i]) for i in busy)
+            step = at[:, None] + torch.arange(k, device=dev)                 # (busy, k)
+            j = step % ratio
+            tokens = first[:, None] + step
+            state.kv[slots[:, None], own + j] = kv[tokens].to(self.state_dtype)
+            state.score[slots[:, None], own + j] = (score[tokens].float() + ape32[j]).to(
                 self.state_dtype)
+            at = at + k
             done = []
-            for i in busy:
-                pos[i] += 1
+            for n, i in enumerate(busy):
+                pos[i] += k
                 if pos[i] % ratio == 0:
-                    done.append(i)
+                    done.append(n)
             if done:
-                emitting = torch.tensor(done, device=dev)
-                s, u = self._window(state, emitting, ratio, coff)
-                at = torch.tensor([job[i][2] + pos[i] // ratio - 1 for i in done], device=dev)
-                out[at] = emit(s, u)
+                every = len(done) == len(busy)
+                pick = slice(None) if every else torch.tensor(done, device=dev)
+                emitting = slots[pick]
+                windows.add(*self._window(state, emitting, ratio, coff),
+                            row0[pick] + at[pick] // ratio - 1)
                 self.advance(state, emitting, ratio, coff)
             for i in busy:
                 if pos[i] == job[i][1]:

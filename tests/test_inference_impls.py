@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from csagate.gates import contracts
+from csagate.gates import contracts, inference_impls
 from csagate.gates.cases import Case
 from csagate.gates.driver import Driver
 from csagate.gates.implementation import load, resolve
@@ -85,6 +85,16 @@ def test_decode_is_prefill_bit_for_bit(ratio, coff, d, lens, pad, slots):
     found = _agree(pack, Decode(slots=slots))
     assert found.bitwise and found.n_rows_differ == 0 and found.differing == ()
     assert found.within_contract and found.rows == pack.n_rows
+
+
+@pytest.mark.parametrize("ratio,coff,d,lens,pad", PACKS[:3])
+def test_decode_rows_do_not_depend_on_the_emission_chunk(monkeypatch, ratio, coff, d, lens, pad):
+    """Completed windows are emitted in chunks: with a chunk of one row (every row emitted
+    alone) and with three slots (blocks complete at different steps) the rows are the same
+    bits as prefill's."""
+    monkeypatch.setattr(inference_impls._Windows, "CHUNK", 1)
+    found = _agree(_pack(ratio, coff, d, lens, pad), Decode(slots=3))
+    assert found.bitwise, found.differing
 
 
 @pytest.mark.parametrize("ratio,coff,d,lens,pad", PACKS)
