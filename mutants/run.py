@@ -55,8 +55,8 @@ class Outcome:
     failed: tuple[str, ...] = ()
 
 
-SKIP = {".git", ".venv", ".dsl", ".devrun", ".csagate-cache", "build", "dist", "__pycache__",
-        ".pytest_cache", ".ruff_cache"}
+SKIP = {".git", ".venv", ".dsl", ".whl", "out", ".devrun", ".csagate-cache", "build", "dist",
+        "__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
 def tracked_files() -> list[str]:

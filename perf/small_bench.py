@@ -81,10 +81,17 @@ def bench_shape(ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
 # --- the table's form against the other forms of a direction, cold -----------------------
 
 AB_RATIOS = (2, 4)
-# (ratio, coff, d, tokens in one segment): every config long (131072 tokens; 65536 at d=512)
-# and short (8192).
-AB_SHAPES = tuple((ratio, coff, d, t) for ratio in AB_RATIOS for coff, d in CONFIGS
-                  for t in (131072 if d == 128 else 65536, 8192))
+
+
+def ab_shapes(ratios=AB_RATIOS) -> tuple[tuple[int, int, int, int], ...]:
+    """(ratio, coff, d, tokens in one segment): every config the ratio serves, long (131072
+    tokens; 65536 at d=512) and short (8192)."""
+    return tuple((ratio, coff, d, t) for ratio in ratios for coff, d in CONFIGS
+                 if not SS.config_problems(ratio, coff, d)
+                 for t in (131072 if d == 128 else 65536, 8192))
+
+
+AB_SHAPES = ab_shapes()
 
 
 @dataclass(frozen=True)
@@ -243,6 +250,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ab-forms", choices=("fwd", "bwd", "all"), required=True,
                         help="the table's form against the other forward forms (vec, rows) "
                         "and the backward's rows-per-CTA rule against fixed rows, cold")
+    parser.add_argument("--ratio", type=int, action="append", choices=SMALL_RATIOS,
+                        help=f"a ratio to time (repeat it; default {AB_RATIOS})")
     parser.add_argument("--iters", type=int, default=60)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -250,7 +259,8 @@ def main(argv=None) -> int:
         return 3
     dirs = ("fwd", "bwd") if args.ab_forms == "all" else (args.ab_forms,)
     print("direction shape tokens: form us (order 1/order 2) % of the copy ceiling (cold)")
-    rows = ab_forms(dirs, iters=args.iters, progress=lambda row: print(row.line(), flush=True))
+    rows = ab_forms(dirs, ab_shapes(tuple(args.ratio or AB_RATIOS)), iters=args.iters,
+                    progress=lambda row: print(row.line(), flush=True))
     bad = [r for r in rows if not all(r.bits_equal)]
     won = [r for r in rows if r.fastest != r.tags[0] and "tie" not in r.fastest]
     print(f"summary: {len(rows)} rows, bits equal on {len(rows) - len(bad)}; another form "

@@ -67,6 +67,16 @@ def test_form_ab_shapes_are_ratios_2_and_4_long_and_short():
     assert {t for _, _, d, t in shapes if d == 128} == {131072, 8192}
 
 
+def test_form_ab_shapes_of_other_ratios_are_the_configs_they_serve():
+    from csagate.kernels import small_schedule as SS
+
+    for ratio in (8, 16, 32):
+        got = {(c, d) for _, c, d, _ in small_bench.ab_shapes((ratio,))}
+        assert got == {(c, d) for c, d in small_bench.CONFIGS
+                       if not SS.config_problems(ratio, c, d)}
+        assert got
+
+
 def test_form_ab_entry_refuses_without_a_gpu_or_the_flag(capsys):
     import pytest
     import torch
