@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 # On the CPU machines the CPU build of torch 2.13.0 lies on disk and pip takes it; on a GPU
 # runner the same spec pulls the CUDA build. Override with TORCH_SPEC=... if needed.
 TORCH_SPEC ?= torch==2.13.0
+# Test processes (pytest-xdist): 2 fit the 2-core CI machine; 0 runs the suite in one process.
+# The GPU tests stay in one of them (conftest: one xdist group), since they share the device.
+TEST_WORKERS ?= 2
 
 .PHONY: setup test gate lint clean mutants
 
@@ -20,7 +23,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 gate: setup
 	$(VENV)/bin/csagate run --ratio 128

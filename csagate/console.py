@@ -180,6 +180,11 @@ def print_wrapped(console: Console, text: str, style: str | None = None, *, inde
         console.print(Text(line, style=style or ""), soft_wrap=True)
 
 
+def wrote(what) -> None:
+    """``wrote PATH`` on stderr: a path too long for the line goes whole to the next one."""
+    print_wrapped(err(), f"wrote {what}")
+
+
 def warning(message: str) -> None:
     """One ``csagate: warning:`` message on stderr (what a library warning becomes)."""
     print_wrapped(err(), f"csagate: warning: {message}", style="yellow")

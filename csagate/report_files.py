@@ -146,9 +146,9 @@ class Reports:
 
     def _wrote(self, path: str, what: str) -> None:
         if path == STDOUT:
-            console.err().print(f"wrote the {what} report to stdout")
+            console.wrote(f"the {what} report to stdout")
         else:
-            console.err().print(f"wrote {path}")
+            console.wrote(path)
 
     def verdict(self, verdict, extra: dict) -> None:
         from csagate import render

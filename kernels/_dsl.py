@@ -23,11 +23,17 @@ def cache_root() -> Path:
     return Path(tempfile.gettempdir()) / f"csagate-{os.getuid()}"
 
 
+_DUMP_OWNER = "CSAGATE_PTX_DUMP_PID"   # the process whose PTX dump folder CUTE_DSL_DUMP_DIR is
+
+
 def _prepare_env() -> None:
     keep = os.environ.get("CUTE_DSL_KEEP", "")
     if "ptx" not in keep.split(","):
         os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "ptx") if p)
-    if "CUTE_DSL_DUMP_DIR" not in os.environ:
+    # a folder this function made in a parent process (a child inherits the variable) is the
+    # parent's: the child makes its own
+    inherited = os.environ.get(_DUMP_OWNER, str(os.getpid())) != str(os.getpid())
+    if "CUTE_DSL_DUMP_DIR" not in os.environ or inherited:
         root = cache_root()
         root.parent.mkdir(parents=True, exist_ok=True)
         try:  # private (0700): compiled kernels are loaded from the disk cache under it
@@ -40,6 +46,7 @@ def _prepare_env() -> None:
         dump.mkdir(parents=True, exist_ok=True)
         atexit.register(shutil.rmtree, dump, ignore_errors=True)
         os.environ["CUTE_DSL_DUMP_DIR"] = str(dump)
+        os.environ[_DUMP_OWNER] = str(os.getpid())
     else:
         Path(os.environ["CUTE_DSL_DUMP_DIR"]).mkdir(parents=True, exist_ok=True)
 

@@ -1,8 +1,11 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -48,28 +51,59 @@ def ptxas(dsl):
 
 # The sm_103a table kernels are built by no other test, so their probe runs as `csagate probe` in
 # a process of its own, started when collection is done, on another core than the suite; its
-# test runs last and reads what the process wrote.
+# test runs last and reads what the process wrote. Under pytest-xdist the controller, which runs
+# no test, starts it once (when a worker's collection holds the test) in a folder named in
+# BESIDE_ENV, and the worker that runs the test waits for its exit code file.
 BESIDE_ARCH = "sm_103a"
 BESIDE_TEST = "test_sm_103a_table_kernels_build_and_probe_clean"
+BESIDE_ENV = "CSAGATE_TEST_BESIDE_PROBE"
 _beside: dict = {}
 
 
-def _start_beside_probe() -> None:
-    folder = Path(tempfile.mkdtemp(prefix="csagate-probe-beside-"))
+def _start_beside_probe(folder: Path | None = None) -> None:
+    folder = folder or Path(tempfile.mkdtemp(prefix="csagate-probe-beside-"))
     env = {**os.environ, "CSAGATE_CACHE_DIR": str(folder / "cache")}
     with open(folder / "probe.json", "w") as out, open(folder / "stderr.txt", "w") as err:
-        _beside["proc"] = subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "csagate", "probe", "--ratio", "all", "--arch", BESIDE_ARCH,
              "--json"], stdout=out, stderr=err, env=env)
-    _beside["folder"] = folder
+    _beside["proc"], _beside["folder"] = proc, folder
+
+    def record_exit() -> None:   # for a worker process, which cannot wait on it
+        code = proc.wait()
+        (folder / "exit_code.tmp").write_text(str(code))
+        (folder / "exit_code.tmp").rename(folder / "exit_code")
+
+    threading.Thread(target=record_exit, daemon=True).start()
+
+
+def _xdist_controller(config) -> bool:
+    return (not hasattr(config, "workerinput")
+            and bool(getattr(config.option, "numprocesses", None)))
+
+
+def pytest_configure(config):
+    if _xdist_controller(config):
+        os.environ[BESIDE_ENV] = tempfile.mkdtemp(prefix="csagate-probe-beside-")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    if "proc" not in _beside and any(BESIDE_TEST in i for i in ids):
+        _start_beside_probe(Path(os.environ[BESIDE_ENV]))
 
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.name == BESIDE_TEST)   # stable: the rest keep their order
+    # under pytest-xdist (`--dist loadgroup`) the GPU tests run in one worker, one at a time:
+    # they share the device (timings, the DDP processes)
+    for item in items:
+        if "gpu" in item.keywords or "tests/gpu/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("gpu"))
 
 
 def pytest_collection_finish(session):
-    if any(item.name == BESIDE_TEST for item in session.items):
+    if BESIDE_ENV not in os.environ and any(item.name == BESIDE_TEST for item in session.items):
         _start_beside_probe()
 
 
@@ -78,15 +112,33 @@ def pytest_sessionfinish(session, exitstatus):
     if proc is not None and proc.poll() is None:   # the test run ended before its test
         proc.kill()
         proc.wait()
+    shared = os.environ.get(BESIDE_ENV) if _xdist_controller(session.config) else None
+    folder = _beside.get("folder") or shared
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait_for_controller(folder: Path, timeout: float = 1800.0) -> int:
+    deadline = time.monotonic() + timeout
+    while not (folder / "exit_code").exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the sm_103a probe beside the suite wrote no exit code in {timeout:.0f} s")
+        time.sleep(0.5)
+    return int((folder / "exit_code").read_text())
 
 
 @pytest.fixture(scope="session")
 def beside_probe(ptxas):
     """``(exit code, the JSON of `csagate probe --ratio all --arch sm_103a --json`, stderr)``,
     from the process started beside the suite (started now if it was not)."""
-    if "proc" not in _beside:
-        _start_beside_probe()
-    code = _beside["proc"].wait(timeout=1800)
-    folder = _beside["folder"]
+    shared = os.environ.get(BESIDE_ENV)
+    if shared and (Path(shared) / "probe.json").exists():   # the xdist controller started it
+        folder = Path(shared)
+        code = _wait_for_controller(folder)
+    else:
+        if "proc" not in _beside:
+            _start_beside_probe()
+        code = _beside["proc"].wait(timeout=1800)
+        folder = _beside["folder"]
     text = (folder / "probe.json").read_text()
     return code, json.loads(text) if text.strip() else None, (folder / "stderr.txt").read_text()

@@ -230,7 +230,7 @@ def command(impls, ratio, names, device, json_path, max_abs, per_tensor) -> None
             click.echo(text, nl=False)
         else:
             Path(json_path).write_text(text)
-            console.err().print(f"wrote {json_path}")
+            console.wrote(json_path)
     if bounds:
         for line in beyond:
             console.print_wrapped(shown, f"beyond the bound: {line}", indent="  ",

@@ -198,7 +198,7 @@ class FuzzReports:
             click.echo(text, nl=False)
         else:
             Path(path).write_text(text)
-            console.err().print(f"wrote {path}")
+            console.wrote(path)
 
     def _doc(self, **fields) -> dict:
         return {"schema": SCHEMA, "csagate_version": __version__,

@@ -270,7 +270,7 @@ def _evaluate(families, device, reports: dict, verbose: bool, started: float,
             from csagate.report import write_report
 
             for line in write_report(report_dir, verdict, extra, several=several):
-                err.print(line)
+                console.print_wrapped(err, line)
         if not verdict.ok:
             code = ExitCode.CONTRACT_FAILURE
     return code
