@@ -50,12 +50,19 @@ def _report(ctx, param, value: Path | None):
     return value
 
 
-report_option = click.option(
-    "--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
-    callback=_report, metavar="DIR",
-    help="Write DIR/verdict.json, one PNG heatmap of the error per failing case and tensor "
-         "(needs matplotlib: pip install 'csagate[report]') and DIR/index.html with the "
-         "verdict and the pictures.")
+NEEDS_MATPLOTLIB = "needs matplotlib: pip install 'csagate[report]'"
+
+
+def report_dir_option(help_text: str):
+    """``--report DIR`` (``report_dir``) with a command's own ``help_text``."""
+    return click.option("--report", "report_dir",
+                        type=click.Path(file_okay=False, path_type=Path), callback=_report,
+                        metavar="DIR", help=help_text)
+
+
+report_option = report_dir_option(
+    "Write DIR/verdict.json, one PNG heatmap of the error per failing case and tensor "
+    f"({NEEDS_MATPLOTLIB}) and DIR/index.html with the verdict and the pictures.")
 
 
 def checked_unavailable(impl, device):

@@ -1,9 +1,11 @@
-"""``--report DIR``: the verdict JSON, one heatmap per failing case and tensor, one HTML page.
+"""``run --report DIR``: the verdict JSON, one heatmap per failing case and tensor, one HTML
+page.
 
 The pictures draw the ``grid`` of each ``where`` record (``csagate.gates.locate``): the largest
 absolute error per (row bin, column block), on a log scale, zero cells blank. matplotlib is
 an optional extra (``pip install 'csagate[report]'``); without it the page says so and the
-JSON is written all the same.
+JSON is written all the same. The page's head, its figures, the file names and the
+no-matplotlib messages are shared with ``compare --report`` (``csagate.compare_report``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ from csagate import render
 from csagate.gates.verdict import Verdict
 from csagate.where import where_line
 
+NO_MATPLOTLIB = "no pictures: matplotlib is not installed (pip install 'csagate[report]')"
+NO_MATPLOTLIB_NOTE = ("<p>The pictures need matplotlib: "
+                      "<code>pip install 'csagate[report]'</code>.</p>")
 
-def _slug(text: str) -> str:
+
+def slug(text: str) -> str:
+    """``text`` as a file name part: runs of other characters than [A-Za-z0-9_.-] become _."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
 
 
@@ -65,6 +72,23 @@ def heatmap(path: Path, case: str, where: dict) -> None:
     plt.close(fig)
 
 
+def page_head(title: str) -> str:
+    """An HTML page up to its ``<body>``: the title and the style every report page shares."""
+    return ("<!doctype html><html><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title>"
+            "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
+            "td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
+            "figure{margin:1em 0}img{max-width:100%}</style></head><body>")
+
+
+def figures_html(pictures: list[tuple[str, str, str]]) -> str:
+    """One ``<figure>`` per (file, alt text, caption)."""
+    return "".join(
+        f"<figure><img src=\"{html.escape(src)}\" alt=\"{html.escape(alt)}\">"
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        for src, alt, caption in pictures)
+
+
 def _page(verdict: Verdict, pictures: list[tuple[str, str, str]], note: str) -> str:
     head = html.escape(verdict.headline)
     colour = "#1a7f37" if verdict.ok else "#cf222e"
@@ -75,15 +99,9 @@ def _page(verdict: Verdict, pictures: list[tuple[str, str, str]], note: str) -> 
         rows.append(f"<tr><td>{html.escape(result.name)}</td>{marks}"
                     f"<td>{html.escape(result.status)}</td></tr>")
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons)
-    figures = "".join(
-        f"<figure><img src=\"{html.escape(src)}\" alt=\"{html.escape(alt)}\">"
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-        for src, alt, caption in pictures)
+    figures = figures_html(pictures)
     return (
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>csagate verdict</title>"
-        "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
-        "td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
-        "figure{margin:1em 0}img{max-width:100%}</style></head><body>"
+        page_head("csagate verdict") +
         f"<h1 style=\"color:{colour}\">{head}</h1>"
         f"<p>ratio={verdict.ratio}; {html.escape(str(verdict.env.get('gpu', '')))} "
         f"{html.escape(str(verdict.env.get('arch', '')))}</p>"
@@ -108,13 +126,13 @@ def write_report(directory: Path, verdict: Verdict, extra: dict | None = None, *
             caption = where_line(result.name, where)
             if not draw:
                 continue
-            name = f"{_slug(result.name)}__{_slug(where['tensor'])}.png"
+            name = f"{slug(result.name)}__{slug(where['tensor'])}.png"
             heatmap(out / name, result.name, where)
             pictures.append((name, f"{result.name} {where['tensor']}", caption))
     note = "" if draw or not any(r.recorded.get("where") for r in verdict.cases) else \
-        ("<p>The pictures need matplotlib: <code>pip install 'csagate[report]'</code>.</p>")
+        NO_MATPLOTLIB_NOTE
     (out / "index.html").write_text(_page(verdict, pictures, note))
     lines.append(f"wrote {out / 'index.html'} ({len(pictures)} picture(s))")
     if note:
-        lines.append("no pictures: matplotlib is not installed (pip install 'csagate[report]')")
+        lines.append(NO_MATPLOTLIB)
     return lines

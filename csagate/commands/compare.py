@@ -3,12 +3,14 @@
 Per case and output: max |A - B|, the count of differing elements, and each one's max error
 against the fp64 oracle and the fp32 eager reference; the distribution of |A - B| in bf16
 steps (p50, p90, p99, p99.9, max); and where ``out`` differs, by segment length and by the
-window's place in its segment (first to last quarter). Three 80-column tables (``--json`` for
-every number; compare has no ``--report`` pictures). Without a bound a difference is a
-measurement: exit 0 when it ran. With ``--max-abs`` (every output) and ``--bound
-TENSOR=VALUE`` (one output; wins over ``--max-abs``) it is a check: exit 1 when some max
-|A - B| exceeds its bound (NaN in one only counts as infinite; a case where either side raised
-counts as beyond). Exit 2 on a bad value, 3 when either implementation cannot run here.
+window's place in its segment (first to last quarter). Three 80-column tables; ``--json``
+writes every number, and ``--report DIR`` writes that document as DIR/compare.json, a picture
+per case that differs (``csagate.compare_report``) and DIR/index.html. Without a bound a
+difference is a measurement: exit 0 when it ran. With ``--max-abs`` (every output) and
+``--bound TENSOR=VALUE`` (one output; wins over ``--max-abs``) it is a check: exit 1 when some
+max |A - B| exceeds its bound (NaN in one only counts as infinite; a case where either side
+raised counts as beyond). Exit 2 on a bad value (report paths are checked before anything
+runs), 3 when either implementation cannot run here (no report is written then).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from pathlib import Path
 import click
 
 from csagate import console, family_choice
+from csagate.compare_report import abs_text, steps_text, write_report
 from csagate.device_choice import device_option
 from csagate.exitcodes import ExitCode
 from csagate.family_choice import RATIOS
-from csagate.impl_choice import load_impl
+from csagate.impl_choice import NEEDS_MATPLOTLIB, load_impl, report_dir_option
 from csagate.render import STDOUT
 from csagate.report_files import check_report_paths
 
@@ -73,15 +76,9 @@ def breaches(diffs, bounds: dict[str, float]) -> list[str]:
         for x in d.tensors:
             bound = bounds.get(x.tensor)
             if bound is not None and not x.max_abs <= bound:
-                found.append(f"{d.case.name} {x.tensor}: max |A-B| {_num(x.max_abs)} > "
+                found.append(f"{d.case.name} {x.tensor}: max |A-B| {abs_text(x.max_abs)} > "
                              f"{bound:g}")
     return found
-
-
-def _num(x: float) -> str:
-    if x != x or x == float("inf"):
-        return "inf" if x == float("inf") else "nan"
-    return "0" if x == 0 else f"{x:.1e}"
 
 
 def table(diffs, a: str, b: str):
@@ -95,16 +92,9 @@ def table(diffs, a: str, b: str):
         if d.error:
             t.add_row(f"  raised: {d.error}", *([""] * 6))
         for x in d.tensors:
-            t.add_row(f"  {x.tensor}", _num(x.max_abs), str(x.n_diff), _num(x.a_oracle),
-                      _num(x.b_oracle), _num(x.a_eager), _num(x.b_eager))
+            t.add_row(f"  {x.tensor}", abs_text(x.max_abs), str(x.n_diff),
+                      *(abs_text(v) for v in (x.a_oracle, x.b_oracle, x.a_eager, x.b_eager)))
     return t
-
-
-def _steps(x: float) -> str:
-    """A count of bf16 steps: an integer as one, a fraction (fp32 dAPE) to 2 digits."""
-    if x != x or x == float("inf"):
-        return "inf" if x == float("inf") else "nan"
-    return str(int(x)) if x == int(x) else f"{x:.2g}"
 
 
 def steps_table(diffs, a: str, b: str):
@@ -121,8 +111,8 @@ def steps_table(diffs, a: str, b: str):
         t.add_row(d.case.name, *([""] * 5))
         for x in rows:
             q = x.steps
-            t.add_row(f"  {x.tensor}", *(_steps(v) for v in (q.p50, q.p90, q.p99, q.p999,
-                                                              q.max)))
+            t.add_row(f"  {x.tensor}", *(steps_text(v) for v in (q.p50, q.p90, q.p99, q.p999,
+                                                                  q.max)))
     return t
 
 
@@ -141,7 +131,8 @@ def where_table(diffs, a: str, b: str):
         for w in found:
             label = {"length": f"  length {w.group}", "window": f"  {w.group}",
                      "padding": "  padding rows"}[w.by]
-            t.add_row(label, str(w.numel), str(w.n_diff), _steps(w.max_steps), _steps(w.p99))
+            t.add_row(label, str(w.numel), str(w.n_diff), steps_text(w.max_steps),
+                      steps_text(w.p99))
     return t
 
 
@@ -173,7 +164,9 @@ def _ready(impl, device):
 @click.command("compare", help="Run the same inputs (the gate's cases) through two "
                "implementations and print, per case and output, max |A - B|, the count of "
                "differing elements, and each one's error against the fp64 oracle and the fp32 "
-               "eager reference. --max-abs / --bound turn it into a check (exit 1 beyond).",
+               "eager reference; then |A - B| in bf16 steps and where out differs. "
+               "--max-abs / --bound turn it into a check (exit 1 beyond); --report DIR adds "
+               "pictures.",
                epilog=EXITS)
 @click.option("--impl", "impls", multiple=True, required=True, metavar="NAME",
               callback=lambda ctx, p, v: tuple(load_impl(x) for x in v),
@@ -186,14 +179,19 @@ def _ready(impl, device):
 @click.option("--json", "json_path", metavar="PATH",
               help="Write every number to PATH ('-': stdout, the table then goes to stderr); "
                    "checked before anything runs.")
+@report_dir_option(
+    "Write DIR/compare.json (the --json document), one PNG per case that differs: the "
+    "quantiles of |A - B| in bf16 steps per output and where out differs "
+    f"({NEEDS_MATPLOTLIB}), and DIR/index.html listing every case; checked before anything "
+    "runs.")
 @click.option("--max-abs", "max_abs", type=click.FloatRange(min=0, max=1e308), default=None,
               metavar="FLOAT", help="Exit 1 when max |A - B| of any output exceeds FLOAT.")
 @click.option("--bound", "per_tensor", multiple=True, metavar="TENSOR=VALUE", callback=_bound,
               help=f"Exit 1 when max |A - B| of TENSOR ({', '.join(TENSORS)}) exceeds VALUE "
                    "(repeatable; wins over --max-abs for that output).")
-def command(impls, ratio, names, device, json_path, max_abs, per_tensor) -> None:
+def command(impls, ratio, names, device, json_path, report_dir, max_abs, per_tensor) -> None:
     a, b = _check(impls)
-    check_report_paths({"--json": json_path}, [0])
+    check_report_paths({"--json": json_path, "--report": report_dir}, [0])
     bounds = bounds_of(max_abs, per_tensor)
     cases = _cases(ratio, names, a, b)
     device = compare_device(device)
@@ -217,20 +215,16 @@ def command(impls, ratio, names, device, json_path, max_abs, per_tensor) -> None
     for make in (table, steps_table, where_table):
         console.print_table(make(diffs, a.name, b.name), shown)
     beyond = breaches(diffs, bounds)
+    text = document(a.name, b.name, ratio, bounds, beyond, diffs)
     if json_path is not None:
-        from csagate.render import _jsonable
-
-        doc = {"schema": "csagate.compare/1", "a": a.name, "b": b.name, "ratio": ratio,
-               "bounds": bounds, "beyond": beyond,
-               "cases": [{"name": d.case.name, "error": d.error,
-                          "tensors": [dataclasses.asdict(x) for x in d.tensors]}
-                         for d in diffs]}
-        text = json.dumps(_jsonable(doc), indent=2) + "\n"
         if to_stdout:
             click.echo(text, nl=False)
         else:
             Path(json_path).write_text(text)
             console.wrote(json_path)
+    if report_dir is not None:
+        for line in write_report(report_dir, text):
+            console.print_wrapped(console.err(), line)
     if bounds:
         for line in beyond:
             console.print_wrapped(shown, f"beyond the bound: {line}", indent="  ",
@@ -240,6 +234,18 @@ def command(impls, ratio, names, device, json_path, max_abs, per_tensor) -> None
         shown.print(f"compare {a.name} vs {b.name}: {verdict}", soft_wrap=True)
     code = ExitCode.CONTRACT_FAILURE if beyond else ExitCode.PASS
     raise click.exceptions.Exit(int(code))
+
+
+def document(a: str, b: str, ratio: str, bounds: dict[str, float], beyond: list[str],
+             diffs) -> str:
+    """The JSON document of ``--json`` and of ``--report``'s compare.json."""
+    from csagate.render import _jsonable
+
+    doc = {"schema": "csagate.compare/1", "a": a, "b": b, "ratio": ratio, "bounds": bounds,
+           "beyond": beyond,
+           "cases": [{"name": d.case.name, "error": d.error,
+                      "tensors": [dataclasses.asdict(x) for x in d.tensors]} for d in diffs]}
+    return json.dumps(_jsonable(doc), indent=2) + "\n"
 
 
 def compare_device(device):
