@@ -5,7 +5,7 @@ The pictures draw the ``grid`` of each ``where`` record (``csagate.gates.locate`
 absolute error per (row bin, column block), on a log scale, zero cells blank. matplotlib is
 an optional extra (``pip install 'csagate[report]'``); without it the page says so and the
 JSON is written all the same. The page's head, its figures, the file names and the
-no-matplotlib messages are shared with ``compare --report`` (``csagate.compare_report``).
+no-matplotlib messages are shared with ``compare --report`` (``csagate.pair_report``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ against the fp64 oracle and the fp32 eager reference; the distribution of |A - B
 steps (p50, p90, p99, p99.9, max); and where ``out`` differs, by segment length and by the
 window's place in its segment (first to last quarter). Three 80-column tables; ``--json``
 writes every number, and ``--report DIR`` writes that document as DIR/compare.json, a picture
-per case that differs (``csagate.compare_report``) and DIR/index.html. Without a bound a
+per case that differs (``csagate.pair_report``) and DIR/index.html. Without a bound a
 difference is a measurement: exit 0 when it ran. With ``--max-abs`` (every output) and
 ``--bound TENSOR=VALUE`` (one output; wins over ``--max-abs``) it is a check: exit 1 when some
 max |A - B| exceeds its bound (NaN in one only counts as infinite; a case where either side
@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 
 from csagate import console, family_choice
-from csagate.compare_report import abs_text, steps_text, write_report
+from csagate.pair_report import abs_text, steps_text, write_report
 from csagate.device_choice import device_option
 from csagate.exitcodes import ExitCode
 from csagate.family_choice import RATIOS

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from csagate.kernels import diskcache as D
 from gate_backends import small_gate
 
-from csagate import compare_report
+from csagate import pair_report
 from csagate.cli import cli
 from csagate.commands import compare as compare_cmd
 from csagate.report import NO_MATPLOTLIB
@@ -74,7 +74,7 @@ def test_a_bound_beyond_still_writes_the_report(gate, tmp_path):
 
 
 def test_without_matplotlib_the_json_and_the_page_are_written(gate, tmp_path, monkeypatch):
-    monkeypatch.setattr(compare_report, "have_matplotlib", lambda: False)
+    monkeypatch.setattr(pair_report, "have_matplotlib", lambda: False)
     rep = tmp_path / "rep"
     r = compare("--report", str(rep))
     assert r.exit_code == 0, r.output
