@@ -22,11 +22,11 @@ from pathlib import Path
 import click
 
 from csagate import console, family_choice
-from csagate.pair_report import abs_text, steps_text, write_report
 from csagate.device_choice import device_option
 from csagate.exitcodes import ExitCode
 from csagate.family_choice import RATIOS
 from csagate.impl_choice import NEEDS_MATPLOTLIB, load_impl, report_dir_option
+from csagate.pair_report import abs_text, steps_text, write_report
 from csagate.render import STDOUT
 from csagate.report_files import check_report_paths
 
