@@ -40,13 +40,9 @@ impl_option = click.option("--impl", "impl", default="csagate", show_default=Tru
 
 
 def _report(ctx, param, value: Path | None):
-    if value is not None:
-        if value.exists() and not value.is_dir():
-            raise click.BadParameter(f"{str(value)!r} exists and is not a directory",
-                                     param_hint="--report")
-        if not value.resolve().parent.is_dir():
-            raise click.BadParameter(f"directory {str(value.resolve().parent)!r} does not "
-                                     "exist", param_hint="--report")
+    from csagate.report_files import check_report_dir
+
+    check_report_dir(value)
     return value
 
 

@@ -104,6 +104,9 @@ def test_a_bad_report_dir_is_one_usage_line_before_anything_runs(gate, tmp_path,
     assert r.exit_code == 2, r.output
     errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "--report" in errors[0], r.stderr
+    why = {"a file": "is a file", "under a file": "is not a directory, so",
+           "not writable": "cannot"}[bad]
+    assert why in " ".join(r.stderr.split()), r.stderr
     assert ran == [] and not r.stdout
     assert not (tmp_path / "rep").exists()
 
