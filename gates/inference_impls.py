@@ -125,6 +125,15 @@ class Decode:
         self.order = order
         self.slots = slots      # sequences decoded at once (None: every sequence)
 
+    @property
+    def bitwise(self) -> tuple[str, ...]:
+        """The serial emission over an fp32 state is the reference's expression in its order:
+        ``out`` bit for bit the prefill reference, which the gate then checks on every case
+        (``out[claimed bitwise]``: a differing row is a state bug, located by segment and
+        row). Any other order or state dtype claims nothing beyond the contract."""
+        exact = self.order == "serial" and self.state_dtype == torch.float32
+        return ("out",) if exact else ()
+
     def describe(self) -> dict[str, Any]:
         return {"formulation": type(self).__doc__.strip().splitlines()[0],
                 "state_dtype": str(self.state_dtype).removeprefix("torch."),

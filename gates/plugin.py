@@ -28,6 +28,10 @@ and optionally
 * ``through_op(kv, score, ape, cu, cuc, grad_out, *, n_rows, ratio, coff) -> (out, (dkv,
   dscore, dape))``: the framework op that wraps it; the contract's ``op`` check compares it
   with the direct path.
+* ``bitwise = ("out", ...)``: the outputs it promises bit for bit equal to the fp32 reference
+  (docs/CONTRACT.md section 3.1) on the device it runs on, a stricter promise than the
+  contract's rule for them; the gate holds it to that too (a G2 check per output, named
+  ``out[claimed bitwise]``, whose failures are located like any other).
 
 :class:`~csagate.gates.driver.Driver` is the one thing that calls these; this module only
 says what they are (and imports nothing of the gate but its error text).
@@ -139,6 +143,7 @@ class Applies:
     op: bool = True                # the torch-op comparison (``op`` gate)
     impl: str = ""                 # the name the headline gives it ("": the gate's own kernels)
     supports: Supports | None = None
+    bitwise: tuple[str, ...] = ()  # outputs it claims bitwise the fp32 reference
 
     def covers(self, case) -> bool:
         if case.deterministic and not (self.deterministic and self.backward):
@@ -160,6 +165,8 @@ class Applies:
             parts.append("coverage n/a (no dispatch hooks)")
         if self.backward and not self.deterministic:
             parts.append("deterministic n/a")
+        if self.bitwise:
+            parts.append(f"{', '.join(self.bitwise)} held bitwise, as it claims")
         if not self.impl:
             return "; ".join(parts)
         return f"{self.impl}: " + ("; ".join(parts) or "forward and backward")
@@ -176,7 +183,8 @@ def applies_of(impl) -> Applies:
     return Applies(forward=True, backward=has_backward(impl),
                    deterministic=bool(getattr(impl, "deterministic", False)),
                    dispatch=has_dispatch(impl), op=hook(impl, "through_op") is not None,
-                   impl=str(label), supports=impl.supports)
+                   impl=str(label), supports=impl.supports,
+                   bitwise=tuple(getattr(impl, "bitwise", None) or ()))
 
 
 def unavailable(impl, device: torch.device) -> str | None:
@@ -256,6 +264,11 @@ def conformance(impl) -> str | None:
     det = getattr(impl, "deterministic", False)
     if not isinstance(det, bool):
         return f"deterministic must be True or False, got {det!r}"
+    from csagate.gates.verdict import TENSORS
+
+    claimed = getattr(impl, "bitwise", None) or ()
+    if not (isinstance(claimed, (tuple, list)) and set(claimed) <= set(TENSORS)):
+        return f"bitwise must be a tuple of output names ({', '.join(TENSORS)}), got {claimed!r}"
     for name, (positional, keywords) in CALLS.items():
         if name != "forward" and getattr(impl, name, None) is None:
             continue              # absent, or None (``backward = None``: forward only)

@@ -381,10 +381,11 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
     if case.inputs == "overflow":
         gates.extend(_overflow_g2_g3(first, eager_t, oracle_t))
     elif case.inputs in FINITE_INPUTS:
-        gates.extend(_g2(contract, case, first, eager_t))
+        gates.extend(_g2(contract, case, first, eager_t, claims=applies.bitwise))
         gates.extend(_g3(case, first, eager_t, oracle_t))
     else:
-        gates.extend(_finite_g2_g3(contract, case, first, eager_t, oracle_t))
+        gates.extend(_finite_g2_g3(contract, case, first, eager_t, oracle_t,
+                                   claims=applies.bitwise))
     if case.inputs == "pad_nonfinite" and applies.backward:
         sel, clean_grads = _fused_backward(backend, case, clean.inputs(), go, 0.0)
         _record(selections, sel)
@@ -449,8 +450,11 @@ def _zeros(name: str, runs: Sequence[torch.Tensor], mask: torch.Tensor) -> GateR
     return GateResult("zeros", name, PASS if z.ok else FAIL, numbers, reason)
 
 
-def _g2(contract: Contract, case: Case, fused, eager, masks=None) -> list[GateResult]:
-    """The contract's rule per tensor vs fp32 eager; the scaled case scales the bounds.
+def _g2(contract: Contract, case: Case, fused, eager, masks=None,
+        claims: tuple[str, ...] = ()) -> list[GateResult]:
+    """The contract's rule per tensor vs fp32 eager; the scaled case scales the bounds. Then,
+    per output in ``claims`` whose rule is not bitwise already, the implementation's own
+    promise: bit for bit the fp32 reference (``out[claimed bitwise]``).
 
     ``masks`` (tensor -> bool mask): judge those positions only (eager's finite positions)."""
     out = []
@@ -461,6 +465,9 @@ def _g2(contract: Contract, case: Case, fused, eager, masks=None) -> list[GateRe
         mask = None if masks is None else masks[name]
         out.append(_gate("G2", name, rule.apply(fused[name], eager[name], scale=case.scale,
                                                 mask=mask, window=case.coff * case.ratio)))
+        if name in claims and rule.check != "bitwise":
+            out.append(_gate("G2", f"{name}[claimed bitwise]",
+                             comparators.bitwise(fused[name], eager[name], mask=mask)))
     return out
 
 
@@ -483,7 +490,8 @@ def _g3(case: Case, fused, eager, oracle, masks=None) -> list[GateResult]:
     return out
 
 
-def _finite_g2_g3(contract: Contract, case: Case, fused, eager, oracle) -> list[GateResult]:
+def _finite_g2_g3(contract: Contract, case: Case, fused, eager, oracle,
+                  claims: tuple[str, ...] = ()) -> list[GateResult]:
     """Some inputs non-finite: NaN masks equal eager's on all four outputs, G2 where eager is
     not NaN (an infinity, e.g. from a -inf kv a padding row reads, must be matched exactly)
     and G3 where eager is finite (docs/CONTRACT.md section 5.3)."""
@@ -492,8 +500,8 @@ def _finite_g2_g3(contract: Contract, case: Case, fused, eager, oracle) -> list[
            if name in fused else _na("G2", f"{name}[NaN mask]") for name in TENSORS]
     not_nan = {name: ~torch.isnan(eager[name]) for name in TENSORS}
     finite = {name: torch.isfinite(eager[name]) for name in TENSORS}
-    return out + _g2(contract, case, fused, eager, not_nan) + _g3(case, fused, eager, oracle,
-                                                                finite)
+    return (out + _g2(contract, case, fused, eager, not_nan, claims)
+            + _g3(case, fused, eager, oracle, finite))
 
 
 def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:

@@ -483,6 +483,10 @@ class BadCoffs(Good):
 class BadPrepare(Good):
     def prepare(self):
         return []
+
+
+class BadClaim(Good):
+    bitwise = ("out", "dq")
 '''
 
 
@@ -509,6 +513,8 @@ def test_impls_impl_accepts_a_well_formed_adapter_in_one_line(checked, name):
     ("HalfDispatch", "kernels and dispatch come together"),
     ("BadCoffs", "supports.coffs must be a tuple of 1 and/or 2"),
     ("BadPrepare", "prepare cannot be called as prepare(targets, progress)"),
+    ("BadClaim", "bitwise must be a tuple of output names (out, dkv, dscore, dape), got "
+                 "('out', 'dq')"),
     ("Missing", "has no attribute 'Missing'"),
 ])
 def test_impls_impl_refuses_a_broken_adapter_with_one_line(checked, name, needle):

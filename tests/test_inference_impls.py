@@ -23,6 +23,7 @@ from csagate.gates.inference_impls import (
     online_softmax,
 )
 from csagate.gates.pair_diff import bf16_steps, row_groups, spread, where
+from csagate.gates.plugin import applies_of, conformance
 from csagate.gates.runner import run_case, run_gate
 from csagate.gates.verdict import FAIL, NA, PASS
 from csagate.reference import forward, make_pack
@@ -145,7 +146,45 @@ def test_a_planted_state_bug_fails_g2_in_the_gate(bug):
     assert result.status == FAIL
     by = {(g.gate, g.tensor): g.status for g in result.gates}
     assert by[("G2", "out")] == FAIL
+    assert by[("G2", "out[claimed bitwise]")] == FAIL
     assert by[("G2", "dkv")] == NA            # forward only: the backward gates do not apply
+
+
+def test_only_the_exact_formulation_claims_out_bitwise():
+    assert applies_of(Decode()).bitwise == ("out",) and conformance(Decode()) is None
+    assert Decode(order="torch").bitwise == () and Bf16State().bitwise == ()
+    assert applies_of(OnlineSoftmax()).bitwise == ()
+
+
+class OneStepOff(Decode):
+    """Still claims bitwise, but the smallest value of the second segment's first row comes
+    out one bf16 step off (as an emission in another order can): within the ratio-128
+    tolerance and the oracle's bound, not bitwise."""
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        out = super().forward(kv, score, ape, cu, cuc, n_rows, ratio=ratio, coff=coff)
+        row = out[int(cuc[1])]
+        col = int(row.float().abs().argmin())
+        row[col:col + 1] = (row[col:col + 1].view(torch.int16) + 1).view(torch.bfloat16)
+        return out
+
+
+def test_a_broken_bitwise_claim_fails_the_gate_and_names_its_rows():
+    """At ratio 128 the contract's rule is a tolerance, which one step off in one row meets;
+    the claim is bitwise, which it does not: the case fails on the claim alone, and the
+    failure is located (the segment and the output row that differ)."""
+    case = Case("c2d64/claimed", 2, 64, (300, 129, 0, 256), "fuzz", "a claim", ratio=128)
+    result = run_case(Driver(OneStepOff(), CPU), case, contracts.R128)
+    by = {(g.gate, g.tensor): g.status for g in result.gates}
+    assert by[("G2", "out")] == PASS and by[("G3", "out")] == PASS
+    assert by[("G2", "out[claimed bitwise]")] == FAIL and result.status == FAIL
+    (where,) = [w for w in result.recorded["where"] if w["tensor"] == "out[claimed bitwise]"]
+    assert where["n_offending"] == 1 and where["segments"] == [[1, 1]]
+    assert Decode().bitwise == ("out",)
+    exact = run_case(Driver(Decode(), CPU), case, contracts.R128)
+    assert exact.status == PASS
+    assert {(g.gate, g.tensor): g.status for g in exact.gates}[
+        ("G2", "out[claimed bitwise]")] == PASS
 
 
 def test_decode_passes_the_forward_contract_in_the_gate():
