@@ -150,6 +150,12 @@ def test_a_planted_state_bug_fails_g2_in_the_gate(bug):
     assert by[("G2", "dkv")] == NA            # forward only: the backward gates do not apply
 
 
+def test_impls_lists_what_decode_claims():
+    result = CliRunner().invoke(cli, ["impls", "--impl", "decode"])
+    assert result.exit_code == 0 and "fwd only =ref out," in result.output, result.output
+    assert "=ref" not in CliRunner().invoke(cli, ["impls", "--impl", "bf16-state"]).output
+
+
 def test_only_the_exact_formulation_claims_out_bitwise():
     assert applies_of(Decode()).bitwise == ("out",) and conformance(Decode()) is None
     assert Decode(order="torch").bitwise == () and Bf16State().bitwise == ()

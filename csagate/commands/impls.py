@@ -35,14 +35,18 @@ def rows() -> list[tuple[str, str, str, str, str]]:
 
 
 def _provides(impl) -> str:
-    """``fwd+bwd det hooks``: the directions, the deterministic backward, the dispatch hooks."""
-    from csagate.gates.plugin import has_backward, has_dispatch
+    """``fwd+bwd det hooks``: the directions, the deterministic backward, the dispatch hooks;
+    ``=ref out`` for the outputs it claims bitwise the fp32 reference."""
+    from csagate.gates.plugin import applies_of, has_backward, has_dispatch
 
     parts = ["fwd+bwd" if has_backward(impl) else "fwd only"]
     if getattr(impl, "deterministic", False):
         parts.append("det")
     if has_dispatch(impl):
         parts.append("hooks")
+    claimed = applies_of(impl).bitwise
+    if claimed:
+        parts.append("=ref " + "/".join(claimed))
     return " ".join(parts)
 
 
@@ -81,8 +85,10 @@ def check(value: str) -> str:
 @click.command("impls", help="List the implementations `csagate run --impl` and `csagate "
                "compare` can judge: the built-ins, the packages registered under the entry-point "
                "group csagate.implementations, and for each whether it can run here (or why "
-               "not: a missing package, the compute capability). A local adapter is passed as "
-               "--impl path/to/file.py:NAME or module:NAME.")
+               "not: a missing package, the compute capability). 'provides': fwd+bwd or fwd "
+               "only, det (a deterministic backward), hooks (the dispatch hooks), =ref OUTPUTS "
+               "(claimed bitwise the fp32 reference, which the gate checks). A local adapter "
+               "is passed as --impl path/to/file.py:NAME or module:NAME.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the implementations as JSON on stdout.")
 @click.option("--impl", "impl", metavar="VALUE",
