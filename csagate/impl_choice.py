@@ -39,20 +39,15 @@ impl_option = click.option("--impl", "impl", default="csagate", show_default=Tru
                            metavar="NAME", callback=_impl, help=IMPL_HELP)
 
 
-def _report(ctx, param, value: Path | None):
-    from csagate.report_files import check_report_dir
-
-    check_report_dir(value)
-    return value
-
-
 NEEDS_MATPLOTLIB = "needs matplotlib: pip install 'csagate[report]'"
 
 
 def report_dir_option(help_text: str):
-    """``--report DIR`` (``report_dir``) with a command's own ``help_text``."""
+    """``--report DIR`` (``report_dir``) with a command's own ``help_text``; the command
+    checks the folder with its other report paths (``report_files.check_report_paths``)
+    before any work."""
     return click.option("--report", "report_dir",
-                        type=click.Path(file_okay=False, path_type=Path), callback=_report,
+                        type=click.Path(file_okay=False, path_type=Path),
                         metavar="DIR", help=help_text)
 
 
