@@ -207,7 +207,7 @@ class SmallBwdKernel(SmallGeometry):
             raise ValueError(f"ratio={ratio} c{coff}d{d} {sched.tag}: " + "; ".join(problems))
         self.rows, self.threads, self.lanes = sched.rows_per_cta, sched.threads, sched.lanes
         self.vec, self.groups = sched.vec, d // sched.vec
-        self.det, self.ape_regs = deterministic, sched.ape_regs
+        self.det, self.ape_regs, self.prefetch = deterministic, sched.ape_regs, sched.prefetch
 
     @cute.jit
     def __call__(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
@@ -272,6 +272,17 @@ class SmallBwdKernel(SmallGeometry):
             if cutlass.const_expr(self.rows == 1):
                 if bx < n_valid:
                     self.row_grads(ins, cu, mGo, outs, regs, bx, n_seq, seg_bits, col)
+            elif cutlass.const_expr(self.prefetch):
+                # Software pipelined: a lane's next row is loaded while this one's arithmetic
+                # and stores run.
+                raw = self.raw_row()
+                if bx * rows + ty < n_valid:
+                    self.fetch(ins, cu, mGo, raw, bx * rows + ty, n_seq, seg_bits, col)
+                for rr in cutlass.range(ty, rows, LANES, unroll=1):
+                    row = bx * rows + rr
+                    if row < n_valid:
+                        self.row_grads_ahead(ins, cu, mGo, outs, regs, raw, row, col,
+                                             (n_seq, seg_bits, n_valid, rr + LANES < rows))
             else:
                 for rr in cutlass.range(ty, rows, LANES, unroll=1):
                     row = bx * rows + rr
@@ -309,32 +320,107 @@ class SmallBwdKernel(SmallGeometry):
                         for e in cutlass.range_constexpr(VEC):
                             rG[k, e] = add_rn(rG[k, e], sG[lane, k, tx * VEC + e])
 
+    def raw_row(self) -> tuple:
+        """One row's raw inputs in registers, as ``fetch`` loads them: its window's bf16 score
+        and kv (WIN, VEC), its bf16 grad_out (VEC,), and (segment, block, first token)."""
+        WIN, VEC = self.win, self.vec
+        return (cute.make_rmem_tensor((WIN, VEC), BF16), cute.make_rmem_tensor((WIN, VEC), BF16),
+                cute.make_rmem_tensor((VEC,), BF16), cute.make_rmem_tensor((3,), I32))
+
     @cute.jit
-    def row_grads(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, regs: tuple,
-                  row: I32, n_seq: I32, seg_bits: I32, col: I32):
-        """dKV/dScore of one valid row's window in column group col, its zero classes (a) and
-        (b), and its ds into the dAPE partials rG."""
-        (mKV, mS, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
-        rA, rG, rS, rU = regs
+    def slots(self, has_prev, tok0: I32, col: I32, put: cutlass.Constexpr,
+              absent: cutlass.Constexpr = None):
+        """put(k, token, column group) for every window position of a row whose block starts
+        at token tok0; a first block's previous half (coff=2, not ``has_prev``): absent(k)."""
         RATIO, WIN, VEC = self.ratio, self.win, self.vec
-        seg = segment_search(mCuc, row, n_seq, seg_bits)
-        blk = row - mCuc[seg]
-        tok0 = mCu[seg] + blk * RATIO
-        has_prev = blk > 0
         if cutlass.const_expr(self.coff == 2):
             if has_prev:
                 for k in cutlass.range_constexpr(RATIO):
-                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - RATIO + k, col)
-            else:
+                    put(k, tok0 - RATIO + k, col)
+            elif cutlass.const_expr(absent is not None):
                 for k in cutlass.range_constexpr(RATIO):
-                    for e in cutlass.range_constexpr(VEC):
-                        rS[k, e] = F32(NEG_INF)
-                        rU[k, e] = F32(0.0)
+                    absent(k)
         for k in cutlass.range_constexpr(WIN - RATIO, WIN):
             tok_off, col_off, _ = self.window_slot(k)
-            self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 + tok_off, col + col_off // VEC)
+            put(k, tok0 + tok_off, col + col_off // VEC)
 
-        gv = cute.local_tile(mGo, (1, VEC), (row, col)).load().to(F32)
+    def absent(self, rS, rU, k):
+        """A position of no token (the previous half of a first block): s = -inf, u = 0."""
+        for e in range(self.vec):
+            rS[k, e] = F32(NEG_INF)
+            rU[k, e] = F32(0.0)
+
+    @cute.jit
+    def row_grads(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, regs: tuple,
+                  row: I32, n_seq: I32, seg_bits: I32, col: I32):
+        """One valid row in column group col: its window and grad_out loaded, then
+        ``grads``."""
+        (mKV, mS, mApe), (mCu, mCuc) = ins, cu
+        rA, _, rS, rU = regs
+        seg = segment_search(mCuc, row, n_seq, seg_bits)
+        blk = row - mCuc[seg]
+        tok0 = mCu[seg] + blk * self.ratio
+        self.slots(blk > 0, tok0, col, functools.partial(self.load, mKV, mS, mApe, rA, rS, rU),
+                   functools.partial(self.absent, rS, rU))
+        gv = cute.local_tile(mGo, (1, self.vec), (row, col)).load().to(F32)
+        self.grads(cu, outs, regs, gv, (seg, blk, tok0), row, col)
+
+    @cute.jit
+    def fetch(self, ins: tuple, cu: tuple, mGo: cute.Tensor, raw: tuple, row: I32, n_seq: I32,
+              seg_bits: I32, col: I32):
+        """Issue the loads of valid row ``row``'s window and grad_out in column group col into
+        ``raw`` (``raw_row``), unconverted."""
+        (mKV, mS, _), (mCu, mCuc) = ins, cu
+        rSb, rUb, rGob, rMeta = raw
+        seg = segment_search(mCuc, row, n_seq, seg_bits)
+        blk = row - mCuc[seg]
+        tok0 = mCu[seg] + blk * self.ratio
+        rMeta[0] = seg
+        rMeta[1] = blk
+        rMeta[2] = tok0
+        self.slots(blk > 0, tok0, col, functools.partial(self.fetch_slot, mKV, mS, rSb, rUb))
+        gv = cute.local_tile(mGo, (1, self.vec), (row, col)).load()
+        for e in cutlass.range_constexpr(self.vec):
+            rGob[e] = gv[e]
+
+    def fetch_slot(self, mKV, mS, rSb, rUb, k, tok, cg):
+        """Window position k of column group cg: the bf16 score and kv, unconverted."""
+        sv = cute.local_tile(mS, (1, self.vec), (tok, cg)).load()
+        uv = cute.local_tile(mKV, (1, self.vec), (tok, cg)).load()
+        for e in range(self.vec):
+            rSb[k, e] = sv[e]
+            rUb[k, e] = uv[e]
+
+    @cute.jit
+    def row_grads_ahead(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple,
+                        regs: tuple, raw: tuple, row: I32, col: I32, ahead: tuple):
+        """One valid row from its fetched ``raw``; once taken, the lane's next row (``ahead``
+        = (n_seq, seg_bits, n_valid, more)) is fetched into ``raw`` while ``grads`` runs."""
+        mApe = ins[2]
+        rA, _, rS, rU = regs
+        rSb, rUb, rGob, rMeta = raw
+        n_seq, seg_bits, n_valid, more = ahead
+        seg, blk, tok0 = rMeta[0], rMeta[1], rMeta[2]
+        self.slots(blk > 0, tok0, col,
+                   functools.partial(self.take, mApe, rA, rSb, rUb, rS, rU),
+                   functools.partial(self.absent, rS, rU))
+        rGi = cute.make_rmem_tensor((self.vec,), F32)
+        for e in cutlass.range_constexpr(self.vec):
+            rGi[e] = F32(rGob[e])
+        if more:
+            if row + self.lanes < n_valid:
+                self.fetch(ins, cu, mGo, raw, row + self.lanes, n_seq, seg_bits, col)
+        self.grads(cu, outs, regs, rGi, (seg, blk, tok0), row, col)
+
+    @cute.jit
+    def grads(self, cu: tuple, outs: tuple, regs: tuple, gv, at: tuple, row: I32, col: I32):
+        """dKV/dScore of row ``row``'s window (in regs: s, u) in column group col, gv its fp32
+        grad_out, ``at`` = (segment, block, first token); its zero classes (a) and (b); its ds
+        into the dAPE partials rG."""
+        (mCu, mCuc), (mDKV, mDS) = cu, outs
+        _, _, rS, rU = regs
+        seg, blk, tok0 = at
+        RATIO, WIN, VEC = self.ratio, self.win, self.vec
         rGo = cute.make_rmem_tensor((VEC,), F32)
         rDot = cute.make_rmem_tensor((VEC,), F32)  # S = sum_k t_k, per column
         for e in cutlass.range_constexpr(VEC):
@@ -350,13 +436,8 @@ class SmallBwdKernel(SmallGeometry):
             rGo[e] = go
             rDot[e] = dot
 
-        if cutlass.const_expr(self.coff == 2):
-            if has_prev:
-                for k in cutlass.range_constexpr(RATIO):
-                    self.store(mDKV, mDS, regs, rGo, rDot, k, tok0 - RATIO + k, col)
-        for k in cutlass.range_constexpr(WIN - RATIO, WIN):
-            tok_off, col_off, _ = self.window_slot(k)
-            self.store(mDKV, mDS, regs, rGo, rDot, k, tok0 + tok_off, col + col_off // VEC)
+        self.slots(blk > 0, tok0, col,
+                   functools.partial(self.store, mDKV, mDS, regs, rGo, rDot))
 
         if row + 1 == mCuc[seg + 1]:  # the segment's last block
             if cutlass.const_expr(self.coff == 2):
@@ -385,6 +466,20 @@ class SmallBwdKernel(SmallGeometry):
                 rS[k, e] = add_rn(sv[e], av[e])
         for e in range(VEC):
             rU[k, e] = uv[e]
+
+    def take(self, mApe, rA, rSb, rUb, rS, rU, k, tok, cg):
+        """Window position k of column group cg from its fetched bf16 (``tok`` unused): as
+        ``load``."""
+        VEC = self.vec
+        if self.ape_regs:
+            for e in range(VEC):
+                rS[k, e] = add_rn(F32(rSb[k, e]), rA[k, e])
+        else:
+            av = cute.local_tile(mApe, (1, VEC), (self.window_slot(k)[2], cg)).load()
+            for e in range(VEC):
+                rS[k, e] = add_rn(F32(rSb[k, e]), av[e])
+        for e in range(VEC):
+            rU[k, e] = F32(rUb[k, e])
 
     def store(self, mDKV, mDS, regs, rGo, rDot, k, tok, cg):
         """dKV/dScore of window position k into slot (tok, column group cg); the dAPE

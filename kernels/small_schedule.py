@@ -41,12 +41,13 @@ class SmallSchedule:
     rows_per_cta: int
     ape_regs: bool = True        # backward only: the APE of the thread's column hoisted
     lanes: int = 1               # backward only: rows a CTA runs side by side (block.y)
+    prefetch: bool = False       # backward only: a lane's next row loaded during this one's
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
                 + (f"l{self.lanes}" if self.lanes > 1 else "")
-                + ("" if self.ape_regs else "_ag"))
+                + ("" if self.ape_regs else "_ag") + ("p" if self.prefetch else ""))
 
     def astuple(self) -> tuple:
         return (self.vec, self.threads, self.rows_per_cta)
@@ -121,8 +122,8 @@ def fwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
     if values > FWD_MAX_VALUES:
         out.append(f"vec {vec} with {rows} row(s) at a window of {ratio * coff} keeps "
                    f"{values} fp32 values per thread (more than {FWD_MAX_VALUES})")
-    if not sched.ape_regs or sched.lanes != 1:
-        out.append("ape_regs and lanes are backward fields")
+    if not sched.ape_regs or sched.lanes != 1 or sched.prefetch:
+        out.append("ape_regs, lanes and prefetch are backward fields")
     if not 1 <= sched.threads <= 1024:
         out.append(f"threads must be in [1, 1024], got {sched.threads}")
     return out
@@ -143,21 +144,24 @@ def bwd_values(window: int, vec: int) -> int:
     return 4 * window * vec
 
 
-def bwd_form(vec: int, d: int, window: int) -> SmallSchedule:
+def bwd_form(vec: int, d: int, window: int, prefetch: bool = False) -> SmallSchedule:
     """A backward form: ``vec`` adjacent columns per thread. vec 1 is the one-column form
     (``SMALL_BWD_THREADS`` threads, one lane; beyond ``BWD_APE_REGS_MAX_WINDOW`` one row per
     CTA, the APE re-read). A vector form spans a row's column groups with whole warps and runs
     ``lanes`` rows side by side so a CTA keeps ``SMALL_BWD_THREADS`` threads; its lanes' dAPE
-    sums meet in shared memory before the CTA's one reduction per (position, column)."""
+    sums meet in shared memory before the CTA's one reduction per (position, column).
+    ``prefetch``: each lane loads its next row's window while it computes and stores this
+    one's (a form of more than one row per CTA)."""
     if vec == 1:
         if window <= BWD_APE_REGS_MAX_WINDOW:
-            return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS)
-        return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS_WIDE, ape_regs=False)
+            return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS, prefetch=prefetch)
+        return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS_WIDE, ape_regs=False,
+                             prefetch=prefetch)
     groups = -(-d // vec)
     threads = min(SMALL_BWD_THREADS, -(-groups // 32) * 32)
     lanes = max(1, SMALL_BWD_THREADS // threads)
     rows = min(SMALL_BWD_ROWS * lanes, SMALL_BWD_ROWS_LANES) if lanes > 1 else SMALL_BWD_ROWS
-    return SmallSchedule(vec, threads, rows, lanes=lanes)
+    return SmallSchedule(vec, threads, rows, lanes=lanes, prefetch=prefetch)
 
 
 def bwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -> list[str]:
@@ -175,6 +179,8 @@ def bwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
         out.append("a vector backward hoists the APE (ape_regs)")
     if sched.ape_regs and window > BWD_APE_REGS_MAX_WINDOW:
         out.append(f"a window of {window} re-reads the APE (ape_regs off)")
+    if sched.prefetch and sched.rows_per_cta == 1:
+        out.append("prefetch needs more than one row per CTA")
     if sched.rows_per_cta < sched.lanes:
         out.append(f"{sched.rows_per_cta} rows per CTA for {sched.lanes} lanes")
     if not 1 <= sched.threads * sched.lanes <= 1024:
@@ -186,7 +192,7 @@ def bwd_forms(ratio: int, coff: int, d: int, arch: str | None = None
               ) -> tuple[SmallSchedule, ...]:
     """The backward forms beyond ``arch``'s table form that (ratio, coff, d) can build."""
     table = small_schedule("bwd", d, ratio=ratio, coff=coff, arch=arch)
-    forms = (bwd_form(v, d, ratio * coff) for v in BWD_VECS)
+    forms = (bwd_form(v, d, ratio * coff, p) for v in BWD_VECS for p in (False, True))
     return tuple(s for s in dict.fromkeys(forms)
                  if s != table and not bwd_schedule_problems(ratio, coff, d, s))
 
@@ -217,7 +223,8 @@ def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
             return fwd_form(*form, d)
         vec, threads = fwd_schedule(d, window)
         return SmallSchedule(vec, threads, 1)
-    return bwd_form(_bwd_table_vec(ratio, coff, d, arch), d, window)
+    return bwd_form(_bwd_table_vec(ratio, coff, d, arch), d, window,
+                    _bwd_table_prefetch(ratio, coff, d, arch))
 
 
 # The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.2), for
@@ -235,9 +242,20 @@ def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
 
 # The backward's vec the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.4), for
 # d >= 128: (ratio, coff, narrow) -> columns per thread, narrow: d < 256 as the forward's.
-# Elsewhere (ratio 8 and up, d < 128, the other arches) the one-column form.
+# Elsewhere (ratio 8 c2 and up, d < 128, the other arches) the one-column form.
 SM90_BWD_VECS = {(2, 1, True): 4, (2, 1, False): 4, (2, 2, True): 4, (2, 2, False): 1,
-                 (4, 1, True): 4, (4, 1, False): 4, (4, 2, True): 2, (4, 2, False): 2}
+                 (4, 1, True): 4, (4, 1, False): 4, (4, 2, True): 2, (4, 2, False): 2,
+                 (8, 1, True): 2, (8, 1, False): 2}
+# ... and where it runs the prefetch form (a lane's next row loaded during this one; section
+# 14.5): every window of 16 or 32 positions, and ratio 4 c2 below d = 256.
+SM90_BWD_PREFETCH = frozenset({(4, 2, True), (8, 1, True), (8, 1, False), (8, 2, True),
+                               (8, 2, False), (16, 1, True), (16, 1, False), (16, 2, True),
+                               (16, 2, False), (32, 1, True), (32, 1, False)})
+
+
+def _bwd_table_prefetch(ratio: int, coff: int, d: int, arch: str | None) -> bool:
+    return (arch == "sm_90a" and d >= 128
+            and (ratio, coff, d // 4 < SMALL_FWD_THREADS) in SM90_BWD_PREFETCH)
 
 
 def _bwd_table_vec(ratio: int, coff: int, d: int, arch: str | None) -> int:

@@ -199,7 +199,8 @@ def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
     for sched in (table, *SS.bwd_forms(ratio, coff, d, arch)):
         picks = {r * sched.lanes for r in AB_BWD_ROWS} | {
             SS.bwd_rows_per_cta(n_rows, d, coff, sched)}
-        out.update({f"v{sched.vec}l{sched.lanes} {r}": (sched, r) for r in sorted(picks)
+        label = f"v{sched.vec}l{sched.lanes}" + ("p" if sched.prefetch else "")
+        out.update({f"{label} {r}": (sched, r) for r in sorted(picks)
                     if r <= sched.rows_per_cta and (sched, r) != (table, rule)})
     return out
 

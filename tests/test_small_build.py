@@ -11,6 +11,7 @@ atomic per window position. The counts are per window position, so they hold at 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -151,7 +152,8 @@ def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     """A backward's PTX: the pinned operations of one row body per (window position, column)
     (LLVM may duplicate the body, every copy whole) plus, with lanes, one add.rn per dAPE sum
     and extra lane; score and kv one vec-wide load per window position and grad_out one per row
-    body; one dAPE reduction (vec wide) per window position."""
+    body (a prefetch form loads a row in two places: before its loop and for the next row
+    inside it); one dAPE reduction (vec wide) per window position."""
     vec, lanes = sched.vec, sched.lanes
     n = win * vec
     found, expected = _pinned_counts(ptx), _pinned_expected("bwd", n)
@@ -162,7 +164,8 @@ def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     assert copies >= 1 and found == {k: copies * v for k, v in expected.items()}, (
         f"{label}: PTX op counts {found} != {copies} x {expected}")
     load = r"ld\.global\.b16" if vec == 1 else rf"ld\.global\.v{vec}\.b16"
-    assert _count(load, ptx) == copies * (2 * win + 1), label
+    fetches = copies * (2 if sched.prefetch else 1)
+    assert _count(load, ptx) == fetches * (2 * win + 1), label
     scalar = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
     vector = _count(rf"red\.[a-z.]*add\.v{vec}\.f32", ptx) if vec > 1 else 0
     assert scalar + vector == win and (vec == 1 or scalar == 0), (
@@ -418,3 +421,11 @@ def test_bwd_forms_and_the_sm90a_table():
         4, 1, 128, SS.SmallSchedule(2, 64, 32, ape_regs=False, lanes=2)))
     assert any("lanes" in p for p in SS.fwd_schedule_problems(
         4, 1, 128, SS.SmallSchedule(2, 64, 1, lanes=2)))
+    assert any("prefetch" in p for p in SS.fwd_schedule_problems(
+        4, 1, 128, SS.SmallSchedule(2, 64, 1, prefetch=True)))
+    wide = SS.bwd_form(1, 128, 64, prefetch=True)  # a window of 64: one row per CTA
+    assert any("more than one row" in p for p in SS.bwd_schedule_problems(32, 2, 128, wide))
+    for ratio, coff in ((2, 1), (4, 2), (16, 1)):  # every buildable form has its prefetch twin
+        forms = set(SS.bwd_forms(ratio, coff, 128, "sm_90a")) | {
+            SS.small_schedule("bwd", 128, ratio=ratio, coff=coff, arch="sm_90a")}
+        assert {dataclasses.replace(f, prefetch=True) for f in forms} <= forms, (ratio, coff)

@@ -522,7 +522,7 @@ def _bwd_form_cases():
             for d in (128, 136, 512):
                 table = small_schedule("bwd", d, ratio=ratio, coff=coff)
                 cases += [(ratio, coff, d, s) for s in (table, *bwd_forms(ratio, coff, d))
-                          if s.vec > 1]
+                          if s.vec > 1 or s.prefetch]
     return cases
 
 
@@ -538,9 +538,10 @@ def _bwd_kernel(d: int, coff: int, ratio: int, sched):
 @pytest.mark.parametrize("case", _bwd_form_cases(), ids=_form_id)
 def test_backward_vector_forms_bitwise(case, pack_name):
     """A vector backward form (vec columns per thread, lanes rows side by side, the lanes'
-    dAPE sums merged in shared memory, one vector reduction per slot) writes every dKV/dScore
-    slot bitwise the fp32 reference's at one row per lane, a ragged count and its most rows per
-    CTA; dAPE within the atomics' noise."""
+    dAPE sums merged in shared memory, one vector reduction per slot) or a prefetch form (a
+    lane's next row loaded during this one) writes every dKV/dScore slot bitwise the fp32
+    reference's at one row per lane, a ragged count and its most rows per CTA; dAPE within the
+    atomics' noise."""
     from csagate.kernels import small
     from csagate.reference import make_grad_out
 
