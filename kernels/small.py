@@ -452,34 +452,29 @@ class SmallBwdKernel(SmallGeometry):
                 _zero_token(mDKV, mDS, tok, col, self.groups, self.coff, VEC)
 
     def load(self, mKV, mS, mApe, rA, rS, rU, k, tok, cg):
-        """Window position k of column group cg: s = f32(score) + ape (hoisted or re-read),
-        u = f32(kv)."""
-        VEC = self.vec
-        sv = cute.local_tile(mS, (1, VEC), (tok, cg)).load().to(F32)
-        uv = cute.local_tile(mKV, (1, VEC), (tok, cg)).load().to(F32)
-        if self.ape_regs:
-            for e in range(VEC):
-                rS[k, e] = add_rn(sv[e], rA[k, e])
-        else:
-            av = cute.local_tile(mApe, (1, VEC), (self.window_slot(k)[2], cg)).load()
-            for e in range(VEC):
-                rS[k, e] = add_rn(sv[e], av[e])
-        for e in range(VEC):
-            rU[k, e] = uv[e]
+        """Window position k of column group cg loaded and converted (``put``)."""
+        sv = cute.local_tile(mS, (1, self.vec), (tok, cg)).load().to(F32)
+        uv = cute.local_tile(mKV, (1, self.vec), (tok, cg)).load().to(F32)
+        self.put(mApe, rA, rS, rU, k, cg, lambda e: sv[e], lambda e: uv[e])
 
     def take(self, mApe, rA, rSb, rUb, rS, rU, k, tok, cg):
-        """Window position k of column group cg from its fetched bf16 (``tok`` unused): as
-        ``load``."""
+        """Window position k of column group cg from its fetched bf16 (``put``; ``tok``
+        unused)."""
+        self.put(mApe, rA, rS, rU, k, cg, lambda e: F32(rSb[k, e]), lambda e: F32(rUb[k, e]))
+
+    def put(self, mApe, rA, rS, rU, k, cg, score, kv):
+        """Window position k of column group cg from its fp32 score and kv (``score(e)``,
+        ``kv(e)`` for column e): s = score + ape (hoisted or re-read), u = kv."""
         VEC = self.vec
         if self.ape_regs:
             for e in range(VEC):
-                rS[k, e] = add_rn(F32(rSb[k, e]), rA[k, e])
+                rS[k, e] = add_rn(score(e), rA[k, e])
         else:
             av = cute.local_tile(mApe, (1, VEC), (self.window_slot(k)[2], cg)).load()
             for e in range(VEC):
-                rS[k, e] = add_rn(F32(rSb[k, e]), av[e])
+                rS[k, e] = add_rn(score(e), av[e])
         for e in range(VEC):
-            rU[k, e] = F32(rUb[k, e])
+            rU[k, e] = kv(e)
 
     def store(self, mDKV, mDS, regs, rGo, rDot, k, tok, cg):
         """dKV/dScore of window position k into slot (tok, column group cg); the dAPE

@@ -130,10 +130,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "coff=2: the APE row of window position k taken mod 4 (the ratio-4 constant), not "
            "mod ratio"),
     Mutant("r16-bwd-previous-block-offset-4", SMALL,
-           "                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - RATIO + k, col)",
-           "                    self.load(mKV, mS, mApe, rA, rS, rU, k, tok0 - 4 + k, col)", 16,
-           "G2", "coff=2: the backward reads the previous block at tok0 - 4 (the ratio-4 "
-           "offset) instead of tok0 - ratio"),
+           "                    put(k, tok0 - RATIO + k, col)",
+           "                    put(k, tok0 - 4 + k, col)", 16,
+           "G2", "coff=2: the backward reads and writes the previous block at tok0 - 4 (the "
+           "ratio-4 offset) instead of tok0 - ratio"),
     Mutant("r32-bwd-reread-ape-own-half-columns", SMALL,
            "            av = cute.local_tile(mApe, (1, VEC), (self.window_slot(k)[2], cg)).load()",
            "            av = cute.local_tile(mApe, (1, VEC), (self.window_slot(k)[2], "
