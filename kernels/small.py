@@ -183,8 +183,9 @@ class SmallFwdKernel(SmallGeometry):
 
 
 # --- backward: one CTA per (rows_per_cta rows, threads*vec columns); a thread owns vec
-# adjacent columns; a vector form's CTA runs ``lanes`` rows side by side (block.y). The rows per
-# CTA are a launch argument up to the schedule's rows_per_cta (``bwd_rows_per_cta``)
+# adjacent columns; a vector form's CTA runs ``lanes`` rows side by side (block.y); a prefetch
+# form loads a lane's next row during this one. The rows per CTA are a launch argument up to
+# the schedule's rows_per_cta (``bwd_rows_per_cta``)
 
 
 def _zero_token(mDKV, mDS, tok, col, groups, coff, vec):
