@@ -329,6 +329,14 @@ class SmallBwdKernel(SmallGeometry):
                 cute.make_rmem_tensor((VEC,), BF16), cute.make_rmem_tensor((3,), I32))
 
     @cute.jit
+    def block_of(self, cu: tuple, row: I32, n_seq: I32, seg_bits: I32):
+        """A valid row's (segment, block index in it, first token of the block)."""
+        mCu, mCuc = cu
+        seg = segment_search(mCuc, row, n_seq, seg_bits)
+        blk = row - mCuc[seg]
+        return seg, blk, mCu[seg] + blk * self.ratio
+
+    @cute.jit
     def slots(self, has_prev, tok0: I32, col: I32, put: cutlass.Constexpr,
               absent: cutlass.Constexpr = None):
         """put(k, token, column group) for every window position of a row whose block starts
@@ -356,11 +364,9 @@ class SmallBwdKernel(SmallGeometry):
                   row: I32, n_seq: I32, seg_bits: I32, col: I32):
         """One valid row in column group col: its window and grad_out loaded, then
         ``grads``."""
-        (mKV, mS, mApe), (mCu, mCuc) = ins, cu
+        mKV, mS, mApe = ins
         rA, _, rS, rU = regs
-        seg = segment_search(mCuc, row, n_seq, seg_bits)
-        blk = row - mCuc[seg]
-        tok0 = mCu[seg] + blk * self.ratio
+        seg, blk, tok0 = self.block_of(cu, row, n_seq, seg_bits)
         self.slots(blk > 0, tok0, col, functools.partial(self.load, mKV, mS, mApe, rA, rS, rU),
                    functools.partial(self.absent, rS, rU))
         gv = cute.local_tile(mGo, (1, self.vec), (row, col)).load().to(F32)
@@ -371,11 +377,9 @@ class SmallBwdKernel(SmallGeometry):
               seg_bits: I32, col: I32):
         """Issue the loads of valid row ``row``'s window and grad_out in column group col into
         ``raw`` (``raw_row``), unconverted."""
-        (mKV, mS, _), (mCu, mCuc) = ins, cu
+        mKV, mS, _ = ins
         rSb, rUb, rGob, rMeta = raw
-        seg = segment_search(mCuc, row, n_seq, seg_bits)
-        blk = row - mCuc[seg]
-        tok0 = mCu[seg] + blk * self.ratio
+        seg, blk, tok0 = self.block_of(cu, row, n_seq, seg_bits)
         rMeta[0] = seg
         rMeta[1] = blk
         rMeta[2] = tok0
