@@ -31,7 +31,7 @@ def fill_partials(partials: torch.Tensor) -> torch.Tensor:
 class Entry:
     """A remembered launch: the tvm_ffi.Function, the arguments after the tensors (behind the
     segment search's depth where ``seg_bits``), a template view for empty_like, the
-    deterministic dAPE reduction."""
+    deterministic dAPE reduction (its function, slice count and stage rows)."""
 
     __slots__ = ("key", "call", "tail", "seg_bits", "max_tokens", "template", "reduce")
 
@@ -63,9 +63,10 @@ def launch(direction: str, deterministic: bool, ratio: int, coff: int, n_rows, i
         elif e.reduce is None:
             e.call(*inputs, *outputs, *tail, int(zero_dape))
         else:  # partials, the kernel, the reduction (reduce.launch_reduce's call, inlined)
+            reduce, n_parts, n_groups = e.reduce
             partials = fill_partials(torch.empty_like(e.template))
             e.call(*inputs, outputs[0], outputs[1], partials[0], *tail, 0)
-            e.reduce(partials.view(-1), outputs[2].view(-1), int(zero_dape))
+            reduce(partials.view(-1), outputs[2].view(-1), n_parts, n_groups, int(zero_dape))
     except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
         return None  # the full path raises the api's one-line error
     return e.key, outputs
@@ -86,8 +87,9 @@ def raw_call(fn):
 
 
 def remember(key: KernelKey, kv, n_rows: int, fn, rows_per_cta, partials=None,
-             reduce_fn=None) -> None:
-    """Add the fast-path entry of a launch that took the full path."""
+             reduce_fn=None, n_parts: int = 0) -> None:
+    """Add the fast-path entry of a launch that took the full path (``n_parts``: the
+    deterministic backward's partial slices, its CTAs along the rows)."""
     if len(FAST) >= FAST_MAX:
         return
     width = kv.shape[1]
@@ -97,7 +99,7 @@ def remember(key: KernelKey, kv, n_rows: int, fn, rows_per_cta, partials=None,
         tmpl = torch.empty((1, 1), dtype=torch.bfloat16, device=kv.device).expand(n_rows, key.d)
     elif partials is not None:
         tmpl = partials.new_empty((1, 1, 1)).expand(partials.shape)
-        red = raw_call(reduce_fn)
+        red = (raw_call(reduce_fn), n_parts, partials.shape[0] - n_parts)
     FAST[(key.direction, key.deterministic, key.ratio, key.coff, width, kv.get_device(),
           n_rows)] = Entry(key, raw_call(fn), tail, key.family.takes_segment_bits,
                            (INT32_LIMIT - 1) // width, tmpl, red)

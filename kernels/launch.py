@@ -91,21 +91,24 @@ def _launch(key: KernelKey, device, stream, tensors: dict, rows_per_cta=None,
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
             fn = CACHE.executor(key, device.index)
             if key.deterministic:
-                red = CACHE.executor(ReduceKey(key.arch), device.index)
+                from csagate.kernels.reduce import groups, launch_reduce, partial_rows
+
                 dape = args["dape"]
-                partials = fastpath.fill_partials(
-                    torch.empty((gx, *dape.shape), dtype=torch.float32, device=device))
+                red = CACHE.executor(ReduceKey(key.arch, split=groups(gx, dape.numel()) > 0),
+                                     device.index)
+                partials = fastpath.fill_partials(torch.empty(
+                    (partial_rows(gx, dape.numel()), *dape.shape), dtype=torch.float32,
+                    device=device))
                 # partials[0]: dape's shape at the buffer's base (slice bx by pointer offset)
                 args["dape"] = partials[0]
         _keep_alive(stream, device, tensors.values())
         with torch.cuda.stream(stream):  # the compiled functions launch on the current one
             key.family.launch(fn, key, **args)
             if red is not None:
-                from csagate.kernels.reduce import launch_reduce
-
-                launch_reduce(red, partials=partials, dape=dape, zero_dape=zero_dape)
+                launch_reduce(red, partials=partials, dape=dape, n_parts=gx,
+                              zero_dape=zero_dape)
     if remember:
-        fastpath.remember(key, args["kv"], n_rows, fn, rows_per_cta, partials, red)
+        fastpath.remember(key, args["kv"], n_rows, fn, rows_per_cta, partials, red, gx)
 
 
 def run(direction: str, tensors: dict, *, ratio: int, coff: int, stream, check: bool,

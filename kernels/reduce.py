@@ -1,7 +1,15 @@
 """The deterministic dAPE reduction: ``dape += sum over b of partials[b]`` (``zero_dape``:
-``dape = 0 + sum``), each element summed in an order fixed by the code (a warp's slices in
-ascending order, then the warps' sums in ascending order), so dAPE is bitwise identical run to
-run. Design and cost: docs/KERNELS.md section 2.1.
+``dape = 0 + sum``), each element summed in an order fixed by the code and the slice count, so
+dAPE is bitwise identical run to run. Two forms (``ReduceKey.split``, chosen by :func:`groups`):
+
+- one pass: each CTA's 8 warps sum the slices ``b = w, w + 8, ...`` in ascending order, then
+  warp 0 adds the 8 warp sums in ascending ``w`` and adds the total to dape;
+- split, where there are many slices (the small ratios' long packs): a first pass in which CTA
+  ``(c, g)`` sums group ``g``'s contiguous slices as above into a stage row of the same buffer,
+  then a second pass that sums the stage rows, ``g`` ascending, into dape. The one pass would
+  give a few CTAs all the slices and leave most SMs idle.
+
+Design and cost: docs/KERNELS.md section 2.1.
 """
 
 from __future__ import annotations
@@ -19,40 +27,61 @@ VEC = 4             # elements per lane (one 16-byte load per slice)
 THREADS = WARPS * LANES
 SPAN = LANES * VEC  # elements per CTA
 DEPTHS = REDUCE_DEPTHS  # slice loads a lane issues together (PERF_NOTES section 10.3)
+SPLIT_MIN_SLICES = 128  # more slices than this: the split form (each warp would sum > 16)
+GROUP_MIN_SLICES = 16   # slices per group at least (2 per warp)
+SPLIT_CTAS = 256        # the first pass's CTAs to aim for (about 2 per SM of an H200)
+
+
+def groups(n_parts: int, n: int) -> int:
+    """The first pass's groups for ``n_parts`` slices of ``n`` elements; 0: the one-pass form.
+    A function of the shapes alone, so the order (and the bits) never depend on the GPU."""
+    if n_parts <= SPLIT_MIN_SLICES:
+        return 0
+    blocks = -(-n // SPAN)
+    aim = max(2, min(-(-SPLIT_CTAS // blocks), -(-n_parts // GROUP_MIN_SLICES)))
+    per = -(-n_parts // aim)
+    return -(-n_parts // per)  # no empty group
 
 
 @cute.kernel
-def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
-                   zero_dape: I32, depths: cutlass.Constexpr):
-    # PDL: wait until the deterministic backward's grid has finished and its partials are visible.
+def _reduce_kernel(mIn: cute.Tensor, mOut: cute.Tensor, first: I32, count: I32, per: I32,
+                   out_row: I32, n: I32, zero_out: I32, depths: cutlass.Constexpr,
+                   trigger: cutlass.Constexpr):
+    """mOut[out_row + g] (+)= the sum of mIn's rows first + [g*per, min(count, (g+1)*per))."""
+    # PDL: wait until the kernel before (the backward, or the first pass) has finished and its
+    # stores are visible; the first pass lets the second be scheduled as its CTAs retire.
     cute.arch.griddepcontrol_wait()
+    if cutlass.const_expr(trigger):
+        cute.arch.griddepcontrol_launch_dependents()
     tx, _, _ = cute.arch.thread_idx()
-    bx, _, _ = cute.arch.block_idx()
+    bx, g, _ = cute.arch.block_idx()
     lane = tx % LANES
     w = tx // LANES
     q = bx * LANES + lane  # this lane's group of VEC elements: [q*VEC, q*VEC + VEC)
+    lo = first + g * per  # the group's first slice and its slice count (0 for an empty group)
+    cnt = cutlass.max(cutlass.min(count - g * per, per), 0)
     smem = cutlass.memory.SmemAllocator()
     sums = smem.allocate_tensor(F32, cute.make_layout((WARPS, SPAN), stride=(SPAN, 1)),
                                 byte_alignment=16)
     acc = cute.make_rmem_tensor((1, VEC), F32)
     acc.fill(0.0)
     if q * VEC < n:  # n is a multiple of VEC: a group is wholly in range or wholly out
-        # slices b = w + j*WARPS in ascending j, loads issued in groups of depths[i] and
+        # slices lo + w + j*WARPS in ascending j, loads issued in groups of depths[i] and
         # added in order after the group is issued (a load never waits on an add)
-        m = (n_parts - w + WARPS - 1) // WARPS
+        m = (cnt - w + WARPS - 1) // WARPS
         start = I32(0)
         for depth in depths:
-            groups = (m - start) // depth
-            for g in cutlass.range(groups, unroll=1):
-                j0 = start + g * depth
-                vs = [cute.local_tile(mPart, (1, VEC), (w + (j0 + t) * WARPS, q)).load()
+            n_groups = (m - start) // depth
+            for k0 in cutlass.range(n_groups, unroll=1):
+                j0 = start + k0 * depth
+                vs = [cute.local_tile(mIn, (1, VEC), (lo + w + (j0 + t) * WARPS, q)).load()
                       for t in range(depth)]
                 for v in vs:
                     for k in cutlass.range_constexpr(VEC):
                         acc[0, k] = add_rn(acc[0, k], v[k])
-            start = start + groups * depth
+            start = start + n_groups * depth
         for j in cutlass.range(start, m, unroll=1):
-            v = cute.local_tile(mPart, (1, VEC), (w + j * WARPS, q)).load()
+            v = cute.local_tile(mIn, (1, VEC), (lo + w + j * WARPS, q)).load()
             for k in cutlass.range_constexpr(VEC):
                 acc[0, k] = add_rn(acc[0, k], v[k])
     cute.local_tile(sums, (1, VEC), (w, lane)).store(acc.load())
@@ -66,8 +95,8 @@ def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
                 total[0, k] = add_rn(total[0, k], part[k])
         prev = cute.make_rmem_tensor((1, VEC), F32)
         prev.fill(0.0)
-        dst = cute.local_tile(mDApe, (1, VEC), (0, q))
-        if zero_dape == 0:
+        dst = cute.local_tile(mOut, (1, VEC), (out_row + g, q))
+        if zero_out == 0:
             prev.store(dst.load())
         for k in cutlass.range_constexpr(VEC):
             total[0, k] = add_rn(prev[0, k], total[0, k])
@@ -75,29 +104,51 @@ def _reduce_kernel(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n: I32,
 
 
 @cute.jit
-def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, zero_dape: I32, stream: cuda.CUstream,
-                 depths: cutlass.Constexpr = DEPTHS):
-    # TVM-FFI: partials (gx * n,), dape (n,), both symbolic, divisible by VEC, 16-byte aligned.
+def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n_groups: I32,
+                 zero_dape: I32, stream: cuda.CUstream, depths: cutlass.Constexpr = DEPTHS,
+                 split: cutlass.Constexpr = False):
+    # TVM-FFI: partials (rows * n,), dape (n,), both symbolic, divisible by VEC, 16-byte
+    # aligned; rows = n_parts slices, then (split) the n_groups stage rows.
     n = mDApe.shape[0]
-    n_parts = mPart.shape[0] // n
-    mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((n_parts, n), stride=(n, 1)))
+    rows = mPart.shape[0] // n
+    mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((rows, n), stride=(n, 1)))
     mDApe2 = cute.make_tensor(mDApe.iterator, cute.make_layout((1, n), stride=(n, 1)))
-    _reduce_kernel(mPart2, mDApe2, n_parts, n, zero_dape, depths).launch(
-        grid=(cute.ceil_div(n, SPAN), 1, 1), block=(THREADS, 1, 1),
-        smem=WARPS * SPAN * 4, stream=stream, use_pdl=True)
+    blocks = cute.ceil_div(n, SPAN)
+    if cutlass.const_expr(split):
+        per = (n_parts + n_groups - 1) // n_groups
+        _reduce_kernel(mPart2, mPart2, I32(0), n_parts, per, n_parts, n, I32(1), depths,
+                       True).launch(grid=(blocks, n_groups, 1), block=(THREADS, 1, 1),
+                                    smem=WARPS * SPAN * 4, stream=stream, use_pdl=True)
+        _reduce_kernel(mPart2, mDApe2, n_parts, n_groups, n_groups, I32(0), n, zero_dape,
+                       depths, False).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
+                                             smem=WARPS * SPAN * 4, stream=stream,
+                                             use_pdl=True)
+    else:
+        _reduce_kernel(mPart2, mDApe2, I32(0), n_parts, n_parts, I32(0), n, zero_dape, depths,
+                       False).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
+                                     smem=WARPS * SPAN * 4, stream=stream, use_pdl=True)
 
 
-def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS):
-    """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups."""
+def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS, split: bool = False):
+    """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups;
+    ``split``: the two-pass form."""
     return compile_for(arch, _reduce_host, fake_vec(F32, sym(VEC), align=16),
-                       fake_vec(F32, sym(VEC), align=16), I32(0), env_stream(), tuple(depths))
+                       fake_vec(F32, sym(VEC), align=16), I32(0), I32(0), I32(0),
+                       env_stream(), tuple(depths), bool(split))
 
 
-def launch_reduce(fn, *, partials, dape, zero_dape: bool = False) -> None:
-    """dape += partials.sum(0) in ascending slice order (``zero_dape``: dape = +0.0 + the sum),
-    on torch's current stream; ``partials`` is (gx, *dape.shape), both contiguous."""
-    if dape.numel() == 0 or partials.shape[0] == 0:
+def partial_rows(n_parts: int, n: int) -> int:
+    """Rows of the partials buffer: the backward's ``n_parts`` slices and the stage rows."""
+    return n_parts + groups(n_parts, n)
+
+
+def launch_reduce(fn, *, partials, dape, n_parts: int, zero_dape: bool = False) -> None:
+    """dape += partials[:n_parts].sum(0) in the fixed order (``zero_dape``: dape = +0.0 + the
+    sum), on torch's current stream; ``partials`` is (partial_rows(n_parts, n), *dape.shape),
+    both contiguous, and ``fn`` the form :func:`groups` picks."""
+    if dape.numel() == 0 or n_parts == 0:
         if zero_dape:
             dape.zero_()
         return
-    fn(partials.view(-1), dape.view(-1), int(zero_dape))
+    fn(partials.view(-1), dape.view(-1), n_parts, groups(n_parts, dape.numel()),
+       int(zero_dape))

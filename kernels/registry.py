@@ -82,10 +82,12 @@ def make_key(direction: str, ratio: int, coff: int, d: int, sched, arch: str,
 
 @dataclass(frozen=True)
 class ReduceKey:
-    """The deterministic backward's dAPE reduction (kernels/reduce.py) for one arch."""
+    """The deterministic backward's dAPE reduction (kernels/reduce.py) for one arch; ``split``:
+    the two-pass form (``reduce.groups`` picks it from the slice count)."""
 
     arch: str
     depths: tuple[int, ...] = REDUCE_DEPTHS
+    split: bool = False
 
     @property
     def kind(self) -> str:
@@ -93,15 +95,16 @@ class ReduceKey:
 
     @property
     def tag(self) -> str:
-        return "reduce_dape_g" + "x".join(str(d) for d in self.depths)
+        return ("reduce_dape_g" + "x".join(str(d) for d in self.depths)
+                + ("_split" if self.split else ""))
 
     def build(self):
         from csagate.kernels import reduce
 
-        return reduce.build_reduce(self.arch, self.depths)
+        return reduce.build_reduce(self.arch, self.depths, self.split)
 
     def disk_fields(self) -> tuple[str, str, dict]:
-        return "reduce", "dape", {"depths": list(self.depths)}
+        return "reduce", "dape", {"depths": list(self.depths), "split": self.split}
 
 
 @dataclass(frozen=True)

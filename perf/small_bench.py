@@ -246,11 +246,90 @@ def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
     return rows
 
 
+# --- the deterministic dAPE reduction: the split form against the one-pass form, cold -------
+
+@dataclass
+class ReduceABRow:
+    config: str
+    tokens: int
+    n_parts: int              # the backward's CTAs along the rows: the partial slices
+    groups: int               # the split form's first-pass groups (reduce.groups)
+    default_us: tuple[float, float]  # the default-mode backward, order 1 / order 2
+    one_pass_us: tuple[float, float]
+    split_us: tuple[float, float]
+    dape_gap: float           # max |split - one pass| over dAPE (two fixed orders)
+
+    def line(self) -> str:
+        def mean(x):
+            return sum(x) / 2
+        base = mean(self.default_us)
+        cells = [f"{name} {mean(us):6.1f} ({us[0]:.1f}/{us[1]:.1f}) {mean(us) / base - 1:+.1%}"
+                 for name, us in (("one pass", self.one_pass_us), ("split", self.split_us))]
+        return (f"{self.config:>9} {self.tokens:>6} gx {self.n_parts:>5} groups "
+                f"{self.groups:>3}: default {base:6.1f} | " + " | ".join(cells)
+                + f" | dAPE gap {self.dape_gap:.2g}")
+
+
+def ab_reduce_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.L2Flush,
+                    iters: int = 30, warmup: int = 5, seed: int = 1234) -> ReduceABRow:
+    """One shape of ``ab_reduce``: the deterministic backward (the api's launch, the rule's rows
+    per CTA) with the split reduction against the one-pass form (``reduce.groups`` forced to
+    0), and the default backward, cold, interleaved in both orders; the full launch path each
+    call, its host work hidden under a GPU sleep."""
+    from unittest import mock
+
+    from csagate.kernels import api
+    from csagate.kernels import reduce as RD
+    from csagate.kernels.launch import bwd_ctas
+
+    pack, go, _, dkv, dscore, dape = bench.shape_buffers(ratio, coff, d, tokens, seed)
+    args, kw = pack.inputs(), {"ratio": ratio, "coff": coff}
+    key = api.run_backward(*args, go, dkv, dscore, dape.zero_(), **kw)
+    gx, rpc = bwd_ctas(key, pack.n_rows, None, torch.cuda.current_device())
+    kw["rows_per_cta"] = rpc  # the full path on every call, as both forms need
+
+    def default():
+        api.run_backward(*args, go, dkv, dscore, dape, **kw)
+
+    def split():
+        api.run_backward(*args, go, dkv, dscore, dape, deterministic=True, **kw)
+
+    def one_pass():
+        with mock.patch.object(RD, "groups", lambda n_parts, n: 0):
+            split()
+    outs = []
+    for fn in (one_pass, split):
+        dape.zero_()
+        fn()
+        outs.append(dape.clone())
+    gap = (outs[0].double() - outs[1].double()).abs().max().item()
+    us = bench.interleaved([default, one_pass, split], iters=iters, warmup=warmup, flush=flush,
+                           before=dape.zero_, hide_host_us=200)
+    return ReduceABRow(f"r{ratio} {S.config_name(coff, d)}", tokens, gx,
+                       RD.groups(gx, dape.numel()), *us, gap)
+
+
+def ab_reduce(shapes, *, iters: int = 30, progress=None) -> list[ReduceABRow]:
+    """``ab_reduce_shape`` on every shape."""
+    flush = bench.L2Flush()
+    rows = []
+    for shape in shapes:
+        rows.append(ab_reduce_shape(*shape, flush=flush, iters=iters))
+        if progress:
+            progress(rows[-1])
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m csagate.perf.small_bench")
-    parser.add_argument("--ab-forms", choices=("fwd", "bwd", "all"), required=True,
-                        help="the table's form against the other forward forms (vec, rows) "
-                        "and the backward's rows-per-CTA rule against fixed rows, cold")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--ab-forms", choices=("fwd", "bwd", "all"),
+                      help="the table's form against the other forward forms (vec, rows) "
+                      "and the backward's rows-per-CTA rule against fixed rows, cold")
+    what.add_argument("--ab-reduce", action="store_true",
+                      help="the deterministic backward's split dAPE reduction against the "
+                      "one-pass form, cold")
     parser.add_argument("--ratio", type=int, action="append", choices=SMALL_RATIOS,
                         help=f"a ratio to time (repeat it; default {AB_RATIOS})")
     parser.add_argument("--iters", type=int, default=60)
@@ -258,9 +337,18 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("small_bench: needs a CUDA GPU", file=sys.stderr)
         return 3
+    shapes = ab_shapes(tuple(args.ratio or AB_RATIOS))
+    if args.ab_reduce:
+        print("shape tokens: deterministic backward us (order 1/order 2) cost over the default")
+        rows = ab_reduce([s for r in args.ratio or AB_RATIOS for s in SHAPES[r]],
+                         iters=args.iters,
+                         progress=lambda row: print(row.line(), flush=True))
+        worst = max(r.dape_gap for r in rows)
+        print(f"summary: {len(rows)} rows, largest dAPE gap between the forms {worst:.2g}")
+        return 1 if worst > 1e-3 else 0
     dirs = ("fwd", "bwd") if args.ab_forms == "all" else (args.ab_forms,)
     print("direction shape tokens: form us (order 1/order 2) % of the copy ceiling (cold)")
-    rows = ab_forms(dirs, ab_shapes(tuple(args.ratio or AB_RATIOS)), iters=args.iters,
+    rows = ab_forms(dirs, shapes, iters=args.iters,
                     progress=lambda row: print(row.line(), flush=True))
     bad = [r for r in rows if not all(r.bits_equal)]
     won = [r for r in rows if r.fastest != r.tags[0] and "tie" not in r.fastest]

@@ -426,18 +426,19 @@ class Recorder:
 
 
 def _remembered(fast, direction, deterministic=False, *, ratio=4, coff=2, d=128, n=8, tail=(),
-                seg_bits=True, gx=None):
-    """A remembered signature of CPU tensors (get_device() == -1) with recording calls."""
+                seg_bits=True, gx=None, stage=0):
+    """A remembered signature of CPU tensors (get_device() == -1) with recording calls
+    (``gx`` partial slices and ``stage`` rows: the deterministic backward)."""
     key = object()
     call, red = Recorder(), (Recorder() if gx else None)
     if direction == "fwd":
         tmpl = torch.empty((1, 1), dtype=BF16).expand(n, d)
     elif gx:
-        tmpl = torch.empty((1, 1, 1)).expand(gx, ratio, coff * d)
+        tmpl = torch.empty((1, 1, 1)).expand(gx + stage, ratio, coff * d)
     else:
         tmpl = None
     fast[(direction, deterministic, ratio, coff, coff * d, -1, n)] = fastpath.Entry(
-        key, call, tail, seg_bits, 10**6, tmpl, red)
+        key, call, tail, seg_bits, 10**6, tmpl, red and (red, gx, stage))
     return key, call, red
 
 
@@ -477,17 +478,19 @@ def test_fast_path_backward_atomic_and_deterministic(fast):
     key, call, _ = _remembered(fast, "bwd", tail=(5,))  # small ratios: segment bits, rows
     assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=False) is key
     assert call.calls[-1] == (*inputs, *grads, 2, 5, 0)
-    key, call, red = _remembered(fast, "bwd", True, gx=3, tail=(4,))
-    fastpath.PARTIALS_FILL = float("nan")
-    assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=True,
-                            zero_dape=True) is key
-    args = call.calls[-1]
-    partials = args[8]
-    assert args[:8] == (*inputs, *grads[:2]) and args[9:] == (2, 4, 0)  # bits, rows, no zero
-    assert partials.shape == grads[2].shape and torch.isnan(partials).all()
-    flat, dape_flat, zero = red.calls[-1]
-    assert flat.numel() == 3 * grads[2].numel() and flat.data_ptr() == partials.data_ptr()
-    assert dape_flat.data_ptr() == grads[2].data_ptr() and zero == 1
+    for gx, stage in ((3, 0), (300, 19)):  # the one-pass and the split reduction
+        key, call, red = _remembered(fast, "bwd", True, gx=gx, stage=stage, tail=(4,))
+        fastpath.PARTIALS_FILL = float("nan")
+        assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=True,
+                                zero_dape=True) is key
+        args = call.calls[-1]
+        partials = args[8]
+        assert args[:8] == (*inputs, *grads[:2]) and args[9:] == (2, 4, 0)  # bits, rows, 0
+        assert partials.shape == grads[2].shape and torch.isnan(partials).all()
+        flat, dape_flat, n_parts, n_groups, zero = red.calls[-1]
+        assert flat.numel() == (gx + stage) * grads[2].numel()
+        assert flat.data_ptr() == partials.data_ptr() and (n_parts, n_groups) == (gx, stage)
+        assert dape_flat.data_ptr() == grads[2].data_ptr() and zero == 1
 
 
 def test_small_backward_rows_per_cta_bounded_by_its_schedule():

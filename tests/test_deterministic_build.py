@@ -83,32 +83,63 @@ def test_deterministic_kernel_stores_instead_of_atomics(key, arch, ptxas):
     assert row.clean and row.spill_st == 0 and row.spill_ld == 0 and row.stack == 0, row
 
 
+def _entries(ptx: str) -> list[str]:
+    """The PTX of each kernel entry, in launch order."""
+    starts = [m.start() for m in re.finditer(r"\.entry\s", ptx)]
+    return [ptx[a:b] for a, b in zip(starts, [*starts[1:], len(ptx)], strict=True)]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one_pass", "split"])
 @pytest.mark.parametrize("arch", S.ARCHES)
-def test_reduce_kernel_builds(arch):
+def test_reduce_kernel_builds(arch, split):
     from csagate.kernels.reduce import DEPTHS, WARPS
     from csagate.kernels.registry import ReduceKey
 
-    ptx = CACHE.ptx(ReduceKey(arch))  # the reduction compiles through the one cache
+    ptx = CACHE.ptx(ReduceKey(arch, split=split))  # the reduction compiles through the cache
     assert ptx and not ATOMIC.search(ptx)
-    # 16-byte accesses only (VEC = 4 elements a lane): one slice load per lane for each
-    # group size in DEPTHS (the groups' loads are issued together), one in the remainder
-    # loop, and dape's previous value
+    kernels = _entries(ptx)
+    assert len(kernels) == (2 if split else 1)  # split: the groups' pass, then the stage rows'
     sixteen = {"v4.b32", "v2.b64"}  # the same 16 bytes, as the arch's compiler spells them
-    loads = re.findall(r"\bld\.global\.(v\d\.b\d+)", ptx)
-    assert len(loads) == sum(DEPTHS) + 2 and set(loads) <= sixteen, loads
-    stores = re.findall(r"\bst\.global\.(v\d\.b\d+)", ptx)
-    assert len(stores) == 1 and set(stores) <= sixteen, stores
-    assert len(re.findall(r"\b(?:ld|st)\.global", ptx)) == sum(DEPTHS) + 3  # none narrower
-    first_group = ptx[:ptx.index("add.rn.f32")]  # the widest group: all loads, then adds
-    assert len(re.findall(r"\bld\.global", first_group)) == DEPTHS[0]
-    # launched as a programmatic dependent: it waits for the backward's grid before any load
-    assert ptx.count("griddepcontrol.wait") == 1
-    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
-    assert re.search(r"\bld\.global", ptx) and re.search(r"\bst\.global", ptx)
-    # WARPS chains per element, combined in a fixed order through shared memory
-    assert len(re.findall(r"\bbar\.sync\b", ptx)) == 1
-    assert len(re.findall(r"\bld\.shared", ptx)) == WARPS
-    assert not re.search(r"\bfma\.", ptx), "sums must not contract into FMAs"
+    for i, body in enumerate(kernels):
+        # 16-byte accesses only (VEC = 4 elements a lane): one slice load per lane for each
+        # group size in DEPTHS (the groups' loads are issued together), one in the remainder
+        # loop, and the output's previous value
+        loads = re.findall(r"\bld\.global\.(v\d\.b\d+)", body)
+        assert len(loads) == sum(DEPTHS) + 2 and set(loads) <= sixteen, loads
+        stores = re.findall(r"\bst\.global\.(v\d\.b\d+)", body)
+        assert len(stores) == 1 and set(stores) <= sixteen, stores
+        assert len(re.findall(r"\b(?:ld|st)\.global", body)) == sum(DEPTHS) + 3  # none narrower
+        first_group = body[:body.index("add.rn.f32")]  # the widest group: all loads, then adds
+        assert len(re.findall(r"\bld\.global", first_group)) == DEPTHS[0]
+        # a programmatic dependent: it waits for the kernel before it ahead of any load; the
+        # first of two lets the second be scheduled early
+        assert body.count("griddepcontrol.wait") == 1
+        assert body.index("griddepcontrol.wait") < body.index("ld.global")
+        assert body.count("griddepcontrol.launch_dependents") == (split and i == 0)
+        # WARPS chains per element, combined in a fixed order through shared memory
+        assert len(re.findall(r"\bbar\.sync\b", body)) == 1
+        assert len(re.findall(r"\bld\.shared", body)) == WARPS
+        assert not re.search(r"\bfma\.", body), "sums must not contract into FMAs"
+
+
+def test_reduce_groups_rule():
+    """The split form's groups: a function of the slice count and width alone, at least two
+    groups of GROUP_MIN_SLICES slices where taken, about SPLIT_CTAS CTAs in the first pass."""
+    from csagate.kernels import reduce as RD
+
+    for n in (4, 512, 1024, 2048, 16384, 131072):
+        blocks = -(-n // RD.SPAN)
+        for n_parts in (1, 7, 64, RD.SPLIT_MIN_SLICES, RD.SPLIT_MIN_SLICES + 1, 300, 512,
+                        2048, 8192, 100_000):
+            g = RD.groups(n_parts, n)
+            assert RD.partial_rows(n_parts, n) == n_parts + g
+            if n_parts <= RD.SPLIT_MIN_SLICES:
+                assert g == 0
+                continue
+            assert 2 <= g <= -(-n_parts // RD.GROUP_MIN_SLICES)
+            assert g * blocks < RD.SPLIT_CTAS + blocks or g == 2
+            per = -(-n_parts // g)  # the first pass's slices per group (the last may be short)
+            assert (g - 1) * per < n_parts
 
 
 def test_sweep_refuses_a_candidate_whose_deterministic_form_spills(monkeypatch):

@@ -23,6 +23,8 @@ CASES = [
     (128, 2, 128, (5000, 300, 2944), 3), (128, 2, 128, (65536,), 0),
     (128, 1, 512, (1000, 127, 7065), 2), (128, 2, 512, (8192,), 0),
     (4, 1, 128, (512, 3, 257), 2), (4, 2, 65, (512, 256), 0),
+    # long small-ratio packs: hundreds of CTAs, the split reduction (reduce.groups)
+    (4, 1, 128, (131072,), 0), (2, 2, 512, (8192, 3000), 1),
 ]
 
 
@@ -125,3 +127,50 @@ def test_cuda_graph_capture(ratio, coff, d):
         torch.cuda.synchronize()
         for name, a, b in zip(("dkv", "dscore", "dape"), static, eager, strict=True):
             _bitwise(f"graph replay {name}", a, b)
+
+
+def _chain_sum(rows: torch.Tensor) -> torch.Tensor:
+    """The reduction's order over ``rows``: WARPS chains (rows w, w + WARPS, ... ascending),
+    then the chains' sums in ascending w, each add an fp32 round to nearest."""
+    from csagate.kernels.reduce import WARPS
+
+    total = None
+    for w in range(WARPS):
+        acc = torch.zeros_like(rows[0])
+        for b in range(w, rows.shape[0], WARPS):
+            acc = acc + rows[b]
+        total = acc if total is None else total + acc
+    return total
+
+
+@pytest.mark.parametrize("n_parts,n", [(1, 512), (37, 1024), (128, 2048), (129, 512),
+                                       (600, 4), (2048, 1024), (700, 4096)])
+@pytest.mark.parametrize("zero_dape", [False, True], ids=["accumulate", "zero"])
+def test_reduction_order_is_the_documented_one(n_parts, n, zero_dape):
+    """The reduction's bits are those of its documented order (kernels/reduce.py): one pass
+    up to SPLIT_MIN_SLICES slices, else group sums into stage rows, then the stage rows."""
+    from csagate.kernels import reduce as RD
+    from csagate.kernels._dsl import device_arch
+    from csagate.kernels.cache import CACHE
+    from csagate.kernels.registry import ReduceKey
+
+    g = RD.groups(n_parts, n)
+    fn = CACHE.executor(ReduceKey(device_arch(), split=g > 0), torch.cuda.current_device())
+    gen = torch.Generator(device="cuda").manual_seed(n_parts * 7 + n)
+    parts = torch.full((RD.partial_rows(n_parts, n), n), float("nan"), device="cuda")
+    parts[:n_parts] = torch.randn(n_parts, n, device="cuda", generator=gen) * 1e3
+    parts[:n_parts, ::5] *= 1e-42  # subnormal terms: the adds must not flush them
+    dape0 = torch.randn(n, device="cuda", generator=gen)
+    dape = dape0.clone()
+    RD.launch_reduce(fn, partials=parts, dape=dape, n_parts=n_parts, zero_dape=zero_dape)
+    src = parts[:n_parts].clone()
+    if g == 0:
+        total = _chain_sum(src)
+    else:
+        per = -(-n_parts // g)
+        stage = torch.stack([0.0 + _chain_sum(src[i * per:(i + 1) * per]) for i in range(g)])
+        total = _chain_sum(stage)
+    expect = (torch.zeros_like(dape0) if zero_dape else dape0) + total
+    torch.cuda.synchronize()
+    assert not dape.isnan().any(), "a stage row read before it was written"
+    _bitwise(f"reduction of {n_parts} slices x {n} (groups {g})", dape, expect)
