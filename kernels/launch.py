@@ -80,6 +80,7 @@ def _launch(key: KernelKey, device, stream, tensors: dict, rows_per_cta=None,
     args = {_LAUNCH_NAMES.get(name, name): t for name, t in tensors.items()}
     n_rows = args["out" if key.direction == "fwd" else "grad_out"].shape[0]
     partials = red = None
+    gx = 0
     with torch.cuda.device(device):
         stream = launch_stream(device, stream)
         if key.direction == "bwd":
