@@ -146,6 +146,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "the forward's column guard rounds down to whole CTAs: the last, partial group of "
            "column threads is skipped (d = 65: column 64 never written; no table config has a "
            "partial CTA, r4/c1d65/ragged3 does)"),
+    # --- the deterministic dAPE reduction (kernels/reduce.py; the split form) ---------------
+    Mutant("reduce-split-drops-last-group", "kernels/reduce.py",
+           "_reduce_kernel(mPart2, mDApe2, n_parts, n_groups, n_groups,",
+           "_reduce_kernel(mPart2, mDApe2, n_parts, n_groups - 1, n_groups,", 8, "G2",
+           "deterministic mode, split reduction: the second pass sums one stage row too few "
+           "(the last group's slices never reach dAPE)"),
+    Mutant("reduce-split-groups-round-down", "kernels/reduce.py",
+           "        per = (n_parts + n_groups - 1) // n_groups",
+           "        per = n_parts // n_groups", 4, "G2",
+           "deterministic mode, split reduction: slices per group rounded down, so the slices "
+           "past groups * per are never summed"),
     # --- dispatch tables and the case list ----------------------------------------------------
     Mutant("large-bucket-edge-moved", "kernels/schedule.py",
            "    if n_rows >= LARGE_NB_MIN and (coff, d) in FWD_LARGE:",
