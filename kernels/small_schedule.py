@@ -8,7 +8,7 @@ docs/KERNELS.md section 4.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 COFFS = (1, 2)
 MAX_WINDOW = 64              # ratio * coff: the largest window a thread holds in registers
@@ -160,8 +160,13 @@ def bwd_form(vec: int, d: int, window: int, prefetch: bool = False) -> SmallSche
     groups = -(-d // vec)
     threads = min(SMALL_BWD_THREADS, -(-groups // 32) * 32)
     lanes = max(1, SMALL_BWD_THREADS // threads)
-    rows = min(SMALL_BWD_ROWS * lanes, SMALL_BWD_ROWS_LANES) if lanes > 1 else SMALL_BWD_ROWS
-    return SmallSchedule(vec, threads, rows, lanes=lanes, prefetch=prefetch)
+    return SmallSchedule(vec, threads, bwd_most_rows(lanes), lanes=lanes, prefetch=prefetch)
+
+
+def bwd_most_rows(lanes: int) -> int:
+    """The most rows per CTA a backward form of ``lanes`` lanes may take (a form whose schedule
+    says fewer takes that many at every N: ``bwd_rows_per_cta``)."""
+    return min(SMALL_BWD_ROWS * lanes, SMALL_BWD_ROWS_LANES) if lanes > 1 else SMALL_BWD_ROWS
 
 
 def bwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -> list[str]:
@@ -204,9 +209,12 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
     ``2 * slices`` rows per lane. Fewer CTAs issue fewer dAPE atomics onto the same addresses,
     which serialize in the L2; more slices spread them over more addresses. The H200 cold sweep
     behind the constants: docs/PERF_NOTES.md section 14.2. ``sm_count``: the uniform
-    signature."""
+    signature. A schedule of fewer rows than ``bwd_most_rows`` (``SM90_BWD_ROWS``) takes
+    them at every N."""
     if sched.rows_per_cta == 1:
         return 1
+    if sched.rows_per_cta < bwd_most_rows(sched.lanes):  # a table form's fixed rows per CTA
+        return sched.rows_per_cta
     slices = -(-d // (sched.threads * sched.vec))
     want = -(-n_rows // (BWD_CTAS_PER_SLICE * slices))
     return max(sched.lanes, min(sched.rows_per_cta, max(2 * slices * sched.lanes, want)))
@@ -223,8 +231,10 @@ def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
             return fwd_form(*form, d)
         vec, threads = fwd_schedule(d, window)
         return SmallSchedule(vec, threads, 1)
-    return bwd_form(_bwd_table_vec(ratio, coff, d, arch), d, window,
-                    _bwd_table_prefetch(ratio, coff, d, arch))
+    sched = bwd_form(_bwd_table_vec(ratio, coff, d, arch), d, window,
+                     _bwd_table_prefetch(ratio, coff, d, arch))
+    rows = _bwd_table_rows(ratio, coff, d, arch)
+    return replace(sched, rows_per_cta=rows * sched.lanes) if rows else sched
 
 
 # The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.2), for
@@ -251,6 +261,18 @@ SM90_BWD_VECS = {(2, 1, True): 4, (2, 1, False): 4, (2, 2, True): 4, (2, 2, Fals
 SM90_BWD_PREFETCH = frozenset({(4, 2, True), (8, 1, True), (8, 1, False), (8, 2, True),
                                (8, 2, False), (16, 1, True), (16, 1, False), (16, 2, True),
                                (16, 2, False), (32, 1, True), (32, 1, False)})
+
+
+# ... and where a lane takes a fixed number of rows at every N instead of the rule's
+# (bwd_rows_per_cta; section 14.2): ratio 4 c2 from d = 256, 8 rows (vec 2).
+SM90_BWD_ROWS = {(4, 2, False): 8}
+
+
+def _bwd_table_rows(ratio: int, coff: int, d: int, arch: str | None) -> int:
+    """Rows per lane the sm_90a table fixes for (ratio, coff, d); 0: the rule's."""
+    if arch != "sm_90a" or d < 128:
+        return 0
+    return SM90_BWD_ROWS.get((ratio, coff, d // 4 < SMALL_FWD_THREADS), 0)
 
 
 def _bwd_table_prefetch(ratio: int, coff: int, d: int, arch: str | None) -> bool:

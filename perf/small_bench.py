@@ -83,12 +83,12 @@ def bench_shape(ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
 AB_RATIOS = (2, 4)
 
 
-def ab_shapes(ratios=AB_RATIOS) -> tuple[tuple[int, int, int, int], ...]:
+def ab_shapes(ratios=AB_RATIOS, tokens=None) -> tuple[tuple[int, int, int, int], ...]:
     """(ratio, coff, d, tokens in one segment): every config the ratio serves, long (131072
-    tokens; 65536 at d=512) and short (8192)."""
+    tokens; 65536 at d=512) and short (8192), or at each of ``tokens``."""
     return tuple((ratio, coff, d, t) for ratio in ratios for coff, d in CONFIGS
                  if not SS.config_problems(ratio, coff, d)
-                 for t in (131072 if d == 128 else 65536, 8192))
+                 for t in (tokens or (131072 if d == 128 else 65536, 8192)))
 
 
 AB_SHAPES = ab_shapes()
@@ -332,12 +332,18 @@ def main(argv=None) -> int:
                       "one-pass form, cold")
     parser.add_argument("--ratio", type=int, action="append", choices=SMALL_RATIOS,
                         help=f"a ratio to time (repeat it; default {AB_RATIOS})")
+    parser.add_argument("--tokens", type=int, action="append",
+                        help="--ab-forms: a pack length to time (repeat it; default 131072 "
+                        "at d=128, 65536 at d=512, and 8192)")
+    parser.add_argument("--d", type=int, choices=(128, 512),
+                        help="--ab-forms: only the configs of this head dim")
     parser.add_argument("--iters", type=int, default=60)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("small_bench: needs a CUDA GPU", file=sys.stderr)
         return 3
-    shapes = ab_shapes(tuple(args.ratio or AB_RATIOS))
+    shapes = tuple(x for x in ab_shapes(tuple(args.ratio or AB_RATIOS), args.tokens)
+                   if args.d in (None, x[2]))
     if args.ab_reduce:
         print("shape tokens: deterministic backward us (order 1/order 2) cost over the default")
         rows = ab_reduce([s for r in args.ratio or AB_RATIOS for s in SHAPES[r]],

@@ -322,23 +322,30 @@ def test_fwd_forms_follow_the_register_budget():
         4, 1, 128, SS.SmallSchedule(2, 64, 1, ape_regs=False)))
 
 
+@pytest.mark.parametrize("arch", (None, "sm_90a"))
 @pytest.mark.parametrize("ratio", SMALL_RATIOS)
 @pytest.mark.parametrize("d", (65, 128, 512))
-def test_backward_rows_per_cta_rule(ratio, d):
+def test_backward_rows_per_cta_rule(ratio, d, arch):
     """The launch's rows per CTA: at least one and at most the schedule's; never fewer as the
-    rows grow; 1 wherever the schedule is the one-row (wide window) form; about
-    BWD_CTAS_PER_SLICE CTAs along the rows per 128-column slice once the rows allow it."""
+    rows grow; 1 wherever the schedule is the one-row (wide window) form; a table form of
+    fixed rows (SM90_BWD_ROWS) takes them at every N; else about BWD_CTAS_PER_SLICE CTAs along
+    the rows per 128-column slice once the rows allow it."""
     for coff in COFFS:
         if SS.config_problems(ratio, coff, d):
             continue
-        sched = SS.small_schedule("bwd", d, ratio=ratio, coff=coff)
+        sched = SS.small_schedule("bwd", d, ratio=ratio, coff=coff, arch=arch)
         picks = [SS.bwd_rows_per_cta(n, d, coff, sched) for n in (1, 100, 2048, 8192, 32768,
                                                                  10**6)]
         assert picks == sorted(picks) and all(1 <= p <= sched.rows_per_cta for p in picks)
         if sched.rows_per_cta == 1:
             assert set(picks) == {1}
             continue
-        slices = -(-d // sched.threads)
+        fixed = arch == "sm_90a" and d >= 128 and SS.SM90_BWD_ROWS.get((ratio, coff, d < 256))
+        if fixed:
+            assert set(picks) == {fixed * sched.lanes}, (ratio, coff, d, picks)
+            continue
+        assert sched.rows_per_cta == SS.bwd_most_rows(sched.lanes)
+        slices = -(-d // (sched.threads * sched.vec))
         n = 64 * SS.BWD_CTAS_PER_SLICE * slices
         gx = -(-n // SS.bwd_rows_per_cta(n, d, coff, sched))
         assert picks[-1] == sched.rows_per_cta and gx >= SS.BWD_CTAS_PER_SLICE * slices
