@@ -114,19 +114,18 @@ def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n_groups:
     mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((rows, n), stride=(n, 1)))
     mDApe2 = cute.make_tensor(mDApe.iterator, cute.make_layout((1, n), stride=(n, 1)))
     blocks = cute.ceil_div(n, SPAN)
-    if cutlass.const_expr(split):
-        per = (n_parts + n_groups - 1) // n_groups
-        _reduce_kernel(mPart2, mPart2, I32(0), n_parts, per, n_parts, n, I32(1), depths,
-                       True).launch(grid=(blocks, n_groups, 1), block=(THREADS, 1, 1),
-                                    smem=WARPS * SPAN * 4, stream=stream, use_pdl=True)
-        _reduce_kernel(mPart2, mDApe2, n_parts, n_groups, n_groups, I32(0), n, zero_dape,
-                       depths, False).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
-                                             smem=WARPS * SPAN * 4, stream=stream,
-                                             use_pdl=True)
+
+    def launch(mOut, first, count, per, out_row, zero_out, trigger, gy=1):
+        _reduce_kernel(mPart2, mOut, first, count, per, out_row, n, zero_out, depths,
+                       trigger).launch(grid=(blocks, gy, 1), block=(THREADS, 1, 1),
+                                       smem=WARPS * SPAN * 4, stream=stream, use_pdl=True)
+
+    if cutlass.const_expr(split):  # groups into the stage rows after the slices, then those
+        launch(mPart2, I32(0), n_parts, (n_parts + n_groups - 1) // n_groups, n_parts, I32(1),
+               True, n_groups)
+        launch(mDApe2, n_parts, n_groups, n_groups, I32(0), zero_dape, False)
     else:
-        _reduce_kernel(mPart2, mDApe2, I32(0), n_parts, n_parts, I32(0), n, zero_dape, depths,
-                       False).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
-                                     smem=WARPS * SPAN * 4, stream=stream, use_pdl=True)
+        launch(mDApe2, I32(0), n_parts, n_parts, I32(0), zero_dape, False)
 
 
 def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS, split: bool = False):

@@ -244,10 +244,17 @@ SM90_FWD_FORMS = {(2, 1, True): (4, 2), (2, 1, False): (4, 1), (2, 2, False): (4
                   (4, 1, True): (4, 1), (4, 1, False): (4, 1)}
 
 
-def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
-    if arch != "sm_90a" or d < 128 or d % 4:
+def _sm90_key(ratio: int, coff: int, d: int, arch: str | None):
+    """The key of the sm_90a tables below, (ratio, coff, narrow), or None where they do not
+    apply (another arch, d < 128)."""
+    if arch != "sm_90a" or d < 128:
         return None
-    return SM90_FWD_FORMS.get((ratio, coff, d // 4 < SMALL_FWD_THREADS))
+    return ratio, coff, d // 4 < SMALL_FWD_THREADS
+
+
+def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
+    key = _sm90_key(ratio, coff, d, arch)
+    return None if key is None or d % 4 else SM90_FWD_FORMS.get(key)
 
 
 # The backward's vec the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.4), for
@@ -270,20 +277,15 @@ SM90_BWD_ROWS = {(4, 2, False): 8}
 
 def _bwd_table_rows(ratio: int, coff: int, d: int, arch: str | None) -> int:
     """Rows per lane the sm_90a table fixes for (ratio, coff, d); 0: the rule's."""
-    if arch != "sm_90a" or d < 128:
-        return 0
-    return SM90_BWD_ROWS.get((ratio, coff, d // 4 < SMALL_FWD_THREADS), 0)
+    return SM90_BWD_ROWS.get(_sm90_key(ratio, coff, d, arch), 0)
 
 
 def _bwd_table_prefetch(ratio: int, coff: int, d: int, arch: str | None) -> bool:
-    return (arch == "sm_90a" and d >= 128
-            and (ratio, coff, d // 4 < SMALL_FWD_THREADS) in SM90_BWD_PREFETCH)
+    return _sm90_key(ratio, coff, d, arch) in SM90_BWD_PREFETCH
 
 
 def _bwd_table_vec(ratio: int, coff: int, d: int, arch: str | None) -> int:
-    if arch != "sm_90a" or d < 128:
-        return 1
-    vec = SM90_BWD_VECS.get((ratio, coff, d // 4 < SMALL_FWD_THREADS), 1)
+    vec = SM90_BWD_VECS.get(_sm90_key(ratio, coff, d, arch), 1)
     return vec if d % vec == 0 else 1
 
 
