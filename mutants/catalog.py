@@ -148,13 +148,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "partial CTA, r4/c1d65/ragged3 does)"),
     # --- the deterministic dAPE reduction (kernels/reduce.py; the split form) ---------------
     Mutant("reduce-split-drops-last-group", "kernels/reduce.py",
-           "_reduce_kernel(mPart2, mDApe2, n_parts, n_groups, n_groups,",
-           "_reduce_kernel(mPart2, mDApe2, n_parts, n_groups - 1, n_groups,", 8, "G2",
+           "launch(mDApe2, n_parts, n_groups, n_groups, I32(0), zero_dape, False)",
+           "launch(mDApe2, n_parts, n_groups - 1, n_groups, I32(0), zero_dape, False)", 8, "G2",
            "deterministic mode, split reduction: the second pass sums one stage row too few "
            "(the last group's slices never reach dAPE)"),
     Mutant("reduce-split-groups-round-down", "kernels/reduce.py",
-           "        per = (n_parts + n_groups - 1) // n_groups",
-           "        per = n_parts // n_groups", 4, "G2",
+           "(n_parts + n_groups - 1) // n_groups, n_parts, I32(1),",
+           "n_parts // n_groups, n_parts, I32(1),", 4, "G2",
            "deterministic mode, split reduction: slices per group rounded down, so the slices "
            "past groups * per are never summed"),
     # --- dispatch tables and the case list ----------------------------------------------------
