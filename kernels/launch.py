@@ -92,14 +92,13 @@ def _launch(key: KernelKey, device, stream, tensors: dict, rows_per_cta=None,
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
             fn = CACHE.executor(key, device.index)
             if key.deterministic:
-                from csagate.kernels.reduce import groups, launch_reduce, partial_rows
+                from csagate.kernels.reduce import launch_reduce, partial_rows
 
                 dape = args["dape"]
-                red = CACHE.executor(ReduceKey(key.arch, split=groups(gx, dape.numel()) > 0),
-                                     device.index)
-                partials = fastpath.fill_partials(torch.empty(
-                    (partial_rows(gx, dape.numel()), *dape.shape), dtype=torch.float32,
-                    device=device))
+                rows = partial_rows(gx, dape.numel())  # beyond gx: the split form's stage rows
+                red = CACHE.executor(ReduceKey(key.arch, split=rows > gx), device.index)
+                partials = fastpath.fill_partials(
+                    torch.empty((rows, *dape.shape), dtype=torch.float32, device=device))
                 # partials[0]: dape's shape at the buffer's base (slice bx by pointer offset)
                 args["dape"] = partials[0]
         _keep_alive(stream, device, tensors.values())

@@ -144,10 +144,10 @@ def partial_rows(n_parts: int, n: int) -> int:
 def launch_reduce(fn, *, partials, dape, n_parts: int, zero_dape: bool = False) -> None:
     """dape += partials[:n_parts].sum(0) in the fixed order (``zero_dape``: dape = +0.0 + the
     sum), on torch's current stream; ``partials`` is (partial_rows(n_parts, n), *dape.shape),
-    both contiguous, and ``fn`` the form :func:`groups` picks."""
+    both contiguous (the rows past n_parts: the stage rows), and ``fn`` the form
+    :func:`groups` picks."""
     if dape.numel() == 0 or n_parts == 0:
         if zero_dape:
             dape.zero_()
         return
-    fn(partials.view(-1), dape.view(-1), n_parts, groups(n_parts, dape.numel()),
-       int(zero_dape))
+    fn(partials.view(-1), dape.view(-1), n_parts, partials.shape[0] - n_parts, int(zero_dape))
