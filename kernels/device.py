@@ -34,6 +34,29 @@ def fma_rn(a, b, c):
     return cute.math.fma(a, b, c, rounding=RN)
 
 
+# p = e / den, bitwise ``div.rn.f32``. On sm_90a and sm_100a ``div.rn.f32`` compiles to
+# MUFU.RCP of the divisor and two FFMAs refining it, then q = x*r + 0, rem = fma(-y, q, x),
+# q' = fma(r, rem, q), with FCHK sending operands out of its fast range to a slow subroutine.
+# A window divides all its e_k by one den: ``div_seed`` computes the refined reciprocal once
+# and ``div_by`` takes each quotient in the same three FFMAs, the same instructions on the same
+# values. It is used where every dividend is at least DIV_FAST_MIN and the divisor in [1, 64]
+# (a softmax window: e_k <= 1 <= den <= window), far inside FCHK's fast range; elsewhere the
+# caller divides (docs/KERNELS.md section 4).
+DIV_FAST_MIN = 2.0 ** -64
+
+
+def div_seed(y):
+    """The refined reciprocal of y that ``div.rn.f32``'s fast path computes."""
+    r = cute.arch.rcp_approx(y)
+    return fma_rn(r, fma_rn(-y, r, F32(1.0)), r)
+
+
+def div_by(x, y, r):
+    """x / y rounded to nearest even, r = ``div_seed(y)``: ``div.rn.f32``'s fast path."""
+    q = fma_rn(x, r, F32(0.0))
+    return fma_rn(r, fma_rn(-y, q, x), q)
+
+
 def exp_exact(x):
     """The accurate expf (bit-identical to ``torch.exp`` on fp32)."""
     return cute.math.exp(x)

@@ -14,10 +14,13 @@ import cuda.bindings.driver as cuda
 from csagate.kernels._dsl import compile_for, cute_modules, env_stream, fake_rows, fake_vec, sym
 from csagate.kernels.device import (
     BF16,
+    DIV_FAST_MIN,
     F32,
     I32,
     NEG_INF,
     add_rn,
+    div_by,
+    div_seed,
     fma_rn,
     launch_zero_f32,
     mul_rn,
@@ -57,19 +60,35 @@ class SmallGeometry:
 
 
 @cute.jit
-def _exp_den(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr):
-    """Column e of a window: s_k -> e_k = exp(s_k - mx) in place, mx the strict serial max
-    from s_0; returns den, the serial ascending sum of the e_k."""
+def _probabilities(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr,
+                   seeded: cutlass.Constexpr):
+    """Column e of a window: s_k -> p_k = e_k / den in place, e_k = exp(s_k - mx) with mx the
+    strict serial max from s_0, den the serial ascending sum of the e_k, each p_k bitwise the
+    IEEE division. ``seeded``: where every e_k >= DIV_FAST_MIN (no NaN) the quotients share
+    one reciprocal (``div_seed`` / ``div_by``); else, and when not seeded, one division each."""
     mx = rS[0, e]
     for k in cutlass.range_constexpr(1, win):
         if rS[k, e] > mx:
             mx = rS[k, e]
     den = F32(0.0)
+    lo = F32(1.0)  # the least e_k, NaN if any is (then den is NaN too)
     for k in cutlass.range_constexpr(win):
         ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
         rS[k, e] = ek
         den = add_rn(den, ek)
-    return den
+        if cutlass.const_expr(seeded):
+            lo = cute.arch.fmin(lo, ek, nan=True)
+    if cutlass.const_expr(seeded):
+        if lo >= F32(DIV_FAST_MIN):
+            r = div_seed(den)
+            for k in cutlass.range_constexpr(win):
+                rS[k, e] = div_by(rS[k, e], den, r)
+        else:
+            for k in cutlass.range_constexpr(win):
+                rS[k, e] = rS[k, e] / den
+    else:
+        for k in cutlass.range_constexpr(win):
+            rS[k, e] = rS[k, e] / den
 
 
 # --- forward: one CTA per (rows_per_cta rows, threads*vec columns); a thread owns vec columns
@@ -109,6 +128,7 @@ class SmallFwdKernel(SmallGeometry):
         if problems:
             raise ValueError(f"ratio={ratio} c{coff}d{d} {sched.tag}: " + "; ".join(problems))
         self.vec, self.threads, self.rows = sched.vec, sched.threads, sched.rows_per_cta
+        self.seeded = not sched.ieee_div
         self.gy = -(-(d // self.vec) // self.threads)
 
     @cute.jit
@@ -173,11 +193,10 @@ class SmallFwdKernel(SmallGeometry):
         WIN, VEC = self.win, self.vec
         rOut = cute.make_rmem_tensor((1, VEC), F32)
         for e in cutlass.range_constexpr(VEC):
-            den = _exp_den(rS, e, WIN)
+            _probabilities(rS, e, WIN, self.seeded)
             acc = F32(0.0)
             for k in cutlass.range_constexpr(WIN):
-                pk = rS[k, e] / den
-                acc = add_rn(acc, mul_rn(rU[k, e], pk))
+                acc = add_rn(acc, mul_rn(rU[k, e], rS[k, e]))
             rOut[0, e] = acc
         cute.local_tile(mOut, (1, VEC), (row, col)).store(rOut.load().to(BF16))
 
@@ -209,6 +228,7 @@ class SmallBwdKernel(SmallGeometry):
         self.rows, self.threads, self.lanes = sched.rows_per_cta, sched.threads, sched.lanes
         self.vec, self.groups = sched.vec, d // sched.vec
         self.det, self.ape_regs, self.prefetch = deterministic, sched.ape_regs, sched.prefetch
+        self.seeded = not sched.ieee_div
 
     @cute.jit
     def __call__(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
@@ -429,13 +449,11 @@ class SmallBwdKernel(SmallGeometry):
         rGo = cute.make_rmem_tensor((VEC,), F32)
         rDot = cute.make_rmem_tensor((VEC,), F32)  # S = sum_k t_k, per column
         for e in cutlass.range_constexpr(VEC):
-            den = _exp_den(rS, e, WIN)
+            _probabilities(rS, e, WIN, self.seeded)
             go = gv[e]
             dot = F32(0.0)
             for k in cutlass.range_constexpr(WIN):
-                pk = rS[k, e] / den
-                tk = mul_rn(mul_rn(go, rU[k, e]), pk)
-                rS[k, e] = pk
+                tk = mul_rn(mul_rn(go, rU[k, e]), rS[k, e])
                 rU[k, e] = tk
                 dot = add_rn(dot, tk)
             rGo[e] = go

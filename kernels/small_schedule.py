@@ -42,12 +42,14 @@ class SmallSchedule:
     ape_regs: bool = True        # backward only: the APE of the thread's column hoisted
     lanes: int = 1               # backward only: rows a CTA runs side by side (block.y)
     prefetch: bool = False       # backward only: a lane's next row loaded during this one's
+    ieee_div: bool = False       # every p_k its own div.rn.f32, no shared reciprocal (the A/B)
 
     @property
     def tag(self) -> str:
         return (f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
                 + (f"l{self.lanes}" if self.lanes > 1 else "")
-                + ("" if self.ape_regs else "_ag") + ("p" if self.prefetch else ""))
+                + ("" if self.ape_regs else "_ag") + ("p" if self.prefetch else "")
+                + ("_div" if self.ieee_div else ""))
 
     def astuple(self) -> tuple:
         return (self.vec, self.threads, self.rows_per_cta)
