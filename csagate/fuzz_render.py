@@ -39,8 +39,9 @@ def summary_table(run, covered: dict, *, impl: str, device: str):
         ("head dims", f"{len(dims)} in {_span(dims)} ({len(covered['odd_head_dims'])} odd)"),
         ("segments", f"{_span(covered['segments'])} per pack, up to "
                      f"{covered['max_tokens']} tokens"),
-        ("padded / scaled / deterministic", f"{covered['with_padding']} / {covered['scaled']} "
-                                            f"/ {covered['deterministic']}"),
+        ("padded / scaled / peaked / deterministic",
+         f"{covered['with_padding']} / {covered['scaled']} / {covered['peaked']} "
+         f"/ {covered['deterministic']}"),
         ("seconds", f"{run.seconds:.1f}"),
     )
     for name, value in rows:

@@ -20,7 +20,8 @@ The odd packs are the point: ``ragged3`` has tails in every segment, ``edgepack`
 first segment, an empty segment, a 3-token segment, exact multiples and one-token tails; the
 padding cases add capacity rows and token rows. ``Case.inputs`` names how a case's inputs are
 made (``csagate.reference.inputs``): random draws, the all-overflow pack, the partial-overflow
-placements, or non-finite values only the capacity padding rows read.
+placements, non-finite values only the capacity padding rows read, or peaked scores (x16:
+windows whose e_k reach below 2^-64, subnormals and 0, where the kernels divide one by one).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ SHORT2 = (1, 515, 1024, 129, 1, 0, 3)  # ratio=2: one-token segments, the first 
 # the small ratios with cases of their own (4: R4_CASES), as kernels/registry.py lists them
 SMALL_RATIOS = tuple(r for r in registry.SMALL_RATIOS if r != 4)
 
+# fuzz: a seeded random pack (gates/fuzz.py)
 KINDS = ("drift", "union", "scaled", "padding", "overflow", "partial-overflow", "hardening",
-         "deterministic", "zero-ape", "fuzz")  # fuzz: a seeded random pack (gates/fuzz.py)
-INPUTS = ("random", "overflow", "partial_overflow", "pad_nonfinite", "zero_ape")
+         "deterministic", "zero-ape", "peaked", "fuzz")
+INPUTS = ("random", "overflow", "partial_overflow", "pad_nonfinite", "zero_ape", "peaked")
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ CASES: tuple[Case, ...] = (
          inputs="overflow"),
 )
 
+_PEAKED = ("scores x16: windows with some e_k below 2^-64, subnormal or 0 (each divided one by "
+           "one) beside windows whose divisions share one reciprocal; dKV/dScore still bitwise")
 _PARTIAL = ("+inf scores in late chunks of three windows (both halves of one at coff=2) and "
             "one NaN kv: NaN masks equal eager, finite positions pass G2/G3")
 
@@ -195,6 +199,7 @@ R4_CASES: tuple[Case, ...] = (
          ratio=4, inputs="overflow"),
     _r4(2, 128, RAGGED3, _PARTIAL, "partial-overflow", "/partial-overflow",
         inputs="partial_overflow"),
+    _r4(2, 128, RAGGED3, _PEAKED, "peaked", "/peaked", inputs="peaked"),
 )
 
 
@@ -232,8 +237,8 @@ def small_cases(ratio: int) -> tuple[Case, ...]:
     """The named cases of one small ratio (not 4): every config on one segment, ragged packs
     with tails in every segment, edge packs (short, empty, 3-token and exact-multiple
     segments; ``SHORT2`` at ratio 2, where only a 1-token segment is short), capacity padding
-    with a first segment shorter than ratio, overflow, partial overflow, scaled inputs and a
-    CSA2-style coff=1 zero-APE case (at ratio 2 also on a long segment)."""
+    with a first segment shorter than ratio, overflow, partial overflow, scaled inputs, a
+    CSA2-style coff=1 zero-APE case (at ratio 2 also on a long segment) and peaked scores."""
     edge = SHORT2 if ratio == 2 else EDGEPACK
     short = SHORT2 if ratio == 2 else SHORT4
     cases = [
@@ -262,6 +267,7 @@ def small_cases(ratio: int) -> tuple[Case, ...]:
              ratio=ratio, scale=64.0),
         _small(ratio, 1, 128, RAGGED3, "CSA2-style: coff=1, zero APE (s = f32(score))",
                "zero-ape", "/zero-ape", inputs="zero_ape"),
+        _small(ratio, 2, 128, RAGGED3, _PEAKED, "peaked", "/peaked", inputs="peaked"),
     ]
     if 2 * ratio == MAX_WINDOW:
         cases.append(_small(ratio, 2, 40, edge, "a small head dim at the largest window (64 "

@@ -8,7 +8,8 @@
   tensors), over head dims ``DIM_RANGE`` where the implementation names none.
 * :func:`draw`: trial ``index`` of ``seed`` as a :class:`~csagate.gates.cases.Case` of kind
   ``fuzz``: 1-7 segments mixing empty, shorter-than-ratio, exact-multiple and tail segments,
-  capacity rows, token padding, input scale x1/x8/x64, fresh input seeds; small packs mostly
+  capacity rows, token padding, input scale x1/x8/x64, fresh input seeds, peaked scores
+  (``reference.inputs.peaked``) where the contract is bitwise; small packs mostly
   (``Sizes``), now and then a long one. Each trial's parameters come from a
   ``random.Random`` seeded with the string ``"csagate.fuzz/{seed}/{index}"`` (hashed with
   SHA-512 by Python), so trial ``i`` of seed ``S`` is the same pack on every machine for the
@@ -17,8 +18,8 @@
   contract, every contract check; results are memoized by the case's parameters.
 * :func:`shrink`: a failing case made minimal by a deterministic greedy search: candidates in
   a fixed order (smaller head dims, coff 1; drop the deterministic mode, the scale, the
-  padding; the default seeds; drop whole segments; shorten segments to their smallest
-  representatives; fewer padding rows and tokens), the first that
+  peaked scores, the padding; the default seeds; drop whole segments; shorten segments to
+  their smallest representatives; fewer padding rows and tokens), the first that
   still fails with one of the original failing gates is kept, until none does or the call
   budget is spent. Every accepted step makes one field strictly smaller, so it terminates.
 * :func:`fuzz`: the loop: trials until ``trials`` or ``budget`` seconds, every failure shrunk
@@ -51,6 +52,7 @@ MAX_SEGMENTS = 7
 SHRINK_CALLS = 200              # judge calls one shrink may spend
 SHRINK_SECONDS = 120.0          # and wall seconds
 SCALES = ((1.0, 14), (8.0, 3), (64.0, 3))               # (input scale, weight)
+PEAKED_RATE = 0.15              # share of trials with peaked scores (where allowed)
 SEGMENT_KINDS = (("empty", 1), ("short", 2), ("exact", 2), ("tail", 3))
 PAD_ROWS_MAX, PAD_TOKENS_MAX = 8, 37
 # A shrunk case takes the gate's default seeds where it still fails with them: failures that
@@ -216,12 +218,20 @@ def _segment(rng: random.Random, ratio: int, room: int) -> int:
     return blocks * ratio + rng.randint(1, ratio - 1)
 
 
+def peaked_allowed(ratio: int) -> bool:
+    """Peaked scores are drawn where dKV/dScore are bitwise: ratio 128's tolerances are
+    calibrated on the unit distribution (CONTRACT.md section 4.4)."""
+    return CONTRACTS[ratio].rule("dkv").check == "bitwise"
+
+
 def _pack_text(case: Case) -> str:
     text = "+".join(map(str, case.lens))
     if case.pad_rows or case.pad_tokens:
         text += f"+pad{case.pad_rows}r{case.pad_tokens}t"
     if case.scale != 1.0:
         text += f"/x{case.scale:g}"
+    if case.inputs != "random":
+        text += f"/{case.inputs}"
     if case.deterministic:
         text += "/det"
     return text
@@ -255,10 +265,12 @@ def draw(env: Envelope, seed: int, index: int, sizes: Sizes = CPU_SIZES) -> Case
     scale = _weighted(rng, SCALES)
     seeds = [rng.randrange(2**31) for _ in range(3)]
     det = rng.random() < 0.15 and env.deterministic
+    # drawn last, so the fields above are the same draws as without it
+    peak = peaked_allowed(ratio) and rng.random() < PEAKED_RATE
     case = Case("", coff, d, tuple(lens), "fuzz", f"seeded random pack: seed {seed}, trial "
                 f"{index}", ratio=ratio, input_seed=seeds[0], grad_seed=seeds[1],
                 pad_seed=seeds[2], scale=scale, pad_rows=pad_rows, pad_tokens=pad_tokens,
-                deterministic=det)
+                inputs="peaked" if peak else "random", deterministic=det)
     case = named(case, f"fuzz/s{seed}/t{index}")
     if not env.valid(case):   # the draw stays inside the envelope by construction
         raise AssertionError(f"{case.name} is outside the envelope: {pack_refuses(case)}")
@@ -354,6 +366,8 @@ def candidates(case: Case, env: Envelope) -> Iterator[Case]:
         moves.append({"deterministic": False})
     if case.scale != 1.0:
         moves.append({"scale": 1.0})
+    if case.inputs == "peaked":
+        moves.append({"inputs": "random"})
     moves += [{"pad_rows": 0}] * bool(case.pad_rows) + [{"pad_tokens": 0}] * bool(case.pad_tokens)
     moves += [{name: value} for name, value in DEFAULT_SEEDS.items()
               if getattr(case, name) != value]
@@ -510,5 +524,6 @@ def coverage(run: FuzzRun) -> dict:
         "max_tokens": max((c.tokens for c in cases), default=0),
         "with_padding": sum(1 for c in cases if c.pad_rows or c.pad_tokens),
         "scaled": sum(1 for c in cases if c.scale != 1.0),
+        "peaked": sum(1 for c in cases if c.inputs == "peaked"),
         "deterministic": sum(1 for c in cases if c.deterministic),
     }

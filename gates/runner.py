@@ -69,6 +69,7 @@ from csagate.reference import (
     overflow_pack,
     pad_nonfinite_slots,
     partial_overflow_slots,
+    peaked,
     with_values,
 )
 
@@ -83,9 +84,9 @@ DIRECTIONS = ("fwd", "bwd")
 TENSORS = ("out", "dkv", "dscore", "dape")
 # The tensors in which a case's inputs make eager NaN too: G1 allows NaN there only.
 NAN_EXPECTED = {"random": (), "overflow": OUTPUTS, "partial_overflow": OUTPUTS,
-                "pad_nonfinite": ("out",), "zero_ape": ()}
+                "pad_nonfinite": ("out",), "zero_ape": (), "peaked": ()}
 # Input kinds judged like random draws (G2 and G3 everywhere, no NaN allowed).
-FINITE_INPUTS = ("random", "zero_ape")
+FINITE_INPUTS = ("random", "zero_ape", "peaked")
 
 
 def build_targets(cases: Sequence[Case], drift: Case | None) -> tuple[Target, ...]:
@@ -247,6 +248,8 @@ def _inputs(case: Case, device):
         return pack, go, None, ()
     if case.inputs == "zero_ape":  # CSA2-style: trained without APE, s = f32(score)
         return replace(pack, ape=torch.zeros_like(pack.ape)), go, None, ()
+    if case.inputs == "peaked":  # scores x16: e_k below 2^-64, subnormal and zero
+        return peaked(pack), go, None, ()
     place = {"partial_overflow": partial_overflow_slots,
              "pad_nonfinite": pad_nonfinite_slots}[case.inputs]
     slots = place(case.lens, ratio=case.ratio, coff=case.coff, d=case.d)

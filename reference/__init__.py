@@ -13,7 +13,7 @@ import importlib
 _FROM = {
     "compressor": ("PRECISIONS", "Grads", "backward", "forward", "never_consumed_mask"),
     "inputs": ("Pack", "make_grad_out", "make_pack", "overflow_pack", "pad_nonfinite_slots",
-               "partial_overflow_slots", "with_values"),
+               "partial_overflow_slots", "peaked", "with_values"),
 }
 _WHERE = {name: module for module, names in _FROM.items() for name in names}
 

@@ -4,12 +4,13 @@ Everything is drawn on a CPU generator in fp32, then cast, then moved to the dev
 case is bit-for-bit the same on every machine:
 kv ~ N(0, 1) -> bf16, score ~ N(0, 1.5^2) -> bf16, ape ~ N(0, 0.25^2) fp32,
 grad_out ~ N(0, 1) -> bf16. ``scale`` multiplies kv after the bf16 cast (an exact exponent
-shift for powers of two).
+shift for powers of two). ``peaked`` multiplies a pack's scores by PEAKED_SCORE_SCALE the same
+way: peaked windows, where some e_k = exp(s_k - max) fall below 2^-64, to subnormals and to 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from csagate.reference.seeds import (  # noqa: F401  (re-exported: the inputs' default seeds)
@@ -81,6 +82,15 @@ def make_pack(lens, *, ratio: int, coff: int, d: int, seed: int = INPUT_SEED,
     n_rows = int(cuc[-1]) + pad_rows
     return Pack(kv.to(device), score.to(device), ape.to(device), cu.to(device), cuc.to(device),
                 n_rows, ratio, coff, d, lens)
+
+
+PEAKED_SCORE_SCALE = 16.0  # score std 24: subnormal and zero e_k at every small ratio
+
+
+def peaked(pack: Pack) -> Pack:
+    """``pack`` with its scores times PEAKED_SCORE_SCALE (exact: a power of two, far below
+    bf16's range)."""
+    return replace(pack, score=pack.score * PEAKED_SCORE_SCALE)
 
 
 def make_grad_out(n_rows: int, d: int, *, seed: int = GRAD_SEED, scale: float = 1.0,

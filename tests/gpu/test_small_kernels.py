@@ -288,6 +288,48 @@ def test_backward_bitwise_vs_fp32_reference(case):
     _check_grads(pack, dkv, dscore, dape, res, label)
 
 
+def _window_exps(pack) -> torch.Tensor:
+    """e_k = exp(s_k - max_k s_k) of every valid row's window, (rows, window, d), in fp32 as
+    the reference forms them (a first block's previous half at coff=2: s = -inf, e = 0)."""
+    r, d = pack.ratio, pack.d
+    starts = [(int(pack.cu[seg]) + b * r, b > 0) for seg, n in enumerate(pack.lens)
+              for b in range(n // r)]
+    tok0 = torch.tensor([t for t, _ in starts])
+    s, ape = pack.score.float().cpu(), pack.ape.cpu()
+    at = tok0[:, None] + torch.arange(r)
+    win = s[at][:, :, -d:] + ape[:, -d:]
+    if pack.coff == 2:
+        prev = s[(at - r).clamp(min=0)][:, :, :d] + ape[:, :d]
+        prev[~torch.tensor([p for _, p in starts])] = float("-inf")
+        win = torch.cat([prev, win], 1)
+    return torch.exp(win - win.max(1, keepdim=True).values)
+
+
+@pytest.mark.parametrize("ratio", SMALL_RATIOS)
+@pytest.mark.parametrize("coff", (2, 1))
+def test_peaked_scores_bitwise(coff, ratio):
+    """Scores x16 (``reference.inputs.peaked``): windows with an e_k below DIV_FAST_MIN, some
+    subnormal or 0, divide one by one, the others share a reciprocal (kernels/device.py);
+    either way dKV/dScore are bitwise the reference's and out within the contract."""
+    from csagate.kernels.device import DIV_FAST_MIN
+    from csagate.reference import make_grad_out, peaked
+
+    if not _served(ratio, coff, 128):
+        pytest.skip(f"ratio {ratio} c{coff}d128 is not served")
+    label = f"r{ratio}-c{coff}d128-peaked"
+    pack = peaked(_pack(RAGGED3, 128, coff, ratio))
+    e = _window_exps(pack)
+    assert (e.amin(1) < DIV_FAST_MIN).any(), f"{label}: no window takes the one-by-one path"
+    assert ((e > 0) & (e < 2.0 ** -126)).any(), f"{label}: no subnormal e_k in the pack"
+    _check_forward(_run_fwd(pack), _ref_out(pack), label, _noise_atol(ratio, coff),
+                   _fraction(ratio, coff))
+    go = make_grad_out(pack.n_rows, 128, device="cuda")
+    dkv, dscore, dape = _run_bwd(pack, go)
+    res = _ref_grads(pack, go)
+    _check_zero_slots(pack, dkv, dscore, res, label)
+    _check_grads(pack, dkv, dscore, dape, res, label)
+
+
 PAD_PACKS = [(3, 515, 1024, 129), RAGGED3]
 
 
