@@ -11,6 +11,7 @@ prints.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -189,13 +190,15 @@ AB_BWD_ROWS = (2, 4, 8, 16, 32)  # the fixed rows per lane each backward form is
 def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
              arch: str | None = None) -> dict:
     """tag -> (schedule, rows per CTA or None): the table's first (the backward: at the rows
-    ``bwd_rows_per_cta`` picks for ``n_rows``), then every other forward form, or every
-    backward form (the table's included) at each other fixed rows per lane."""
+    ``bwd_rows_per_cta`` picks for ``n_rows``), the table's with an IEEE division per element
+    (``ieee_div``) second, then every other forward form, or every backward form (the table's
+    included) at each other fixed rows per lane."""
     table = SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
+    ieee = dataclasses.replace(table, ieee_div=True)  # the table's form, one division each
     if direction == "fwd":
-        return {s.tag: (s, None) for s in (table, *SS.fwd_forms(ratio, coff, d))}
+        return {s.tag: (s, None) for s in (table, ieee, *SS.fwd_forms(ratio, coff, d))}
     rule = SS.bwd_rows_per_cta(n_rows, d, coff, table)
-    out = {f"{table.tag} rule {rule}": (table, rule)}
+    out = {f"{table.tag} rule {rule}": (table, rule), f"{ieee.tag} rule {rule}": (ieee, rule)}
     for sched in (table, *SS.bwd_forms(ratio, coff, d, arch)):
         picks = {r * sched.lanes for r in AB_BWD_ROWS} | {
             SS.bwd_rows_per_cta(n_rows, d, coff, sched)}
@@ -207,8 +210,9 @@ def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
 
 def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
              flush: bench.L2Flush, iters: int = 60, warmup: int = 10,
-             seed: int = 1234) -> FormABRow:
-    """One shape of ``ab_forms``: bits first, then the cold interleaved timing."""
+             seed: int = 1234, division: bool = False) -> FormABRow:
+    """One shape of ``ab_forms``: bits first, then the cold interleaved timing; ``division``:
+    the table's form and its IEEE-division twin only."""
     from csagate.reference import make_grad_out, make_pack
 
     pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, seed=seed, device="cuda")
@@ -216,6 +220,8 @@ def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy
     from csagate.kernels._dsl import device_arch
 
     forms = forms_of(direction, ratio, coff, d, pack.n_rows, device_arch())
+    if division:
+        forms = dict(list(forms.items())[:2])
     launchers = [launcher(direction, pack, go, *form) for form in forms.values()]
     for launch in launchers:
         launch(zero_dape=True)
@@ -231,7 +237,7 @@ def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy
 
 
 def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
-             warmup: int = 10, progress=None) -> list[FormABRow]:
+             warmup: int = 10, progress=None, division: bool = False) -> list[FormABRow]:
     """The table's form against every other form of each direction on every shape, cold."""
     flush = bench.L2Flush()
     copy_bw = bench.copy_bandwidth()
@@ -239,7 +245,7 @@ def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
     for shape in shapes:
         for direction in directions:
             rows.append(ab_shape(direction, *shape, copy_bw=copy_bw, flush=flush, iters=iters,
-                                 warmup=warmup))
+                                 warmup=warmup, division=division))
             if progress:
                 progress(rows[-1])
         torch.cuda.empty_cache()
@@ -337,6 +343,9 @@ def main(argv=None) -> int:
                         "at d=128, 65536 at d=512, and 8192)")
     parser.add_argument("--d", type=int, choices=(128, 512),
                         help="--ab-forms: only the configs of this head dim")
+    parser.add_argument("--division", action="store_true",
+                        help="--ab-forms: only the table's form against the same form with an "
+                        "IEEE division per element (no shared reciprocal)")
     parser.add_argument("--iters", type=int, default=60)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -354,7 +363,7 @@ def main(argv=None) -> int:
         return 1 if worst > 1e-3 else 0
     dirs = ("fwd", "bwd") if args.ab_forms == "all" else (args.ab_forms,)
     print("direction shape tokens: form us (order 1/order 2) % of the copy ceiling (cold)")
-    rows = ab_forms(dirs, shapes, iters=args.iters,
+    rows = ab_forms(dirs, shapes, iters=args.iters, division=args.division,
                     progress=lambda row: print(row.line(), flush=True))
     bad = [r for r in rows if not all(r.bits_equal)]
     won = [r for r in rows if r.fastest != r.tags[0] and "tie" not in r.fastest]
