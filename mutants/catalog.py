@@ -157,6 +157,19 @@ MUTANTS: tuple[Mutant, ...] = (
            "n_parts // n_groups, n_parts, I32(1),", 4, "G2",
            "deterministic mode, split reduction: slices per group rounded down, so the slices "
            "past groups * per are never summed"),
+    Mutant("div-by-skips-correction", DEV,
+           "    return fma_rn(r, fma_rn(-y, q, x), q)",
+           "    return q", 4, "drift",
+           "small kernels: the shared-reciprocal division returns x * r without its remainder "
+           "correction (not always the IEEE quotient)"),
+    Mutant("div-guard-nan-quiet", SMALL,
+           "lo = cute.arch.fmin(lo, ek, nan=True)",
+           "lo = cute.arch.fmin(lo, ek)", 4, "",
+           "small kernels: the division guard's min drops NaN, so a window with a NaN e_k takes "
+           "the shared reciprocal",
+           in_contract="den is NaN there, so the shared reciprocal and every quotient are NaN "
+           "as the IEEE divisions are: the same NaN pattern (the bitwise rule treats NaN as "
+           "equal to NaN)"),
     # --- dispatch tables and the case list ----------------------------------------------------
     Mutant("large-bucket-edge-moved", "kernels/schedule.py",
            "    if n_rows >= LARGE_NB_MIN and (coff, d) in FWD_LARGE:",
