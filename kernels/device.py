@@ -34,7 +34,7 @@ def fma_rn(a, b, c):
     return cute.math.fma(a, b, c, rounding=RN)
 
 
-# p = e / den, bitwise ``div.rn.f32``. On sm_90a and sm_100a ``div.rn.f32`` compiles to
+# p = e / den, bitwise ``div.rn.f32``. On sm_90a, sm_100a and sm_103a ``div.rn.f32`` compiles to
 # MUFU.RCP of the divisor and two FFMAs refining it, then q = x*r + 0, rem = fma(-y, q, x),
 # q' = fma(r, rem, q), with FCHK sending operands out of its fast range to a slow subroutine.
 # A window divides all its e_k by one den: ``div_seed`` computes the refined reciprocal once

@@ -84,11 +84,16 @@ def _probabilities(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr
             for k in cutlass.range_constexpr(win):
                 rS[k, e] = div_by(rS[k, e], den, r)
         else:
-            for k in cutlass.range_constexpr(win):
-                rS[k, e] = rS[k, e] / den
+            _divide_each(rS, e, win, den)
     else:
-        for k in cutlass.range_constexpr(win):
-            rS[k, e] = rS[k, e] / den
+        _divide_each(rS, e, win, den)
+
+
+@cute.jit
+def _divide_each(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr, den):
+    """rS[k, e] /= den for every window position k, one IEEE division (``div.rn.f32``) each."""
+    for k in cutlass.range_constexpr(win):
+        rS[k, e] = rS[k, e] / den
 
 
 # --- forward: one CTA per (rows_per_cta rows, threads*vec columns); a thread owns vec columns
