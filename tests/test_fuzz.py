@@ -9,6 +9,7 @@ the packs are small (seed 12's first trials are a few tokens), so each test take
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,30 @@ def test_draws_mix_segment_kinds_dims_padding_and_scales():
     assert {c.ratio for c in cases} == {2, 4, 8, 16, 32, 128}
     assert max(c.tokens for c in cases) <= fuzz.CPU_SIZES.max_tokens + 128
     assert not any(c.deterministic for c in cases)   # Supports() alone: no deterministic mode
+
+
+def test_peaked_scores_are_drawn_last_and_only_where_the_contract_is_bitwise(monkeypatch):
+    env = fuzz.envelope(Supports())
+    cases = [fuzz.draw(env, 3, i) for i in range(300)]
+    peaked = [c for c in cases if c.inputs == "peaked"]
+    assert peaked and {c.inputs for c in cases} == {"random", "peaked"}
+    assert all(fuzz.peaked_allowed(c.ratio) for c in peaked) and not fuzz.peaked_allowed(128)
+    share = len(peaked) / sum(1 for c in cases if c.ratio != 128)
+    assert 0.05 < share < 0.3, share                      # PEAKED_RATE = 0.15
+    assert all("/peaked" in c.name for c in peaked)
+    assert not any("/peaked" in c.name for c in cases if c.inputs == "random")
+    # drawn last: with no peaked draw at all (no random number taken for it) every trial is
+    # the same pack, its scores plain
+    monkeypatch.setattr(fuzz, "peaked_allowed", lambda ratio: False)
+    plain = [fuzz.draw(env, 3, i) for i in range(300)]
+    assert [replace(fuzz.params(c), inputs="random") for c in cases] == \
+        [fuzz.params(c) for c in plain]
+
+
+def test_the_shrinker_tries_plain_scores():
+    env = fuzz.envelope(Supports())
+    case = next(c for c in (fuzz.draw(env, 3, i) for i in range(300)) if c.inputs == "peaked")
+    assert replace(case, inputs="random") in list(fuzz.candidates(case, env))
 
 
 def test_envelope_is_supports_intersected_with_the_host_api():

@@ -78,11 +78,16 @@ def _pinned_counts(ptx: str) -> dict[str, int]:
     }
 
 
-def _pinned_expected(kind: str, n_exp: int, columns: int) -> dict[str, int]:
+def _pinned_expected(kind: str, n_exp: int, columns: int, seeded: bool = True
+                     ) -> dict[str, int]:
     """What ``_pinned_counts`` must find for ``n_exp`` (window position, column) elements in
     ``columns`` columns. p = e / den: an IEEE division per element (the path of a window with
-    an e_k below DIV_FAST_MIN) and the shared-reciprocal path: per column one rcp.approx and
-    two fma.rn refining it, per element a NaN-propagating min (the guard) and three fma.rn."""
+    an e_k below DIV_FAST_MIN) and, ``seeded``, the shared-reciprocal path: per column one
+    rcp.approx and two fma.rn refining it, per element a NaN-propagating min (the guard) and
+    three fma.rn (an ``ieee_div`` form has the divisions alone)."""
+    if not seeded:
+        return {**_pinned_expected(kind, n_exp, 0), "min.NaN.f32": 0,
+                "fma.rn.f32 outside exp": 0 if kind == "fwd" else n_exp}
     return {
         "ex2.approx.ftz.f32": n_exp,
         "fma.rm.f32 (accurate exp)": n_exp,
@@ -141,7 +146,8 @@ def _check_fwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     """A forward's PTX: per row, one exact exp per (window position, column), score and kv
     one vec-wide load each per window position, one vec-wide out store."""
     vec, rows = sched.vec, sched.rows_per_cta
-    found, expected = _pinned_counts(ptx), _pinned_expected("fwd", win * vec, vec)
+    found = _pinned_counts(ptx)
+    expected = _pinned_expected("fwd", win * vec, vec, not sched.ieee_div)
     _den_copies(found, {k: rows * v for k, v in expected.items()}, rows * win * vec, label)
     assert found == {k: rows * v for k, v in expected.items()}, (
         f"{label}: PTX op counts {found} != {rows} x {expected}")
@@ -176,7 +182,7 @@ def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     inside it); one dAPE reduction (vec wide) per window position."""
     vec, lanes = sched.vec, sched.lanes
     n = win * vec
-    found, expected = _pinned_counts(ptx), _pinned_expected("bwd", n, vec)
+    found, expected = _pinned_counts(ptx), _pinned_expected("bwd", n, vec, not sched.ieee_div)
     found["add.rn.f32"] -= (lanes - 1) * n  # the lanes' dAPE sums merged, once per CTA
     # The compiler may duplicate the backward's row body (LLVM does at ratio 2, c1d128 on
     # sm_100a: two copies of the same instructions); every copy holds the whole pinned set.
@@ -323,6 +329,29 @@ def test_fwd_form_ptxas_clean_and_pinned(kernel, ptxas):
     main = main_entry(ptx)
     _check_fwd_ptx(main, _fid(kernel), coff * ratio, sched)
     assert f".reqntid {sched.threads}, 1, 1" in main
+
+
+DIV_TWINS = [(direction, 4, "sm_90a", coff, d) for direction in ("fwd", "bwd")
+             for coff, d in ((1, 128), (2, 512))]
+
+
+@pytest.mark.parametrize("kernel", DIV_TWINS, ids=lambda k: f"r{k[1]}{k[0]}-c{k[3]}d{k[4]}")
+def test_ieee_div_twin_divides_one_by_one(kernel, ptxas):
+    """The A/B's ``ieee_div`` twin of a table form (tag ``_div``): it assembles, with one
+    ``div.rn.f32`` per element and none of the shared reciprocal's operations. (Spills are
+    not asserted: the twin is a baseline, and r4 c1d128's backward spills 4 B on sm_90a.)"""
+    from csagate.perf.probe import assemble, main_entry
+
+    direction, ratio, arch, coff, d = kernel
+    table = SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
+    twin = dataclasses.replace(table, ieee_div=True)
+    assert twin.tag == table.tag + "_div"
+    label = f"r{ratio}{direction} c{coff}d{d} {twin.tag} {arch}"
+    ptx = _form_ptx(direction, ratio, arch, coff, d, twin)
+    rc, log = assemble(ptx, arch, ptxas)
+    assert rc == 0, f"ptxas failed on {label}:\n{log}"
+    check = _check_fwd_ptx if direction == "fwd" else _check_bwd_ptx
+    check(main_entry(ptx), label, coff * ratio, twin)
 
 
 def test_fwd_forms_follow_the_register_budget():
