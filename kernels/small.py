@@ -60,40 +60,39 @@ class SmallGeometry:
 
 
 @cute.jit
-def _probabilities(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr,
-                   seeded: cutlass.Constexpr):
-    """Column e of a window: s_k -> p_k = e_k / den in place, e_k = exp(s_k - mx) with mx the
-    strict serial max from s_0, den the serial ascending sum of the e_k, each p_k bitwise the
-    IEEE division. ``seeded``: where every e_k >= DIV_FAST_MIN (no NaN) the quotients share
-    one reciprocal (``div_seed`` / ``div_by``); else, and when not seeded, one division each."""
+def _exp_den(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr,
+             least: cutlass.Constexpr):
+    """Column e of a window: s_k -> e_k = exp(s_k - mx) in place, mx the strict serial max
+    from s_0; returns (den, lo): den the serial ascending sum of the e_k, lo (``least``) the
+    least e_k, NaN if any is (then den is NaN too), else 1."""
     mx = rS[0, e]
     for k in cutlass.range_constexpr(1, win):
         if rS[k, e] > mx:
             mx = rS[k, e]
     den = F32(0.0)
-    lo = F32(1.0)  # the least e_k, NaN if any is (then den is NaN too)
+    lo = F32(1.0)
     for k in cutlass.range_constexpr(win):
         ek = cute.math.exp(rS[k, e] - mx)  # invalid: exp(-inf) = +0
         rS[k, e] = ek
         den = add_rn(den, ek)
-        if cutlass.const_expr(seeded):
+        if cutlass.const_expr(least):
             lo = cute.arch.fmin(lo, ek, nan=True)
-    if cutlass.const_expr(seeded):
-        if lo >= F32(DIV_FAST_MIN):
-            r = div_seed(den)
-            for k in cutlass.range_constexpr(win):
-                rS[k, e] = div_by(rS[k, e], den, r)
-        else:
-            _divide_each(rS, e, win, den)
-    else:
-        _divide_each(rS, e, win, den)
+    return den, lo
 
 
 @cute.jit
-def _divide_each(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr, den):
-    """rS[k, e] /= den for every window position k, one IEEE division (``div.rn.f32``) each."""
-    for k in cutlass.range_constexpr(win):
-        rS[k, e] = rS[k, e] / den
+def _probabilities(rS: cute.Tensor, e: cutlass.Constexpr, win: cutlass.Constexpr):
+    """Column e of a window: s_k -> p_k = e_k / den in place (``_exp_den``), each p_k bitwise
+    the IEEE division: where every e_k >= DIV_FAST_MIN (no NaN) the quotients share one
+    reciprocal (``div_seed`` / ``div_by``), else one ``div.rn.f32`` each."""
+    den, lo = _exp_den(rS, e, win, True)
+    if lo >= F32(DIV_FAST_MIN):
+        r = div_seed(den)
+        for k in cutlass.range_constexpr(win):
+            rS[k, e] = div_by(rS[k, e], den, r)
+    else:
+        for k in cutlass.range_constexpr(win):
+            rS[k, e] = rS[k, e] / den
 
 
 # --- forward: one CTA per (rows_per_cta rows, threads*vec columns); a thread owns vec columns
@@ -198,10 +197,16 @@ class SmallFwdKernel(SmallGeometry):
         WIN, VEC = self.win, self.vec
         rOut = cute.make_rmem_tensor((1, VEC), F32)
         for e in cutlass.range_constexpr(VEC):
-            _probabilities(rS, e, WIN, self.seeded)
-            acc = F32(0.0)
-            for k in cutlass.range_constexpr(WIN):
-                acc = add_rn(acc, mul_rn(rU[k, e], rS[k, e]))
+            if cutlass.const_expr(self.seeded):
+                _probabilities(rS, e, WIN)
+                acc = F32(0.0)
+                for k in cutlass.range_constexpr(WIN):
+                    acc = add_rn(acc, mul_rn(rU[k, e], rS[k, e]))
+            else:  # ieee_div: the form before the shared reciprocal, operation for operation
+                den, _ = _exp_den(rS, e, WIN, False)
+                acc = F32(0.0)
+                for k in cutlass.range_constexpr(WIN):
+                    acc = add_rn(acc, mul_rn(rU[k, e], rS[k, e] / den))
             rOut[0, e] = acc
         cute.local_tile(mOut, (1, VEC), (row, col)).store(rOut.load().to(BF16))
 
@@ -454,13 +459,24 @@ class SmallBwdKernel(SmallGeometry):
         rGo = cute.make_rmem_tensor((VEC,), F32)
         rDot = cute.make_rmem_tensor((VEC,), F32)  # S = sum_k t_k, per column
         for e in cutlass.range_constexpr(VEC):
-            _probabilities(rS, e, WIN, self.seeded)
-            go = gv[e]
-            dot = F32(0.0)
-            for k in cutlass.range_constexpr(WIN):
-                tk = mul_rn(mul_rn(go, rU[k, e]), rS[k, e])
-                rU[k, e] = tk
-                dot = add_rn(dot, tk)
+            if cutlass.const_expr(self.seeded):
+                _probabilities(rS, e, WIN)
+                go = gv[e]
+                dot = F32(0.0)
+                for k in cutlass.range_constexpr(WIN):
+                    tk = mul_rn(mul_rn(go, rU[k, e]), rS[k, e])
+                    rU[k, e] = tk
+                    dot = add_rn(dot, tk)
+            else:  # ieee_div: the form before the shared reciprocal, operation for operation
+                den, _ = _exp_den(rS, e, WIN, False)
+                go = gv[e]
+                dot = F32(0.0)
+                for k in cutlass.range_constexpr(WIN):
+                    pk = rS[k, e] / den
+                    tk = mul_rn(mul_rn(go, rU[k, e]), pk)
+                    rS[k, e] = pk
+                    rU[k, e] = tk
+                    dot = add_rn(dot, tk)
             rGo[e] = go
             rDot[e] = dot
 

@@ -337,10 +337,10 @@ DIV_TWINS = [(direction, 4, "sm_90a", coff, d) for direction in ("fwd", "bwd")
 
 @pytest.mark.parametrize("kernel", DIV_TWINS, ids=lambda k: f"r{k[1]}{k[0]}-c{k[3]}d{k[4]}")
 def test_ieee_div_twin_divides_one_by_one(kernel, ptxas):
-    """The A/B's ``ieee_div`` twin of a table form (tag ``_div``): it assembles, with one
-    ``div.rn.f32`` per element and none of the shared reciprocal's operations. (Spills are
-    not asserted: the twin is a baseline, and r4 c1d128's backward spills 4 B on sm_90a.)"""
-    from csagate.perf.probe import assemble, main_entry
+    """The A/B's ``ieee_div`` twin of a table form (tag ``_div``, the kernel before the shared
+    reciprocal): ptxas-clean, one ``div.rn.f32`` per element and none of the shared
+    reciprocal's operations."""
+    from csagate.perf.probe import main_entry
 
     direction, ratio, arch, coff, d = kernel
     table = SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
@@ -348,8 +348,7 @@ def test_ieee_div_twin_divides_one_by_one(kernel, ptxas):
     assert twin.tag == table.tag + "_div"
     label = f"r{ratio}{direction} c{coff}d{d} {twin.tag} {arch}"
     ptx = _form_ptx(direction, ratio, arch, coff, d, twin)
-    rc, log = assemble(ptx, arch, ptxas)
-    assert rc == 0, f"ptxas failed on {label}:\n{log}"
+    _assert_ptxas_clean(ptx, label, direction, arch, ptxas)
     check = _check_fwd_ptx if direction == "fwd" else _check_bwd_ptx
     check(main_entry(ptx), label, coff * ratio, twin)
 
