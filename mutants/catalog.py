@@ -107,7 +107,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "ratio=4: the first row of every segment is taken for the previous segment"),
     # --- ratio=4 backward ------------------------------------------------------------------
     Mutant("r4-bwd-fused-sum", SMALL,
-           "rS[k, e])\n                    rU[k, e] = tk\n                    dot = add_rn(dot, tk)",
+           "rS[k, e])\n                    rU[k, e] = tk\n"
+           "                    dot = add_rn(dot, tk)",
            "rS[k, e])\n                    rU[k, e] = tk\n"
            "                    dot = fma_rn(mul_rn(go, rU[k]), rS[k], dot)", 4, "drift",
            "ratio=4: S summed with a fused multiply-add (another rounding order than torch)"),
