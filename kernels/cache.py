@@ -47,6 +47,8 @@ class _Entry:
     hits: int = 0
     ptx: str | None = None  # the PTX text, for an entry loaded from the disk cache
     loaded: set = field(default_factory=set)  # device indices the module is loaded on
+    resident: dict = field(default_factory=dict)  # device index -> resident CTAs per SM
+    resident_error: str = ""  # why the driver could not say (then the rule keeps its aim)
 
 
 class KernelCache:
@@ -105,8 +107,41 @@ class KernelCache:
                     f"first call for config {key.tag} on cuda:{device_index} under CUDA "
                     "graph capture: the kernel is compiled but not loaded on this device; "
                     "call csagate.kernels.api.build() or run one eager step before capturing")
+            family = getattr(key, "family", None)
+            if family is not None and family.launch_shape is not None:
+                entry.resident[device_index] = self._resident(key, entry, device_index,
+                                                              *family.launch_shape(key))
             entry.loaded.add(device_index)
         return entry.fn
+
+    def resident_ctas(self, key: KernelKey, device_index: int) -> int:
+        """CTAs of ``key``'s kernel resident per SM of device ``device_index``, as the driver
+        computed them when the kernel was loaded there (``executor``); 0: unknown, or a family
+        without a ``launch_shape``."""
+        entry = self._entries.get(key)
+        return entry.resident.get(device_index, 0) if entry is not None else 0
+
+    def _resident(self, key: KernelKey, entry: _Entry, device_index: int, threads: int,
+                  smem: int, kernel: str) -> int:
+        """The driver's resident CTAs per SM of device ``device_index`` for the cubin kernel
+        named ``*kernel*`` inside ``key``'s object file (the disk cache's entry, else
+        exported); 0, with the reason kept in ``entry.resident_error``, when it cannot say."""
+        from csagate.kernels import occupancy
+        from csagate.kernels.diskcache import export_object
+
+        try:
+            obj = self._disk.object_bytes(disk_key(key)) if self._disk is not None else None
+            cubin = occupancy.embedded_cubin(obj if obj is not None else export_object(entry.fn))
+            names = [n for n in occupancy.kernel_names(cubin or b"") if kernel in n]
+            if len(names) != 1:
+                entry.resident_error = f"{len(names)} kernels named *{kernel}* in the cubin"
+                return 0
+            got = occupancy.resident_ctas(cubin, names[0], threads, smem, device_index)
+            entry.resident_error = "" if got else "the driver counts 0 resident CTAs"
+            return got
+        except Exception as exc:  # the rule then keeps its aim: slower, never wrong
+            entry.resident_error = f"{type(exc).__name__}: {exc}"
+            return 0
 
     def build(self, keys: Iterable[KernelKey],
               progress: Callable[[BuildRecord, int, int], None] | None = None

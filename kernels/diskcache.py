@@ -335,6 +335,15 @@ class DiskCache:
         self.records.append(rec)
         return fn, ptx, rec
 
+    def object_bytes(self, key: dict) -> bytes | None:
+        """The verified object file of ``key``'s entry, or None (no usable entry)."""
+        if not self.usable():
+            return None
+        try:
+            return self._read(self.path_of(key), key)[0]
+        except BadEntry:
+            return None
+
     # maintenance
     def _entries(self) -> list[Path]:
         if not self.dir.is_dir():

@@ -42,9 +42,10 @@ def bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_index
     takes it, the rows per CTA (``schedule.rows_per_cta`` unless given); else None."""
     if not key.family.takes_rows_per_cta:
         return -(-n_rows // key.schedule.rows_per_cta), None
-    if rows_per_cta is None:
+    if rows_per_cta is None:  # the kernel's resident CTAs: known once it is loaded (executor)
         rows_per_cta = key.family.rows_per_cta(n_rows, key.d, key.coff, key.schedule,
-                                               sm_count(device_index))
+                                               sm_count(device_index),
+                                               CACHE.resident_ctas(key, device_index))
     most = key.family.max_rows_per_cta
     cap = most(key.schedule) if most is not None else None
     if cap is not None and int(rows_per_cta) > cap:
@@ -83,14 +84,14 @@ def _launch(key: KernelKey, device, stream, tensors: dict, rows_per_cta=None,
     gx = 0
     with torch.cuda.device(device):
         stream = launch_stream(device, stream)
-        if key.direction == "bwd":
-            gx, rows_per_cta = bwd_ctas(key, n_rows, rows_per_cta, device.index)
-            if rows_per_cta is not None:
-                args["rows_per_cta"] = rows_per_cta
-            if not key.deterministic:
-                args["zero_dape"] = zero_dape
         with torch.cuda.stream(stream):  # the capture check looks at the launch stream
             fn = CACHE.executor(key, device.index)
+            if key.direction == "bwd":  # after the load: the rows take the kernel's occupancy
+                gx, rows_per_cta = bwd_ctas(key, n_rows, rows_per_cta, device.index)
+                if rows_per_cta is not None:
+                    args["rows_per_cta"] = rows_per_cta
+                if not key.deterministic:
+                    args["zero_dape"] = zero_dape
             if key.deterministic:
                 from csagate.kernels.reduce import launch_reduce, partial_rows
 

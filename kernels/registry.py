@@ -120,8 +120,13 @@ class Family:
     selectable: Callable[[str], set]  # arch -> {((coff, d), schedule)} over build_dims
     tag_prefix: Callable[[KernelKey], str]
     takes_rows_per_cta: bool = False  # the launch has a rows_per_cta argument
-    # (n_rows, d, coff, schedule, sm_count) -> the rows per CTA a launch takes by default
+    # (n_rows, d, coff, schedule, sm_count, ctas_per_sm) -> the rows per CTA a launch takes by
+    # default; ctas_per_sm: the kernel's resident CTAs per SM (0: unknown)
     rows_per_cta: Callable[..., int] | None = None
+    # key -> (threads per CTA, dynamic shared bytes, the kernel's name in its cubin): the driver
+    # is asked for the kernel's resident CTAs per SM when it loads on a device (cache.py,
+    # occupancy.py), for rows_per_cta; None: not asked
+    launch_shape: Callable[[KernelKey], tuple[int, int, str]] | None = None
     # schedule -> the most rows per CTA a launch may take (None: no bound)
     max_rows_per_cta: Callable[[object], int] | None = None
     takes_ratio: bool = False       # the build has a ratio argument (one module, many ratios)
@@ -200,6 +205,8 @@ def _small(ratio: int, direction: str) -> Family:
         tag_prefix=lambda key: key.kind, takes_ratio=True, takes_segment_bits=True,
         takes_rows_per_cta=direction == "bwd", rows_per_cta=SS.bwd_rows_per_cta,
         max_rows_per_cta=lambda sched: sched.rows_per_cta,
+        launch_shape=None if direction == "fwd" else lambda key: (
+            *SS.bwd_launch_shape(key.schedule, key.ratio * key.coff), SS.BWD_KERNEL),
         check_config=lambda coff, d: SS.check_config(ratio, coff, d))
 
 

@@ -467,8 +467,10 @@ STAGED_NARROW_TCHUNKS = 4
 STAGED_MAX_ROWS_PER_CTA = 16
 
 
-def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: int) -> int:
-    """Backward rows per CTA, chosen at launch so the grid fits one resident wave."""
+def rows_per_cta(n_rows: int, d: int, coff: int, sched: BwdSchedule, sm_count: int,
+                 ctas_per_sm: int = 0) -> int:
+    """Backward rows per CTA, chosen at launch so the grid fits one resident wave (its CTAs
+    per SM are the schedule's: ``ctas_per_sm``, the family's uniform signature, is unused)."""
     gy = -(-(d // sched.vec) // sched.threads_x)
     if sched.regwin:
         # one wave, no cap: a CTA pipelines its rows, fewer CTAs issue fewer dAPE atomics

@@ -21,6 +21,10 @@ SMALL_BWD_ROWS = 32          # most rows per lane of a backward CTA (bwd_rows_pe
 SMALL_BWD_ROWS_LANES = 64    # ... and per CTA of a form with lanes
 SMALL_BWD_ROWS_WIDE = 1      # ... beyond BWD_APE_REGS_MAX_WINDOW: one, compile-time (registers)
 BWD_CTAS_PER_SLICE = 512     # bwd_rows_per_cta's CTAs along the rows per 128-column slice
+BWD_WAVE_FILL = 0.97         # ... a wave: this share of the resident CTAs (a margin below full)
+BWD_WAVE_MIN = 0.75          # ... grids of fewer waves keep the aim (latency bounds them)
+BWD_CTA_COST = 2             # ... a CTA's own work (APE loads, dAPE sums), in rows per lane
+BWD_KERNEL = "SmallBwdKernel"  # the backward's kernel in its cubin (occupancy.kernel_names)
 SMALL_BWD_THREADS = 128      # threads per backward CTA (vec 1: one per head-dim column)
 BWD_VECS = (1, 2, 4)         # backward columns per thread
 BWD_VEC_MAX_VALUES = 64      # fp32 values per thread of a vector backward (bwd_values)
@@ -205,21 +209,45 @@ def bwd_forms(ratio: int, coff: int, d: int, arch: str | None = None
 
 
 def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
-                     sm_count: int = 0) -> int:
-    """Backward rows per CTA, chosen at launch (at most ``sched.rows_per_cta``): about
-    ``BWD_CTAS_PER_SLICE`` CTAs along the rows for every slice of a row's columns, at least
-    ``2 * slices`` rows per lane. Fewer CTAs issue fewer dAPE atomics onto the same addresses,
-    which serialize in the L2; more slices spread them over more addresses. The H200 cold sweep
-    behind the constants: docs/PERF_NOTES.md section 14.2. ``sm_count``: the uniform
-    signature. A schedule of fewer rows than ``bwd_most_rows`` (``SM90_BWD_ROWS``) takes
-    them at every N."""
+                     sm_count: int = 0, ctas_per_sm: int = 0) -> int:
+    """Backward rows per CTA, chosen at launch (at most ``sched.rows_per_cta``). The aim:
+    about ``BWD_CTAS_PER_SLICE`` CTAs along the rows for every slice of a row's columns, at
+    least ``2 * slices`` rows per lane. Fewer CTAs issue fewer dAPE atomics onto the same
+    addresses, which serialize in the L2; more slices spread them over more addresses. A
+    schedule of fewer rows than ``bwd_most_rows`` (``SM90_BWD_ROWS``) aims at them at every N.
+
+    Given the GPU's ``sm_count`` and the kernel's resident ``ctas_per_sm`` (the driver's
+    occupancy: ``occupancy.resident_ctas``), a grid of at least ``BWD_WAVE_MIN`` of a wave then
+    takes the rows from half to twice the aim (and at most the schedule's) of the least
+    ``waves x (rows per lane + BWD_CTA_COST)``, a wave being ``BWD_WAVE_FILL`` of the resident
+    CTAs, the most rows on a tie: the grid ends closest to whole waves, where 0.78 or 1.55
+    waves leave SMs idle for a CTA's whole time. The H200 cold sweeps behind the constants:
+    docs/PERF_NOTES.md sections 14.2 and 14.7."""
     if sched.rows_per_cta == 1:
         return 1
-    if sched.rows_per_cta < bwd_most_rows(sched.lanes):  # a table form's fixed rows per CTA
-        return sched.rows_per_cta
     slices = -(-d // (sched.threads * sched.vec))
-    want = -(-n_rows // (BWD_CTAS_PER_SLICE * slices))
-    return max(sched.lanes, min(sched.rows_per_cta, max(2 * slices * sched.lanes, want)))
+    if sched.rows_per_cta < bwd_most_rows(sched.lanes):  # a table form's fixed rows per CTA
+        aim = sched.rows_per_cta
+    else:
+        want = -(-n_rows // (BWD_CTAS_PER_SLICE * slices))
+        aim = min(sched.rows_per_cta, max(2 * slices * sched.lanes, want))
+    wave = int(BWD_WAVE_FILL * sm_count * ctas_per_sm)
+
+    def ctas(rows: int) -> int:
+        return -(-n_rows // rows) * slices
+    if wave < 1 or ctas(aim) < BWD_WAVE_MIN * wave:
+        return aim
+    rows = range(max(sched.lanes, -(-aim // 2)), min(sched.rows_per_cta, 2 * aim) + 1)
+    return min(rows, key=lambda r: (-(-ctas(r) // wave) * (-(-r // sched.lanes) + BWD_CTA_COST),
+                                    -r))
+
+
+def bwd_launch_shape(sched: SmallSchedule, window: int) -> tuple[int, int]:
+    """(threads per CTA, bytes of dynamic shared memory) of a backward launch: the lanes' dAPE
+    sums meet in a (lanes - 1, window, threads * vec) fp32 buffer (``SmallBwdKernel``'s
+    ``merge_lanes``)."""
+    return (sched.threads * sched.lanes,
+            (sched.lanes - 1) * window * sched.threads * sched.vec * 4)
 
 
 def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,

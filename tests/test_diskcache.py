@@ -465,3 +465,16 @@ def test_real_kernel_entry_header(real_store):
     hdr = json.loads(blob[12:12 + n])
     assert hdr["key"] == real_store["key"] and hdr["function"] == D.EXPORT_NAME
     assert hdr["payload_len"] > 10000 and hdr["compile_s"] > 0
+
+
+def test_object_bytes_of_an_entry(cache):
+    """object_bytes: the verified payload of a written entry (what the occupancy query reads
+    the cubin from); None for an absent or corrupt one."""
+    assert cache.object_bytes(key()) is None
+    cache.get(key(), Builds(b"\x7fELF-payload"))
+    assert fresh(cache).object_bytes(key()) == b"\x7fELF-payload"
+    path = cache.path_of(key())
+    blob = bytearray(path.read_bytes())
+    blob[-1] ^= 1
+    path.write_bytes(bytes(blob))
+    assert fresh(cache).object_bytes(key()) is None

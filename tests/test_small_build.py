@@ -400,6 +400,44 @@ def test_backward_rows_per_cta_rule(ratio, d, arch):
         assert picks[-1] == sched.rows_per_cta and gx >= SS.BWD_CTAS_PER_SLICE * slices
 
 
+@pytest.mark.parametrize("arch", (None, "sm_90a"))
+@pytest.mark.parametrize("ratio", SMALL_RATIOS)
+@pytest.mark.parametrize("d", (65, 128, 512))
+def test_backward_rows_fill_whole_waves(ratio, d, arch):
+    """Given the GPU's SMs and the kernel's resident CTAs, the rule moves only grids of at
+    least BWD_WAVE_MIN of a wave, within [aim / 2, 2 aim] and the schedule's most; its pick
+    never costs more (waves x (rows per lane + BWD_CTA_COST)) than the aim; unknown occupancy
+    keeps the aim; a grid of under one wave (r4 c1d128 at 32768 rows: 512 CTAs of 640) grows
+    to fill it."""
+    for coff in COFFS:
+        if SS.config_problems(ratio, coff, d):
+            continue
+        sched = SS.small_schedule("bwd", d, ratio=ratio, coff=coff, arch=arch)
+        slices = -(-d // (sched.threads * sched.vec))
+        for sms, per_sm in ((132, 1), (132, 5), (148, 8), (78, 12), (1, 3)):
+            wave = int(SS.BWD_WAVE_FILL * sms * per_sm)
+            for n in (1, 100, 2048, 8192, 20000, 32768, 65536, 10**6):
+                aim = SS.bwd_rows_per_cta(n, d, coff, sched)
+                assert SS.bwd_rows_per_cta(n, d, coff, sched, sms, 0) == aim
+                pick = SS.bwd_rows_per_cta(n, d, coff, sched, sms, per_sm)
+                assert 1 <= pick <= sched.rows_per_cta, (coff, n, pick)
+
+                def ctas(r, n=n, slices=slices):
+                    return -(-n // r) * slices
+
+                def cost(r, wave=wave, lanes=sched.lanes):
+                    return -(-ctas(r) // wave) * (-(-r // lanes) + SS.BWD_CTA_COST)
+                if sched.rows_per_cta == 1 or ctas(aim) < SS.BWD_WAVE_MIN * wave:
+                    assert pick == aim, (coff, n, sms, per_sm, aim, pick)
+                    continue
+                assert -(-aim // 2) <= pick <= 2 * aim and cost(pick) <= cost(aim)
+    if ratio == 4 and d == 128 and arch == "sm_90a":
+        sched = SS.small_schedule("bwd", 128, ratio=4, coff=1, arch=arch)
+        wave = int(SS.BWD_WAVE_FILL * 132 * 5)
+        pick = SS.bwd_rows_per_cta(32768, 128, 1, sched, 132, 5)
+        assert -(-32768 // SS.bwd_rows_per_cta(32768, 128, 1, sched)) < -(-32768 // pick) <= wave
+
+
 def test_sm90a_forward_table_and_defaults():
     """The sm_90a forward table holds measured forms only where d is a multiple of 4 and at
     least 128; every other arch and head dim keeps the default form; every table form builds
