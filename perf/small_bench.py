@@ -188,24 +188,40 @@ AB_BWD_ROWS = (2, 4, 8, 16, 32)  # the fixed rows per lane each backward form is
 
 
 def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
-             arch: str | None = None) -> dict:
+             arch: str | None = None, sm_count: int = 0, ctas_per_sm: int = 0) -> dict:
     """tag -> (schedule, rows per CTA or None): the table's first (the backward: at the rows
-    ``bwd_rows_per_cta`` picks for ``n_rows``), the table's with an IEEE division per element
-    (``ieee_div``) second, then every other forward form, or every backward form (the table's
-    included) at each other fixed rows per lane."""
+    ``bwd_rows_per_cta`` picks for ``n_rows`` on ``sm_count`` SMs at ``ctas_per_sm``), the
+    table's with an IEEE division per element (``ieee_div``) second, then every other forward
+    form, or the table's at the rule's aim (where the waves moved it) and every backward form
+    (the table's included) at each other fixed rows per lane."""
     table = SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
     ieee = dataclasses.replace(table, ieee_div=True)  # the table's form, one division each
     if direction == "fwd":
         return {s.tag: (s, None) for s in (table, ieee, *SS.fwd_forms(ratio, coff, d))}
-    rule = SS.bwd_rows_per_cta(n_rows, d, coff, table)
+    rule = SS.bwd_rows_per_cta(n_rows, d, coff, table, sm_count, ctas_per_sm)
+    aim = SS.bwd_rows_per_cta(n_rows, d, coff, table)
     out = {f"{table.tag} rule {rule}": (table, rule), f"{ieee.tag} rule {rule}": (ieee, rule)}
+    if aim != rule:
+        out[f"{table.tag} aim {aim}"] = (table, aim)
     for sched in (table, *SS.bwd_forms(ratio, coff, d, arch)):
         picks = {r * sched.lanes for r in AB_BWD_ROWS} | {
             SS.bwd_rows_per_cta(n_rows, d, coff, sched)}
         label = f"v{sched.vec}l{sched.lanes}" + ("p" if sched.prefetch else "")
         out.update({f"{label} {r}": (sched, r) for r in sorted(picks)
-                    if r <= sched.rows_per_cta and (sched, r) != (table, rule)})
+                    if r <= sched.rows_per_cta and (sched, r) not in out.values()})
     return out
+
+
+def resident_ctas(direction: str, ratio: int, coff: int, d: int, sched) -> tuple[int, int]:
+    """(SMs, resident CTAs per SM) of ``sched``'s kernel on the current GPU (loaded here)."""
+    from csagate.kernels import registry
+    from csagate.kernels._dsl import device_arch, sm_count
+    from csagate.kernels.cache import CACHE
+
+    dev = torch.cuda.current_device()
+    key = registry.make_key(direction, ratio, coff, d, sched, device_arch())
+    CACHE.executor(key, dev)
+    return sm_count(dev), CACHE.resident_ctas(key, dev)
 
 
 def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
@@ -219,7 +235,10 @@ def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy
     go = make_grad_out(pack.n_rows, d, device="cuda")
     from csagate.kernels._dsl import device_arch
 
-    forms = forms_of(direction, ratio, coff, d, pack.n_rows, device_arch())
+    arch = device_arch()
+    table = SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
+    occupancy = resident_ctas(direction, ratio, coff, d, table) if direction == "bwd" else ()
+    forms = forms_of(direction, ratio, coff, d, pack.n_rows, arch, *occupancy)
     if division:
         forms = dict(list(forms.items())[:2])
     launchers = [launcher(direction, pack, go, *form) for form in forms.values()]
@@ -250,6 +269,66 @@ def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
                 progress(rows[-1])
         torch.cuda.empty_cache()
     return rows
+
+
+# --- the backward's rows per CTA: the rule against every count, cold ----------------------
+
+@dataclass(frozen=True)
+class RowsSweepRow:
+    """One shape: the table's backward at every rows per CTA of ``rows``, cold, both orders."""
+
+    config: str
+    tokens: int
+    wave: int                 # CTAs of one wave as the rule counts them (0: unknown)
+    slices: int
+    n_rows: int
+    aim: int                  # the rule without the waves
+    rule: int                 # the rule's pick
+    rows: tuple[int, ...]
+    us: tuple[tuple[float, float], ...]
+
+    def mean_us(self, rows: int) -> float:
+        return sum(self.us[self.rows.index(rows)]) / 2
+
+    @property
+    def best(self) -> int:
+        return min(self.rows, key=self.mean_us)
+
+    def line(self) -> str:
+        def cell(r):
+            ctas = -(-self.n_rows // r) * self.slices
+            return f"{r}:{ctas} {self.mean_us(r):.1f}"
+        return (f"{self.config:>9} {self.tokens:>6} wave {self.wave}: aim {self.aim} "
+                f"{self.mean_us(self.aim):.1f} | rule {self.rule} {self.mean_us(self.rule):.1f} "
+                f"({self.mean_us(self.rule) / self.mean_us(self.aim) - 1:+.1%}) | best "
+                f"{self.best} {self.mean_us(self.best):.1f} | "
+                + " ".join(cell(r) for r in self.rows))
+
+
+def sweep_rows_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.L2Flush,
+                     iters: int = 20, seed: int = 1234) -> RowsSweepRow:
+    """The table's backward at every rows per CTA from a third of the aim to 32 or the
+    schedule's most (every second count above 32; the kernel is the same code at any count),
+    the rule's pick and the aim among them."""
+    from csagate.kernels._dsl import device_arch
+    from csagate.reference import make_grad_out, make_pack
+
+    pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, seed=seed, device="cuda")
+    go = make_grad_out(pack.n_rows, d, device="cuda")
+    table = SS.small_schedule("bwd", d, ratio=ratio, coff=coff, arch=device_arch())
+    sms, per_sm = resident_ctas("bwd", ratio, coff, d, table)
+    aim = SS.bwd_rows_per_cta(pack.n_rows, d, coff, table)
+    rule = SS.bwd_rows_per_cta(pack.n_rows, d, coff, table, sms, per_sm)
+    lo, hi = max(table.lanes, aim // 3), max(table.rows_per_cta, 32)
+    rows = tuple(sorted({aim, rule, *range(lo, 33), *range(34, hi + 1, 2)}))
+    launchers = [launcher("bwd", pack, go, table, r) for r in rows]
+    for launch in launchers:
+        launch(zero_dape=True)
+    torch.cuda.synchronize()
+    us = bench.interleaved(launchers, iters=iters, warmup=3, flush=flush)
+    return RowsSweepRow(f"r{ratio} {S.config_name(coff, d)}", tokens,
+                        int(SS.BWD_WAVE_FILL * sms * per_sm),
+                        -(-d // (table.threads * table.vec)), pack.n_rows, aim, rule, rows, us)
 
 
 # --- the deterministic dAPE reduction: the split form against the one-pass form, cold -------
@@ -333,6 +412,9 @@ def main(argv=None) -> int:
     what.add_argument("--ab-forms", choices=("fwd", "bwd", "all"),
                       help="the table's form against the other forward forms (vec, rows) "
                       "and the backward's rows-per-CTA rule against fixed rows, cold")
+    what.add_argument("--sweep-rows", action="store_true",
+                      help="the table's backward at every rows per CTA around the rule's "
+                      "aim, cold: the rule's pick against the best")
     what.add_argument("--ab-reduce", action="store_true",
                       help="the deterministic backward's split dAPE reduction against the "
                       "one-pass form, cold")
@@ -353,6 +435,13 @@ def main(argv=None) -> int:
         return 3
     shapes = tuple(x for x in ab_shapes(tuple(args.ratio or AB_RATIOS), args.tokens)
                    if args.d in (None, x[2]))
+    if args.sweep_rows:
+        print("shape tokens: backward us at rows per CTA (rows:CTAs us), cold")
+        flush = bench.L2Flush()
+        for shape in shapes:
+            print(sweep_rows_shape(*shape, flush=flush, iters=args.iters).line(), flush=True)
+            torch.cuda.empty_cache()
+        return 0
     if args.ab_reduce:
         print("shape tokens: deterministic backward us (order 1/order 2) cost over the default")
         rows = ab_reduce([s for r in args.ratio or AB_RATIOS for s in SHAPES[r]],
