@@ -24,6 +24,7 @@ BWD_CTAS_PER_SLICE = 512     # bwd_rows_per_cta's CTAs along the rows per 128-co
 BWD_WAVE_FILL = 0.97         # ... a wave: this share of the resident CTAs (a margin below full)
 BWD_WAVE_MIN = 0.75          # ... grids of fewer waves keep the aim (latency bounds them)
 BWD_CTA_COST = 2             # ... a CTA's own work (APE loads, dAPE sums), in rows per lane
+BWD_WAVE_GAIN = 0.12         # ... the least modelled gain that moves the aim (the model is rough)
 BWD_KERNEL = "SmallBwdKernel"  # the backward's kernel in its cubin (occupancy.kernel_names)
 SMALL_BWD_THREADS = 128      # threads per backward CTA (vec 1: one per head-dim column)
 BWD_VECS = (1, 2, 4)         # backward columns per thread
@@ -220,8 +221,9 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
     occupancy: ``occupancy.resident_ctas``), a grid of at least ``BWD_WAVE_MIN`` of a wave then
     takes the rows from half to twice the aim (and at most the schedule's) of the least
     ``waves x (rows per lane + BWD_CTA_COST)``, a wave being ``BWD_WAVE_FILL`` of the resident
-    CTAs, the most rows on a tie: the grid ends closest to whole waves, where 0.78 or 1.55
-    waves leave SMs idle for a CTA's whole time. The H200 cold sweeps behind the constants:
+    CTAs, the most rows on a tie, where that cost is at least ``BWD_WAVE_GAIN`` below the aim's:
+    the grid ends closer to whole waves, where 0.78 or 1.55 waves leave SMs idle for a CTA's
+    whole time. The H200 cold sweeps behind the constants:
     docs/PERF_NOTES.md sections 14.2 and 14.7."""
     if sched.rows_per_cta == 1:
         return 1
@@ -237,9 +239,12 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
         return -(-n_rows // rows) * slices
     if wave < 1 or ctas(aim) < BWD_WAVE_MIN * wave:
         return aim
+
+    def cost(rows: int) -> int:
+        return -(-ctas(rows) // wave) * (-(-rows // sched.lanes) + BWD_CTA_COST)
     rows = range(max(sched.lanes, -(-aim // 2)), min(sched.rows_per_cta, 2 * aim) + 1)
-    return min(rows, key=lambda r: (-(-ctas(r) // wave) * (-(-r // sched.lanes) + BWD_CTA_COST),
-                                    -r))
+    pick = min(rows, key=lambda r: (cost(r), -r))
+    return pick if cost(pick) <= (1 - BWD_WAVE_GAIN) * cost(aim) else aim
 
 
 def bwd_launch_shape(sched: SmallSchedule, window: int) -> tuple[int, int]:

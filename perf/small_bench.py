@@ -333,6 +333,10 @@ def sweep_rows_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench
 
 # --- the deterministic dAPE reduction: the split form against the one-pass form, cold -------
 
+# The GPU sleep before each full-path launch of ab_reduce, a wide margin over its host time (at
+# 200 µs, readings of 4x the default appeared: docs/PERF_NOTES.md section 10.5).
+FULL_PATH_SLEEP_US = 1000
+
 @dataclass
 class ReduceABRow:
     config: str
@@ -360,7 +364,8 @@ def ab_reduce_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.
     """One shape of ``ab_reduce``: the deterministic backward (the api's launch, the rule's rows
     per CTA) with the split reduction against the one-pass form (``reduce.groups`` forced to
     0), and the default backward, cold, interleaved in both orders; the full launch path each
-    call, its host work hidden under a GPU sleep."""
+    call, its host work (validation, dispatch, the patch: hundreds of µs) hidden under a GPU
+    sleep of ``FULL_PATH_SLEEP_US``."""
     from unittest import mock
 
     from csagate.kernels import api
@@ -389,7 +394,7 @@ def ab_reduce_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.
         outs.append(dape.clone())
     gap = (outs[0].double() - outs[1].double()).abs().max().item()
     us = bench.interleaved([default, one_pass, split], iters=iters, warmup=warmup, flush=flush,
-                           before=dape.zero_, hide_host_us=200)
+                           before=dape.zero_, hide_host_us=FULL_PATH_SLEEP_US)
     return ReduceABRow(f"r{ratio} {S.config_name(coff, d)}", tokens, gx,
                        RD.groups(gx, dape.numel()), *us, gap)
 
@@ -406,6 +411,46 @@ def ab_reduce(shapes, *, iters: int = 30, progress=None) -> list[ReduceABRow]:
     return rows
 
 
+DET_PARTS = ("default", "deterministic", "det. backward", "reduction", "det. graph",
+             "default graph")
+
+
+def det_parts_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.L2Flush,
+                    iters: int = 20, seed: int = 1234) -> list[tuple[float, tuple]]:
+    """Where the deterministic backward's time goes on one shape, cold, in one process: the
+    default and the deterministic api launch (fast path), the deterministic backward kernel and
+    its dAPE reduction each alone, and both modes as one-launch CUDA graphs (no host work);
+    each without and behind a 300 µs GPU sleep (a leak of host time into the timed region shows
+    as a difference). Returns [(sleep us, (order 1, order 2) per part of DET_PARTS)]."""
+    from csagate.kernels import api
+    from csagate.kernels.fastpath import FAST
+
+    pack, go, _, dkv, dscore, dape = bench.shape_buffers(ratio, coff, d, tokens, seed)
+    args, kw = pack.inputs(), {"ratio": ratio, "coff": coff}
+
+    def default():
+        api.run_backward(*args, go, dkv, dscore, dape, **kw)
+
+    def det():
+        api.run_backward(*args, go, dkv, dscore, dape, deterministic=True, **kw)
+    for fn in (default, det, default, det):  # the second call of each takes the fast path
+        fn()
+    e = FAST[("bwd", True, ratio, coff, pack.kv.shape[1], pack.kv.get_device(), pack.n_rows)]
+    reduce, n_parts, n_groups = e.reduce
+    tail = ((args[3].shape[0] - 1).bit_length(), *e.tail) if e.seg_bits else e.tail
+    partials = torch.empty_like(e.template)
+
+    def kernel():
+        e.call(*args, go, dkv, dscore, partials[0], *tail, 0)
+
+    def reduction():
+        reduce(partials.view(-1), dape.view(-1), n_parts, n_groups, 0)
+    graphs = [bench._graph(fn, 1) for fn in (det, default)]
+    fns = [default, det, kernel, reduction, graphs[0].replay, graphs[1].replay]
+    return [(hide, bench.interleaved(fns, iters=iters, warmup=5, flush=flush, before=dape.zero_,
+                                     hide_host_us=hide)) for hide in (0.0, 300.0)]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m csagate.perf.small_bench")
     what = parser.add_mutually_exclusive_group(required=True)
@@ -415,6 +460,9 @@ def main(argv=None) -> int:
     what.add_argument("--sweep-rows", action="store_true",
                       help="the table's backward at every rows per CTA around the rule's "
                       "aim, cold: the rule's pick against the best")
+    what.add_argument("--det-parts", action="store_true",
+                      help="where the deterministic backward's time goes: each launch, its "
+                      "kernel and reduction alone, graph replays, cold")
     what.add_argument("--ab-reduce", action="store_true",
                       help="the deterministic backward's split dAPE reduction against the "
                       "one-pass form, cold")
@@ -438,8 +486,22 @@ def main(argv=None) -> int:
     if args.sweep_rows:
         print("shape tokens: backward us at rows per CTA (rows:CTAs us), cold")
         flush = bench.L2Flush()
-        for shape in shapes:
-            print(sweep_rows_shape(*shape, flush=flush, iters=args.iters).line(), flush=True)
+        for ratio, coff, d, tokens in shapes:
+            if SS.small_schedule("bwd", d, ratio=ratio, coff=coff).rows_per_cta > 1:
+                print(sweep_rows_shape(ratio, coff, d, tokens, flush=flush,
+                                       iters=args.iters).line(), flush=True)
+                torch.cuda.empty_cache()
+        return 0
+    if args.det_parts:
+        print("shape tokens, GPU sleep before the launch: us (order 1/order 2) per part, cold")
+        flush = bench.L2Flush()
+        for shape in (s for r in args.ratio or AB_RATIOS for s in SHAPES[r]
+                      if args.d in (None, s[2])):
+            for hide, us in det_parts_shape(*shape, flush=flush, iters=args.iters):
+                cells = " | ".join(f"{name} {sum(u) / 2:.1f} ({u[0]:.1f}/{u[1]:.1f})"
+                                   for name, u in zip(DET_PARTS, us, strict=True))
+                print(f"r{shape[0]} {S.config_name(shape[1], shape[2])} {shape[3]} sleep "
+                      f"{hide:.0f}: {cells}", flush=True)
             torch.cuda.empty_cache()
         return 0
     if args.ab_reduce:

@@ -87,3 +87,29 @@ def test_form_ab_entry_refuses_without_a_gpu_or_the_flag(capsys):
     if not torch.cuda.is_available():
         assert small_bench.main(["--ab-forms", "all"]) == 3
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_backward_forms_list_the_rule_then_its_aim_where_the_waves_moved_it():
+    """forms_of: the rule's rows (with the GPU's occupancy) first, the IEEE twin second, the
+    aim third only where the rule moved it; no (form, rows) twice."""
+    from csagate.kernels import small_schedule as SS
+
+    n = 32768  # r4 c1d128 at 131072 tokens: 512 CTAs, 0.78 of 660 resident
+    plain = small_bench.forms_of("bwd", 4, 1, 128, n, "sm_90a")
+    waves = small_bench.forms_of("bwd", 4, 1, 128, n, "sm_90a", 132, 5)
+    table = SS.small_schedule("bwd", 128, ratio=4, coff=1, arch="sm_90a")
+    rule = SS.bwd_rows_per_cta(n, 128, 1, table, 132, 5)
+    aim = SS.bwd_rows_per_cta(n, 128, 1, table)
+    assert rule != aim
+    tags = list(waves)
+    assert tags[0] == f"{table.tag} rule {rule}" and tags[1].startswith(f"{table.tag}_div rule")
+    assert tags[2] == f"{table.tag} aim {aim}" and not any(" aim " in t for t in plain)
+    assert len(set(waves.values())) == len(waves)
+
+
+def test_rows_sweep_row_names_the_best_and_the_rule_against_the_aim():
+    row = small_bench.RowsSweepRow("r4 c1d128", 131072, 640, 1, 32768, 64, 52, (48, 52, 64),
+                                   ((50.0, 52.0), (48.0, 49.0), (52.0, 53.0)))
+    assert row.best == 52 and row.mean_us(64) == 52.5
+    line = row.line()
+    assert "aim 64 52.5" in line and "rule 52 48.5 (-7.6%)" in line and "52:631 48.5" in line
