@@ -79,6 +79,8 @@ def method(l2_bytes: int, flush: int, *, iters: int, warmup: int, launches: int 
                   f"median of {iters} replays after {warmup}; the backward's launch zeroes "
                   "dAPE first (a second kernel, as api.backward and the op launch it)"),
         "cold_bwd": "the backward kernel alone: dAPE zeroed before the flush, untimed",
+        "cold_bwd_det": (f"the deterministic launch (kernel and reduction) behind a "
+                         f"{DET_SLEEP_US} us GPU sleep that keeps its host work untimed"),
         "copy_ceiling": f"device-to-device copy of {COPY_BYTES} bytes, read + written bytes",
         "vs_copy": ("a device-to-device copy moving the op's bytes (half read, half written), "
                     "timed cold like the kernel: copy us / kernel us"),
@@ -144,6 +146,12 @@ def _events_median(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
 SLEEP_CYCLES_PER_US = 2000
 
 
+# The GPU sleep before each timed deterministic launch (three launches of host work, the last
+# two PDL dependents): without it their host time could reach the timed region at short packs
+# (r4 c1d128 8192: 17.0 against 12.6 µs with it and in graph replay; docs/PERF_NOTES.md 10.5).
+DET_SLEEP_US = 300
+
+
 def sleep_cycles(us: float) -> int:
     """Cycles of ``torch.cuda._sleep`` that keep the GPU busy for at least ``us``."""
     return max(0, int(us * SLEEP_CYCLES_PER_US))
@@ -169,16 +177,18 @@ def _cold_once(fn: Callable[[], None], flush: Callable[[], None],
 
 
 def cold_median(fn: Callable[[], None], flush: Callable[[], None], *, iters: int = 100,
-                warmup: int = 30, before: Callable[[], None] | None = None) -> Timing:
+                warmup: int = 30, before: Callable[[], None] | None = None,
+                hide_host_us: float = 0.0) -> Timing:
     """COLD time of one launch: L2 flushed (and ``before`` run) outside the timed region,
-    CUDA events around one launch, median of ``cold_iters(iters)`` after ``warmup``."""
+    CUDA events around one launch, median of ``cold_iters(iters)`` after ``warmup``;
+    ``hide_host_us``: a GPU sleep before the timed region (``_cold_once``)."""
     for _ in range(warmup):
         if before is not None:
             before()
         fn()
     torch.cuda.synchronize()
     n = cold_iters(iters)
-    times = [_cold_once(fn, flush, before) for _ in range(n)]
+    times = [_cold_once(fn, flush, before, hide_host_us) for _ in range(n)]
     return Timing(statistics.median(times), n)
 
 
@@ -351,7 +361,8 @@ def bench_shape(coff: int, d: int, tokens: int, *, copy_bw: float, iters: int = 
     row.fused_bwd_det_cold_us = cold_median(
         lambda: api.run_backward(*args, go, dkv, dscore, dape, ratio=128, coff=coff,
                                  deterministic=True),
-        flush, iters=iters, warmup=warmup, before=dape.zero_).median_us
+        flush, iters=iters, warmup=warmup, before=dape.zero_,
+        hide_host_us=DET_SLEEP_US).median_us
     row.fused_bwd_us = _events_median(bwd, iters, warmup).median_us
     row.fused_bwd_graph_us = graph_median(bwd, iters=iters, warmup=warmup).median_us
     row.copy_fwd_cold_us = cold_copy_us(row.fwd_bytes, flush, iters=iters, warmup=warmup)

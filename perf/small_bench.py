@@ -71,6 +71,7 @@ def bench_shape(ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
     row.fused_bwd_cold_us = bench.cold_median(bwd_only, flush, before=dape.zero_,
                                               **cold).median_us
     row.fused_bwd_det_cold_us = bench.cold_median(bwd_det, flush, before=dape.zero_,
+                                                  hide_host_us=bench.DET_SLEEP_US,
                                                   **cold).median_us
     row.fused_bwd_graph_us = bench.graph_median(bwd, **cold).median_us
     row.copy_fwd_cold_us = bench.cold_copy_us(row.fwd_bytes, flush, **cold)

@@ -128,6 +128,7 @@ def test_method_record_names_flush_iters_and_ceiling():
     assert m["flush_bytes"] == 256 << 20 and m["l2_bytes"] == 60 << 20
     assert "one launch" in m["cold"] and str(B.COPY_BYTES) in m["copy_ceiling"]
     assert "cold" in m["vs_copy"] and "same" not in m["copy_ceiling"]
+    assert f"{B.DET_SLEEP_US} us GPU sleep" in m["cold_bwd_det"] and B.DET_SLEEP_US > 0
 
 
 def test_shape_json_has_cold_and_graph_figures():
