@@ -2,6 +2,7 @@
 object file embeds and its kernels' names, read on the CPU; the driver's answer is checked on
 the GPU (tests/gpu/test_resident_ctas.py)."""
 
+import dataclasses
 import struct
 
 import pytest
@@ -57,3 +58,67 @@ def test_launch_shape_is_the_block_and_the_lanes_buffer():
                                           (v4.lanes - 1) * 4 * v4.threads * v4.vec * 4)
     v1 = SS.small_schedule("bwd", 512, ratio=2, coff=2, arch="sm_90a")
     assert v1.lanes == 1 and SS.bwd_launch_shape(v1, 4) == (v1.threads, 0)
+
+
+@pytest.fixture
+def bwd_key():
+    from csagate.kernels import registry
+
+    sched = SS.small_schedule("bwd", 128, ratio=4, coff=1, arch="sm_90a")
+    return registry.make_key("bwd", 4, 1, 128, sched, "sm_90a")
+
+
+def _cache_on(objects, monkeypatch, resident):
+    """A compile cache without a disk cache whose kernel exports the real r4 c1d128 backward's
+    object, the driver's answer replaced by ``resident`` (a function of the query)."""
+    from csagate.kernels import cache as C
+    from csagate.kernels import diskcache, launch
+
+    monkeypatch.setattr(diskcache, "export_object", lambda fn: objects["bwd"])
+    monkeypatch.setattr(O, "resident_ctas", resident)
+    monkeypatch.setattr(launch, "sm_count", lambda device_index: 132)
+    cache = C.KernelCache(compiler=lambda key: object())
+    monkeypatch.setattr(launch, "CACHE", cache)
+    return cache
+
+
+def test_loading_a_backward_asks_the_driver_with_its_launch_shape(objects, monkeypatch, bwd_key):
+    """The first load on a device asks once, for the cubin's backward kernel at the launch's
+    block and shared memory; the launch's rows then follow the rule with that answer."""
+    from csagate.kernels import launch
+
+    asked = []
+
+    def driver(cubin, kernel, block, smem, device_index):
+        asked.append((kernel, block, smem, device_index))
+        return 5
+    cache = _cache_on(objects, monkeypatch, driver)
+    cache.executor(bwd_key, 0)
+    cache.executor(bwd_key, 0)
+    assert cache.resident_ctas(bwd_key, 0) == 5 and cache.resident_ctas(bwd_key, 1) == 0
+    (kernel, block, smem, dev), = asked
+    assert SS.BWD_KERNEL in kernel and dev == 0
+    assert (block, smem) == SS.bwd_launch_shape(bwd_key.schedule, 4)
+    n = 32768
+    _, rows = launch.bwd_ctas(bwd_key, n, None, 0)
+    assert rows == SS.bwd_rows_per_cta(n, 128, 1, bwd_key.schedule, 132, 5)
+    assert rows != SS.bwd_rows_per_cta(n, 128, 1, bwd_key.schedule)
+    fwd = dataclasses.replace(bwd_key, direction="fwd", schedule=SS.small_schedule(
+        "fwd", 128, ratio=4, coff=1, arch="sm_90a"))
+    cache.executor(fwd, 0)  # a family without a launch shape is not asked
+    assert len(asked) == 1 and cache.resident_ctas(fwd, 0) == 0
+
+
+def test_a_failed_driver_query_keeps_the_aim_and_the_reason(objects, monkeypatch, bwd_key):
+    """Where the driver cannot answer, the count is 0, the entry keeps why, and the launch
+    takes the rule's aim."""
+    from csagate.kernels import launch
+
+    def driver(cubin, kernel, block, smem, device_index):
+        raise RuntimeError("cuModuleLoadData failed: CUDA_ERROR_INVALID_CONTEXT")
+    cache = _cache_on(objects, monkeypatch, driver)
+    cache.executor(bwd_key, 0)
+    assert cache.resident_ctas(bwd_key, 0) == 0
+    assert "CUDA_ERROR_INVALID_CONTEXT" in cache._entries[bwd_key].resident_error
+    _, rows = launch.bwd_ctas(bwd_key, 32768, None, 0)
+    assert rows == SS.bwd_rows_per_cta(32768, 128, 1, bwd_key.schedule)
