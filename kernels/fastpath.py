@@ -39,6 +39,11 @@ class Entry:
         self.key, self.call, self.tail, self.seg_bits = key, call, tail, seg_bits
         self.max_tokens, self.template, self.reduce = max_tokens, template, reduce
 
+    def launch_tail(self, cu) -> tuple:
+        """The arguments after the tensors for a launch over ``cu``: the segment search's depth
+        (device.segment_bits(B)) first where the family takes it, then the remembered ones."""
+        return ((cu.shape[0] - 1).bit_length(), *self.tail) if self.seg_bits else self.tail
+
 
 def launch(direction: str, deterministic: bool, ratio: int, coff: int, n_rows, inputs: tuple,
            outputs=None, zero_dape: bool = False):
@@ -56,8 +61,7 @@ def launch(direction: str, deterministic: bool, ratio: int, coff: int, n_rows, i
             outputs = ((torch.empty_like(e.template),) if direction == "fwd" else
                        (torch.empty_like(kv), torch.empty_like(inputs[1]),
                         torch.empty_like(inputs[2])))
-        # the segment search's depth (device.segment_bits(B)) first where the family takes it
-        tail = ((cu.shape[0] - 1).bit_length(), *e.tail) if e.seg_bits else e.tail
+        tail = e.launch_tail(cu)
         if direction == "fwd":
             e.call(*inputs, *outputs, *tail)
         elif e.reduce is None:

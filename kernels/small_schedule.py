@@ -227,7 +227,7 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
     docs/PERF_NOTES.md sections 14.2 and 14.7."""
     if sched.rows_per_cta == 1:
         return 1
-    slices = -(-d // (sched.threads * sched.vec))
+    slices = bwd_slices(d, sched)
     if sched.rows_per_cta < bwd_most_rows(sched.lanes):  # a table form's fixed rows per CTA
         aim = sched.rows_per_cta
     else:
@@ -245,6 +245,11 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
     rows = range(max(sched.lanes, -(-aim // 2)), min(sched.rows_per_cta, 2 * aim) + 1)
     pick = min(rows, key=lambda r: (cost(r), -r))
     return pick if cost(pick) <= (1 - BWD_WAVE_GAIN) * cost(aim) else aim
+
+
+def bwd_slices(d: int, sched: SmallSchedule) -> int:
+    """A backward row's column slices of ``threads * vec`` columns: its CTAs across the row."""
+    return -(-d // (sched.threads * sched.vec))
 
 
 def bwd_launch_shape(sched: SmallSchedule, window: int) -> tuple[int, int]:

@@ -329,7 +329,7 @@ def sweep_rows_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench
     us = bench.interleaved(launchers, iters=iters, warmup=3, flush=flush)
     return RowsSweepRow(f"r{ratio} {S.config_name(coff, d)}", tokens,
                         int(SS.BWD_WAVE_FILL * sms * per_sm),
-                        -(-d // (table.threads * table.vec)), pack.n_rows, aim, rule, rows, us)
+                        SS.bwd_slices(d, table), pack.n_rows, aim, rule, rows, us)
 
 
 # --- the deterministic dAPE reduction: the split form against the one-pass form, cold -------
@@ -421,8 +421,9 @@ def det_parts_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.
     """Where the deterministic backward's time goes on one shape, cold, in one process: the
     default and the deterministic api launch (fast path), the deterministic backward kernel and
     its dAPE reduction each alone, and both modes as one-launch CUDA graphs (no host work);
-    each without and behind a 300 µs GPU sleep (a leak of host time into the timed region shows
-    as a difference). Returns [(sleep us, (order 1, order 2) per part of DET_PARTS)]."""
+    each without and behind the bench's GPU sleep (``bench.DET_SLEEP_US``; a leak of host time
+    into the timed region shows as a difference). Returns [(sleep us, (order 1, order 2) per
+    part of DET_PARTS)]."""
     from csagate.kernels import api
     from csagate.kernels.fastpath import FAST
 
@@ -438,7 +439,7 @@ def det_parts_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.
         fn()
     e = FAST[("bwd", True, ratio, coff, pack.kv.shape[1], pack.kv.get_device(), pack.n_rows)]
     reduce, n_parts, n_groups = e.reduce
-    tail = ((args[3].shape[0] - 1).bit_length(), *e.tail) if e.seg_bits else e.tail
+    tail = e.launch_tail(args[3])
     partials = torch.empty_like(e.template)
 
     def kernel():
@@ -449,7 +450,7 @@ def det_parts_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.
     graphs = [bench._graph(fn, 1) for fn in (det, default)]
     fns = [default, det, kernel, reduction, graphs[0].replay, graphs[1].replay]
     return [(hide, bench.interleaved(fns, iters=iters, warmup=5, flush=flush, before=dape.zero_,
-                                     hide_host_us=hide)) for hide in (0.0, 300.0)]
+                                     hide_host_us=hide)) for hide in (0.0, bench.DET_SLEEP_US)]
 
 
 def main(argv=None) -> int:
