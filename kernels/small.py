@@ -19,6 +19,7 @@ from csagate.kernels.device import (
     I32,
     NEG_INF,
     add_rn,
+    cp_async_to_shared,
     div_by,
     div_seed,
     fma_rn,
@@ -35,6 +36,7 @@ from csagate.kernels.small_schedule import (
     SmallSchedule,
     bwd_rows_per_cta,
     bwd_schedule_problems,
+    bwd_stage_shapes,
     check_config,
     fwd_schedule_problems,
     small_schedule,
@@ -213,8 +215,18 @@ class SmallFwdKernel(SmallGeometry):
 
 # --- backward: one CTA per (rows_per_cta rows, threads*vec columns); a thread owns vec
 # adjacent columns; a vector form's CTA runs ``lanes`` rows side by side (block.y); a prefetch
-# form loads a lane's next row during this one. The rows per CTA are a launch argument up to
-# the schedule's rows_per_cta (``bwd_rows_per_cta``)
+# form loads a lane's next row during this one, a staged form copies its next rows into shared
+# memory. The rows per CTA are a launch argument up to the schedule's rows_per_cta
+# (``bwd_rows_per_cta``)
+
+
+def _row_major(shape: tuple) -> tuple:
+    """The compact strides of ``shape`` with its last mode contiguous."""
+    strides, n = [], 1
+    for extent in reversed(shape):
+        strides.append(n)
+        n *= extent
+    return tuple(reversed(strides))
 
 
 def _zero_token(mDKV, mDS, tok, col, groups, coff, vec):
@@ -238,7 +250,9 @@ class SmallBwdKernel(SmallGeometry):
         self.rows, self.threads, self.lanes = sched.rows_per_cta, sched.threads, sched.lanes
         self.vec, self.groups = sched.vec, d // sched.vec
         self.det, self.ape_regs, self.prefetch = deterministic, sched.ape_regs, sched.prefetch
+        self.stages = sched.stages
         self.seeded = not sched.ieee_div
+        self.sched = sched
 
     @cute.jit
     def __call__(self, mKV: cute.Tensor, mS: cute.Tensor, mApe: cute.Tensor, mCu: cute.Tensor,
@@ -279,6 +293,7 @@ class SmallBwdKernel(SmallGeometry):
         gdx, _, _ = cute.arch.grid_dim()
         col = by * self.threads + tx  # this thread's column group: [col*VEC, col*VEC+VEC)
         rG = cute.make_rmem_tensor((WIN, VEC), F32)  # dAPE partials over this lane's rows
+        smem = cutlass.memory.SmemAllocator()
         if col < self.groups:
             # Zero classes (c) and (d): segments and padding tokens strided over the CTAs.
             zero = functools.partial(_zero_token, mDKV, mDS, col=col, groups=self.groups,
@@ -303,6 +318,9 @@ class SmallBwdKernel(SmallGeometry):
             if cutlass.const_expr(self.rows == 1):
                 if bx < n_valid:
                     self.row_grads(ins, cu, mGo, outs, regs, bx, n_seq, seg_bits, col)
+            elif cutlass.const_expr(self.stages > 0):
+                self.staged_rows(ins, cu, mGo, outs, regs, self.stage_buffers(smem),
+                                 (bx * rows, rows, n_valid), (n_seq, seg_bits), ty, col)
             elif cutlass.const_expr(self.prefetch):
                 # Software pipelined: a lane's next row is loaded while this one's arithmetic
                 # and stores run.
@@ -320,7 +338,7 @@ class SmallBwdKernel(SmallGeometry):
                     if row < n_valid:
                         self.row_grads(ins, cu, mGo, outs, regs, row, n_seq, seg_bits, col)
         if cutlass.const_expr(LANES > 1):
-            self.merge_lanes(rG, col, tx, ty)
+            self.merge_lanes(smem, rG, col, tx, ty)
             if col < self.groups:
                 if ty == 0:
                     self.dape_out(mDApe, rG, bx, col)
@@ -329,12 +347,11 @@ class SmallBwdKernel(SmallGeometry):
                 self.dape_out(mDApe, rG, bx, col)
 
     @cute.jit
-    def merge_lanes(self, rG: cute.Tensor, col: I32, tx: I32, ty: I32):
+    def merge_lanes(self, smem, rG: cute.Tensor, col: I32, tx: I32, ty: I32):
         """Lane 0's dAPE partials += lane 1's, then lane 2's, ... (a fixed order), through
         shared memory; every thread of the CTA reaches the barrier."""
         WIN, VEC, LANES = self.win, self.vec, self.lanes
         span = self.threads * VEC
-        smem = cutlass.memory.SmemAllocator()
         sG = smem.allocate_tensor(F32, cute.make_layout((LANES - 1, WIN, span),
                                                         stride=(WIN * span, span, 1)),
                                   byte_alignment=16)
@@ -350,6 +367,80 @@ class SmallBwdKernel(SmallGeometry):
                     for k in cutlass.range_constexpr(WIN):
                         for e in cutlass.range_constexpr(VEC):
                             rG[k, e] = add_rn(rG[k, e], sG[lane, k, tx * VEC + e])
+
+    def stage_buffers(self, smem) -> tuple:
+        """The staged form's shared buffers (``bwd_stage_shapes``): inputs, grad_out, where."""
+        types = (BF16, BF16, I32)
+        return tuple(smem.allocate_tensor(t, cute.make_layout(shape, stride=_row_major(shape)),
+                                          byte_alignment=16)
+                     for t, (shape, _) in zip(types, bwd_stage_shapes(self.sched, self.win)))
+
+    @cute.jit
+    def staged_rows(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, regs: tuple,
+                    bufs: tuple, span: tuple, where: tuple, ty: I32, col: I32):
+        """Lane ty's rows of the CTA (``span`` = (first row, rows, valid rows)): each row's
+        window and grad_out copied by ``cp.async`` into stage i mod stages, ``stages - 1``
+        rows ahead of its arithmetic (one commit group per row, empty past the end)."""
+        first, rows, n_valid = span
+        n_seq, seg_bits = where
+        S, LANES = self.stages, self.lanes
+        for j in cutlass.range_constexpr(S - 1):
+            if ty + j * LANES < rows:
+                if first + ty + j * LANES < n_valid:
+                    self.fetch_async(ins, cu, mGo, bufs, j, first + ty + j * LANES, n_seq,
+                                     seg_bits, col)
+            cute.arch.cp_async_commit_group()
+        it = I32(0)
+        for rr in cutlass.range(ty, rows, LANES, unroll=1):
+            ahead = rr + (S - 1) * LANES
+            if ahead < rows:
+                if first + ahead < n_valid:
+                    self.fetch_async(ins, cu, mGo, bufs, (it + S - 1) % S, first + ahead,
+                                     n_seq, seg_bits, col)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(S - 1)
+            if first + rr < n_valid:
+                self.row_grads_staged(ins[2], cu, outs, regs, bufs, it % S, first + rr, col)
+            it = it + 1
+        cute.arch.cp_async_wait_group(0)
+
+    @cute.jit
+    def fetch_async(self, ins: tuple, cu: tuple, mGo: cute.Tensor, bufs: tuple, slot: I32,
+                    row: I32, n_seq: I32, seg_bits: I32, col: I32):
+        """Copy valid row ``row``'s window and grad_out in column group col into stage
+        ``slot`` (``cp.async``, not waited); its (segment, block, first token) stored
+        beside."""
+        mKV, mS, _ = ins
+        sIn, sGo, sAt = bufs
+        tx, ty, _ = cute.arch.thread_idx()
+        seg, blk, tok0 = self.block_of(cu, row, n_seq, seg_bits)
+        sAt[slot, 0, ty, tx] = seg
+        sAt[slot, 1, ty, tx] = blk
+        sAt[slot, 2, ty, tx] = tok0
+        nbytes = 2 * self.vec
+
+        def copy(k, tok, cg):
+            cp_async_to_shared(sIn, (slot, 0, k, ty, tx, 0), mS, (tok, cg * self.vec), nbytes)
+            cp_async_to_shared(sIn, (slot, 1, k, ty, tx, 0), mKV, (tok, cg * self.vec), nbytes)
+        self.slots(blk > 0, tok0, col, copy)
+        cp_async_to_shared(sGo, (slot, ty, tx, 0), mGo, (row, col * self.vec), nbytes)
+
+    @cute.jit
+    def row_grads_staged(self, mApe: cute.Tensor, cu: tuple, outs: tuple, regs: tuple,
+                         bufs: tuple, slot: I32, row: I32, col: I32):
+        """One valid row from stage ``slot`` (copied and waited): ``grads``."""
+        rA, _, rS, rU = regs
+        sIn, sGo, sAt = bufs
+        tx, ty, _ = cute.arch.thread_idx()
+        seg, blk, tok0 = sAt[slot, 0, ty, tx], sAt[slot, 1, ty, tx], sAt[slot, 2, ty, tx]
+
+        def take(k, tok, cg):
+            sv = sIn[slot, 0, k, ty, tx, None].load()
+            uv = sIn[slot, 1, k, ty, tx, None].load()
+            self.put(mApe, rA, rS, rU, k, cg, lambda e: F32(sv[e]), lambda e: F32(uv[e]))
+        self.slots(blk > 0, tok0, col, take, functools.partial(self.absent, rS, rU))
+        gv = sGo[slot, ty, tx, None].load().to(F32)
+        self.grads(cu, outs, regs, gv, (seg, blk, tok0), row, col)
 
     def raw_row(self) -> tuple:
         """One row's raw inputs in registers, as ``fetch`` loads them: its window's bf16 score

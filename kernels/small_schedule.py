@@ -9,6 +9,7 @@ docs/KERNELS.md section 4.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import prod
 
 COFFS = (1, 2)
 MAX_WINDOW = 64              # ratio * coff: the largest window a thread holds in registers
@@ -28,6 +29,8 @@ BWD_WAVE_GAIN = 0.12         # ... the least modelled gain that moves the aim (t
 BWD_KERNEL = "SmallBwdKernel"  # the backward's kernel in its cubin (occupancy.kernel_names)
 SMALL_BWD_THREADS = 128      # threads per backward CTA (vec 1: one per head-dim column)
 BWD_VECS = (1, 2, 4)         # backward columns per thread
+BWD_STAGES = (2, 3)          # backward staged forms: rows of a lane in shared memory at once
+BWD_STAGED_SMEM = 48 * 1024  # ... the most bytes of shared memory a staged CTA may take
 BWD_VEC_MAX_VALUES = 64      # fp32 values per thread of a vector backward (bwd_values)
 FWD_VECS = (1, 2, 4)         # forward columns per thread
 FWD_ROWS = (1, 2)            # forward rows per thread (and CTA), their windows loaded at once
@@ -47,6 +50,8 @@ class SmallSchedule:
     ape_regs: bool = True        # backward only: the APE of the thread's column hoisted
     lanes: int = 1               # backward only: rows a CTA runs side by side (block.y)
     prefetch: bool = False       # backward only: a lane's next row loaded during this one's
+    stages: int = 0              # backward only: a lane's rows copied by cp.async into this many
+                                 # shared buffers, stages - 1 rows ahead (0: loaded to registers)
     ieee_div: bool = False       # every p_k its own div.rn.f32, no shared reciprocal (the A/B)
 
     @property
@@ -54,6 +59,7 @@ class SmallSchedule:
         return (f"v{self.vec}" + (f"r{self.rows_per_cta}" if self.rows_per_cta > 1 else "")
                 + (f"l{self.lanes}" if self.lanes > 1 else "")
                 + ("" if self.ape_regs else "_ag") + ("p" if self.prefetch else "")
+                + (f"s{self.stages}" if self.stages else "")
                 + ("_div" if self.ieee_div else ""))
 
     def astuple(self) -> tuple:
@@ -129,8 +135,8 @@ def fwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
     if values > FWD_MAX_VALUES:
         out.append(f"vec {vec} with {rows} row(s) at a window of {ratio * coff} keeps "
                    f"{values} fp32 values per thread (more than {FWD_MAX_VALUES})")
-    if not sched.ape_regs or sched.lanes != 1 or sched.prefetch:
-        out.append("ape_regs, lanes and prefetch are backward fields")
+    if not sched.ape_regs or sched.lanes != 1 or sched.prefetch or sched.stages:
+        out.append("ape_regs, lanes, prefetch and stages are backward fields")
     if not 1 <= sched.threads <= 1024:
         out.append(f"threads must be in [1, 1024], got {sched.threads}")
     return out
@@ -151,23 +157,28 @@ def bwd_values(window: int, vec: int) -> int:
     return 4 * window * vec
 
 
-def bwd_form(vec: int, d: int, window: int, prefetch: bool = False) -> SmallSchedule:
+def bwd_form(vec: int, d: int, window: int, prefetch: bool = False, stages: int = 0
+             ) -> SmallSchedule:
     """A backward form: ``vec`` adjacent columns per thread. vec 1 is the one-column form
     (``SMALL_BWD_THREADS`` threads, one lane; beyond ``BWD_APE_REGS_MAX_WINDOW`` one row per
     CTA, the APE re-read). A vector form spans a row's column groups with whole warps and runs
     ``lanes`` rows side by side so a CTA keeps ``SMALL_BWD_THREADS`` threads; its lanes' dAPE
     sums meet in shared memory before the CTA's one reduction per (position, column).
     ``prefetch``: each lane loads its next row's window while it computes and stores this
-    one's (a form of more than one row per CTA)."""
+    one's (a form of more than one row per CTA). ``stages``: each lane's rows are copied
+    (``cp.async``) into that many shared buffers, ``stages - 1`` rows ahead of its arithmetic,
+    no registers held for them (a vector form of more than one row per CTA)."""
     if vec == 1:
         if window <= BWD_APE_REGS_MAX_WINDOW:
-            return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS, prefetch=prefetch)
+            return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS, prefetch=prefetch,
+                                 stages=stages)
         return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS_WIDE, ape_regs=False,
-                             prefetch=prefetch)
+                             prefetch=prefetch, stages=stages)
     groups = -(-d // vec)
     threads = min(SMALL_BWD_THREADS, -(-groups // 32) * 32)
     lanes = max(1, SMALL_BWD_THREADS // threads)
-    return SmallSchedule(vec, threads, bwd_most_rows(lanes), lanes=lanes, prefetch=prefetch)
+    return SmallSchedule(vec, threads, bwd_most_rows(lanes), lanes=lanes, prefetch=prefetch,
+                         stages=stages)
 
 
 def bwd_most_rows(lanes: int) -> int:
@@ -193,6 +204,17 @@ def bwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
         out.append(f"a window of {window} re-reads the APE (ape_regs off)")
     if sched.prefetch and sched.rows_per_cta == 1:
         out.append("prefetch needs more than one row per CTA")
+    if sched.stages:
+        if sched.stages not in BWD_STAGES:
+            out.append(f"stages must be 0 or in {BWD_STAGES}, got {sched.stages}")
+        if vec == 1:
+            out.append("a staged form copies 4 or 8 bytes a position (cp.async): vec 2 or 4")
+        if sched.prefetch or sched.rows_per_cta == 1:
+            out.append("a staged form is not a prefetch form and takes more than one row "
+                       "per CTA")
+        if bwd_launch_shape(sched, window)[1] > BWD_STAGED_SMEM:
+            out.append(f"{bwd_launch_shape(sched, window)[1]} bytes of shared memory (more "
+                       f"than {BWD_STAGED_SMEM})")
     if sched.rows_per_cta < sched.lanes:
         out.append(f"{sched.rows_per_cta} rows per CTA for {sched.lanes} lanes")
     if not 1 <= sched.threads * sched.lanes <= 1024:
@@ -204,7 +226,9 @@ def bwd_forms(ratio: int, coff: int, d: int, arch: str | None = None
               ) -> tuple[SmallSchedule, ...]:
     """The backward forms beyond ``arch``'s table form that (ratio, coff, d) can build."""
     table = small_schedule("bwd", d, ratio=ratio, coff=coff, arch=arch)
-    forms = (bwd_form(v, d, ratio * coff, p) for v in BWD_VECS for p in (False, True))
+    forms = [bwd_form(v, d, ratio * coff, p) for v in BWD_VECS for p in (False, True)]
+    forms += [bwd_form(v, d, ratio * coff, stages=s) for v in BWD_VECS if v > 1
+              for s in BWD_STAGES]
     return tuple(s for s in dict.fromkeys(forms)
                  if s != table and not bwd_schedule_problems(ratio, coff, d, s))
 
@@ -255,9 +279,24 @@ def bwd_slices(d: int, sched: SmallSchedule) -> int:
 def bwd_launch_shape(sched: SmallSchedule, window: int) -> tuple[int, int]:
     """(threads per CTA, bytes of dynamic shared memory) of a backward launch: the lanes' dAPE
     sums meet in a (lanes - 1, window, threads * vec) fp32 buffer (``SmallBwdKernel``'s
-    ``merge_lanes``)."""
-    return (sched.threads * sched.lanes,
-            (sched.lanes - 1) * window * sched.threads * sched.vec * 4)
+    ``merge_lanes``); a staged form adds its buffers (``bwd_stage_shapes``)."""
+    merge = (sched.lanes - 1) * window * sched.threads * sched.vec * 4
+    staged = sum(-(-prod(shape) * size // 16) * 16
+                 for shape, size in bwd_stage_shapes(sched, window))
+    return sched.threads * sched.lanes, merge + staged
+
+
+def bwd_stage_shapes(sched: SmallSchedule, window: int) -> tuple:
+    """A staged backward's shared buffers, ((shape), bytes per element) each, none without
+    stages: per stage the bf16 (score | kv, window position, lane, thread, vec) inputs, the
+    bf16 grad_out (lane, thread, vec) and the int32 (segment | block | first token, lane,
+    thread) of a row; a thread reads back only what it copied."""
+    if not sched.stages:
+        return ()
+    s, lanes, threads, vec = sched.stages, sched.lanes, sched.threads, sched.vec
+    return (((s, 2, window, lanes, threads, vec), 2), ((s, lanes, threads, vec), 2),
+            ((s, 3, lanes, threads), 4))
+
 
 
 def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,

@@ -207,9 +207,24 @@ def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
     for sched in (table, *SS.bwd_forms(ratio, coff, d, arch)):
         picks = {r * sched.lanes for r in AB_BWD_ROWS} | {
             SS.bwd_rows_per_cta(n_rows, d, coff, sched)}
-        label = f"v{sched.vec}l{sched.lanes}" + ("p" if sched.prefetch else "")
+        label = (f"v{sched.vec}l{sched.lanes}" + ("p" if sched.prefetch else "")
+                 + (f"s{sched.stages}" if sched.stages else ""))
         out.update({f"{label} {r}": (sched, r) for r in sorted(picks)
                     if r <= sched.rows_per_cta and (sched, r) not in out.values()})
+    return out
+
+
+def stage_twins(ratio: int, coff: int, d: int, table, rule: int) -> dict:
+    """tag -> (schedule, rows per CTA): the table's backward as each staged form it can build
+    (``SS.BWD_STAGES``), at the rule's rows per CTA and at twice them (a deeper pipeline per
+    lane), at most the schedule's."""
+    out = {}
+    for stages in SS.BWD_STAGES:
+        twin = dataclasses.replace(table, stages=stages, prefetch=False)
+        if SS.bwd_schedule_problems(ratio, coff, d, twin):
+            continue
+        for rows in sorted({rule, min(2 * rule, twin.rows_per_cta)}):
+            out[f"{twin.tag} {rows}"] = (twin, rows)
     return out
 
 
@@ -227,9 +242,10 @@ def resident_ctas(direction: str, ratio: int, coff: int, d: int, sched) -> tuple
 
 def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy_bw: float,
              flush: bench.L2Flush, iters: int = 60, warmup: int = 10,
-             seed: int = 1234, division: bool = False) -> FormABRow:
+             seed: int = 1234, division: bool = False, staged: bool = False) -> FormABRow:
     """One shape of ``ab_forms``: bits first, then the cold interleaved timing; ``division``:
-    the table's form and its IEEE-division twin only."""
+    the table's form and its IEEE-division twin only; ``staged`` (backward): the table's form
+    against its staged twins (``stage_twins``)."""
     from csagate.reference import make_grad_out, make_pack
 
     pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, seed=seed, device="cuda")
@@ -242,6 +258,9 @@ def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy
     forms = forms_of(direction, ratio, coff, d, pack.n_rows, arch, *occupancy)
     if division:
         forms = dict(list(forms.items())[:2])
+    if staged and direction == "bwd":
+        first = next(iter(forms.items()))
+        forms = dict([first]) | stage_twins(ratio, coff, d, table, first[1][1])
     launchers = [launcher(direction, pack, go, *form) for form in forms.values()]
     for launch in launchers:
         launch(zero_dape=True)
@@ -257,7 +276,8 @@ def ab_shape(direction: str, ratio: int, coff: int, d: int, tokens: int, *, copy
 
 
 def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
-             warmup: int = 10, progress=None, division: bool = False) -> list[FormABRow]:
+             warmup: int = 10, progress=None, division: bool = False,
+             staged: bool = False) -> list[FormABRow]:
     """The table's form against every other form of each direction on every shape, cold."""
     flush = bench.L2Flush()
     copy_bw = bench.copy_bandwidth()
@@ -265,7 +285,7 @@ def ab_forms(directions=("fwd", "bwd"), shapes=AB_SHAPES, *, iters: int = 60,
     for shape in shapes:
         for direction in directions:
             rows.append(ab_shape(direction, *shape, copy_bw=copy_bw, flush=flush, iters=iters,
-                                 warmup=warmup, division=division))
+                                 warmup=warmup, division=division, staged=staged))
             if progress:
                 progress(rows[-1])
         torch.cuda.empty_cache()
@@ -478,6 +498,9 @@ def main(argv=None) -> int:
     parser.add_argument("--division", action="store_true",
                         help="--ab-forms: only the table's form against the same form with an "
                         "IEEE division per element (no shared reciprocal)")
+    parser.add_argument("--stages", action="store_true",
+                        help="--ab-forms bwd: only the table's form against its staged twins "
+                        "(rows copied into shared memory by cp.async)")
     parser.add_argument("--iters", type=int, default=60)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -516,7 +539,7 @@ def main(argv=None) -> int:
         return 1 if worst > 1e-3 else 0
     dirs = ("fwd", "bwd") if args.ab_forms == "all" else (args.ab_forms,)
     print("direction shape tokens: form us (order 1/order 2) % of the copy ceiling (cold)")
-    rows = ab_forms(dirs, shapes, iters=args.iters, division=args.division,
+    rows = ab_forms(dirs, shapes, iters=args.iters, division=args.division, staged=args.stages,
                     progress=lambda row: print(row.line(), flush=True))
     bad = [r for r in rows if not all(r.bits_equal)]
     won = [r for r in rows if r.fastest != r.tags[0] and "tie" not in r.fastest]

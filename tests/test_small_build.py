@@ -179,7 +179,9 @@ def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     (LLVM may duplicate the body, every copy whole) plus, with lanes, one add.rn per dAPE sum
     and extra lane; score and kv one vec-wide load per window position and grad_out one per row
     body (a prefetch form loads a row in two places: before its loop and for the next row
-    inside it); one dAPE reduction (vec wide) per window position."""
+    inside it; a staged form copies them by ``cp.async`` in ``stages`` places: the stages - 1
+    rows before its loop and the one ahead inside it, and loads none into registers); one
+    dAPE reduction (vec wide) per window position."""
     vec, lanes = sched.vec, sched.lanes
     n = win * vec
     found, expected = _pinned_counts(ptx), _pinned_expected("bwd", n, vec, not sched.ieee_div)
@@ -192,7 +194,12 @@ def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
         f"{label}: PTX op counts {found} != {copies} x {expected}")
     load = r"ld\.global\.b16" if vec == 1 else rf"ld\.global\.v{vec}\.b16"
     fetches = copies * (2 if sched.prefetch else 1)
-    assert _count(load, ptx) == fetches * (2 * win + 1), label
+    staged = _count(rf"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], {2 * vec};", ptx)
+    if sched.stages:
+        assert staged == sched.stages * (2 * win + 1) and _count(load, ptx) == 0, (
+            f"{label}: {staged} cp.async copies, {_count(load, ptx)} register loads")
+    else:
+        assert _count(load, ptx) == fetches * (2 * win + 1) and staged == 0, label
     scalar = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
     vector = _count(rf"red\.[a-z.]*add\.v{vec}\.f32", ptx) if vec > 1 else 0
     assert scalar + vector == win and (vec == 1 or scalar == 0), (
@@ -527,4 +534,15 @@ def test_bwd_forms_and_the_sm90a_table():
     for ratio, coff in ((2, 1), (4, 2), (16, 1)):  # every buildable form has its prefetch twin
         forms = set(SS.bwd_forms(ratio, coff, 128, "sm_90a")) | {
             SS.small_schedule("bwd", 128, ratio=ratio, coff=coff, arch="sm_90a")}
-        assert {dataclasses.replace(f, prefetch=True) for f in forms} <= forms, (ratio, coff)
+        plain = {f for f in forms if not f.stages}
+        assert {dataclasses.replace(f, prefetch=True) for f in plain} <= forms, (ratio, coff)
+        # ... and every vector form its staged twins
+        assert {dataclasses.replace(f, prefetch=False, stages=s) for f in plain if f.vec > 1
+                for s in SS.BWD_STAGES} <= forms, (ratio, coff)
+    staged = SS.bwd_form(2, 128, 8, stages=2)
+    assert not SS.bwd_schedule_problems(4, 2, 128, staged)
+    for bad, why in ((SS.bwd_form(1, 128, 4, stages=2), "4 or 8 bytes"),
+                     (dataclasses.replace(staged, prefetch=True), "not a prefetch"),
+                     (dataclasses.replace(staged, stages=5), "stages must be"),
+                     (dataclasses.replace(staged, rows_per_cta=1, lanes=1), "more than one row")):
+        assert any(why in p for p in SS.bwd_schedule_problems(4, 2, 128, bad)), (bad, why)
