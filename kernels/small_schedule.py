@@ -22,6 +22,7 @@ SMALL_BWD_ROWS = 32          # most rows per lane of a backward CTA (bwd_rows_pe
 SMALL_BWD_ROWS_LANES = 64    # ... and per CTA of a form with lanes
 SMALL_BWD_ROWS_WIDE = 1      # ... beyond BWD_APE_REGS_MAX_WINDOW: one, compile-time (registers)
 BWD_CTAS_PER_SLICE = 512     # bwd_rows_per_cta's CTAs along the rows per 128-column slice
+BWD_STAGED_CTAS_PER_SLICE = 256  # ... of a staged form (its lanes hide a row's latency)
 BWD_WAVE_FILL = 0.97         # ... a wave: this share of the resident CTAs (a margin below full)
 BWD_WAVE_MIN = 0.75          # ... grids of fewer waves keep the aim (latency bounds them)
 BWD_CTA_COST = 2             # ... a CTA's own work (APE loads, dAPE sums), in rows per lane
@@ -247,21 +248,26 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
     ``waves x (rows per lane + BWD_CTA_COST)``, a wave being ``BWD_WAVE_FILL`` of the resident
     CTAs, the most rows on a tie, where that cost is at least ``BWD_WAVE_GAIN`` below the aim's:
     the grid ends closer to whole waves, where 0.78 or 1.55 waves leave SMs idle for a CTA's
-    whole time. The H200 cold sweeps behind the constants:
-    docs/PERF_NOTES.md sections 14.2 and 14.7."""
+    whole time.
+
+    A staged form (``stages``) aims at ``BWD_STAGED_CTAS_PER_SLICE`` CTAs per slice and keeps
+    its aim: its lanes keep their next rows in flight, so a CTA's time follows its rows and a
+    part wave costs little, while every CTA more adds its dAPE reductions and pipeline fill.
+    The H200 cold sweeps behind the constants: docs/PERF_NOTES.md sections 14.2, 14.7, 14.8."""
     if sched.rows_per_cta == 1:
         return 1
     slices = bwd_slices(d, sched)
     if sched.rows_per_cta < bwd_most_rows(sched.lanes):  # a table form's fixed rows per CTA
         aim = sched.rows_per_cta
     else:
-        want = -(-n_rows // (BWD_CTAS_PER_SLICE * slices))
+        per_slice = BWD_STAGED_CTAS_PER_SLICE if sched.stages else BWD_CTAS_PER_SLICE
+        want = -(-n_rows // (per_slice * slices))
         aim = min(sched.rows_per_cta, max(2 * slices * sched.lanes, want))
     wave = int(BWD_WAVE_FILL * sm_count * ctas_per_sm)
 
     def ctas(rows: int) -> int:
         return -(-n_rows // rows) * slices
-    if wave < 1 or ctas(aim) < BWD_WAVE_MIN * wave:
+    if sched.stages or wave < 1 or ctas(aim) < BWD_WAVE_MIN * wave:
         return aim
 
     def cost(rows: int) -> int:
@@ -310,8 +316,9 @@ def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
             return fwd_form(*form, d)
         vec, threads = fwd_schedule(d, window)
         return SmallSchedule(vec, threads, 1)
-    sched = bwd_form(_bwd_table_vec(ratio, coff, d, arch), d, window,
-                     _bwd_table_prefetch(ratio, coff, d, arch))
+    vec = _bwd_table_vec(ratio, coff, d, arch)
+    sched = bwd_form(vec, d, window, _bwd_table_prefetch(ratio, coff, d, arch),
+                     _bwd_table_stages(ratio, coff, d, arch) if vec > 1 else 0)
     rows = _bwd_table_rows(ratio, coff, d, arch)
     return replace(sched, rows_per_cta=rows * sched.lanes) if rows else sched
 
@@ -339,24 +346,33 @@ def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
 # The backward's vec the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.4), for
 # d >= 128: (ratio, coff, narrow) -> columns per thread, narrow: d < 256 as the forward's.
 # Elsewhere (ratio 8 c2 and up, d < 128, the other arches) the one-column form.
-SM90_BWD_VECS = {(2, 1, True): 4, (2, 1, False): 4, (2, 2, True): 4, (2, 2, False): 1,
+SM90_BWD_VECS = {(2, 1, True): 4, (2, 1, False): 4, (2, 2, True): 4, (2, 2, False): 4,
                  (4, 1, True): 4, (4, 1, False): 4, (4, 2, True): 2, (4, 2, False): 2,
                  (8, 1, True): 2, (8, 1, False): 2}
-# ... and where it runs the prefetch form (a lane's next row loaded during this one; section
-# 14.5): every window of 16 or 32 positions, and ratio 4 c2 below d = 256.
-SM90_BWD_PREFETCH = frozenset({(4, 2, True), (8, 1, True), (8, 1, False), (8, 2, True),
-                               (8, 2, False), (16, 1, True), (16, 1, False), (16, 2, True),
-                               (16, 2, False), (32, 1, True), (32, 1, False)})
+# ... where it runs the prefetch form (a lane's next row loaded during this one; section
+# 14.5): the one-column forms of windows of 16 or 32 positions.
+SM90_BWD_PREFETCH = frozenset({(8, 2, True), (8, 2, False), (16, 1, True), (16, 1, False),
+                               (16, 2, True), (16, 2, False), (32, 1, True), (32, 1, False)})
+# ... and its staged forms (a lane's rows copied into shared memory, stages - 1 ahead; section
+# 14.8): (ratio, coff, narrow) -> stages, every vector form.
+SM90_BWD_STAGES = {(2, 1, True): 3, (2, 1, False): 3, (2, 2, True): 2, (2, 2, False): 2,
+                   (4, 1, True): 2, (4, 1, False): 3, (4, 2, True): 3, (4, 2, False): 3,
+                   (8, 1, True): 2, (8, 1, False): 2}
 
 
 # ... and where a lane takes a fixed number of rows at every N instead of the rule's
-# (bwd_rows_per_cta; section 14.2): ratio 4 c2 from d = 256, 8 rows (vec 2).
-SM90_BWD_ROWS = {(4, 2, False): 8}
+# (bwd_rows_per_cta; sections 14.2 and 14.8): coff 2 from d = 256, 8 rows at ratio 4 (vec 2),
+# 16 at ratio 2 (vec 4).
+SM90_BWD_ROWS = {(4, 2, False): 8, (2, 2, False): 16}
 
 
 def _bwd_table_rows(ratio: int, coff: int, d: int, arch: str | None) -> int:
     """Rows per lane the sm_90a table fixes for (ratio, coff, d); 0: the rule's."""
     return SM90_BWD_ROWS.get(_sm90_key(ratio, coff, d, arch), 0)
+
+
+def _bwd_table_stages(ratio: int, coff: int, d: int, arch: str | None) -> int:
+    return SM90_BWD_STAGES.get(_sm90_key(ratio, coff, d, arch), 0)
 
 
 def _bwd_table_prefetch(ratio: int, coff: int, d: int, arch: str | None) -> bool:

@@ -63,7 +63,7 @@ def test_build_again_hits_the_cache_json(dsl):
     assert {rec["tag"] for rec in records} >= {"r4fwd_c1d65_v1", f"r4bwd_c2d512_{_bwd_tag(512)}"}
     fwd = next(rec for rec in records if rec["tag"] == "r4fwd_c2d128_v2")
     assert fwd["schedule"] == {"tag": "v2", "vec": 2, "threads": 64, "rows_per_cta": 1,
-                               "ape_regs": True, "lanes": 1, "prefetch": False,
+                               "ape_regs": True, "lanes": 1, "prefetch": False, "stages": 0,
                                "ieee_div": False}
     assert fwd["deterministic"] is False  # the key's mode, not a schedule field
     assert (fwd["kind"], fwd["ratio"], fwd["config"], fwd["arch"]) == \

@@ -49,15 +49,38 @@ def test_not_a_cubin(objects):
     assert O.embedded_cubin(obj[:at + len(cubin) - 1]) is None
 
 
-def test_launch_shape_is_the_block_and_the_lanes_buffer():
+def test_launch_shape_is_the_block_the_lanes_buffer_and_the_stages():
     """(threads per CTA, dynamic shared bytes): a form of lanes keeps (lanes - 1) x window x
-    columns fp32 sums; a one-lane form none."""
-    v4 = SS.small_schedule("bwd", 128, ratio=4, coff=1, arch="sm_90a")
+    columns fp32 sums; a one-lane form none; a staged form adds per stage the bf16 score and
+    kv of a window and the grad_out of a row for every thread, and three int32 per thread."""
+    v4 = dataclasses.replace(SS.small_schedule("bwd", 128, ratio=4, coff=1, arch="sm_90a"),
+                             stages=0)
     assert v4.lanes > 1
-    assert SS.bwd_launch_shape(v4, 4) == (v4.threads * v4.lanes,
-                                          (v4.lanes - 1) * 4 * v4.threads * v4.vec * 4)
-    v1 = SS.small_schedule("bwd", 512, ratio=2, coff=2, arch="sm_90a")
+    lanes_buffer = (v4.lanes - 1) * 4 * v4.threads * v4.vec * 4
+    assert SS.bwd_launch_shape(v4, 4) == (v4.threads * v4.lanes, lanes_buffer)
+    v1 = SS.small_schedule("bwd", 512, ratio=2, coff=2)
     assert v1.lanes == 1 and SS.bwd_launch_shape(v1, 4) == (v1.threads, 0)
+    for stages in SS.BWD_STAGES:
+        staged = dataclasses.replace(v4, stages=stages)
+        threads = v4.threads * v4.lanes
+        per_stage = threads * (2 * 4 * v4.vec * 2 + v4.vec * 2 + 3 * 4)
+        assert SS.bwd_launch_shape(staged, 4) == (threads, lanes_buffer + stages * per_stage)
+
+
+@pytest.mark.parametrize("ratio,coff,d,stages", ((4, 1, 128, 2), (4, 2, 128, 3), (2, 2, 512, 0)))
+def test_the_compiled_launch_asks_for_the_launch_shapes_bytes(dsl, ratio, coff, d, stages):
+    """The DSL sizes the launch's dynamic shared memory from the kernel's allocations: its host
+    code holds the byte count ``bwd_launch_shape`` gives the occupancy query (a kernel without
+    shared allocations declares none)."""
+    from csagate.kernels import small
+
+    sched = SS.bwd_form(4 if coff == 1 or d == 512 else 2, d, ratio * coff, stages=stages)
+    smem = SS.bwd_launch_shape(sched, ratio * coff)[1]
+    fn = small.build_bwd(d=d, coff=coff, arch="sm_90a", sched=sched, ratio=ratio)
+    if smem:
+        assert f"llvm.mlir.constant({smem} : i64)" in str(fn.ir_module), (sched.tag, smem)
+    else:  # no shared allocation: none declared
+        assert "__dynamic_shmem__" not in fn.__ptx__, sched.tag
 
 
 @pytest.fixture
@@ -65,7 +88,8 @@ def bwd_key():
     from csagate.kernels import registry
 
     sched = SS.small_schedule("bwd", 128, ratio=4, coff=1, arch="sm_90a")
-    return registry.make_key("bwd", 4, 1, 128, sched, "sm_90a")
+    # the table's form unstaged: its rows follow the waves (a staged form keeps its aim)
+    return registry.make_key("bwd", 4, 1, 128, dataclasses.replace(sched, stages=0), "sm_90a")
 
 
 def _cache_on(objects, monkeypatch, resident):

@@ -94,17 +94,36 @@ def test_backward_forms_list_the_rule_then_its_aim_where_the_waves_moved_it():
     aim third only where the rule moved it; no (form, rows) twice."""
     from csagate.kernels import small_schedule as SS
 
-    n = 32768  # r4 c1d128 at 131072 tokens: 512 CTAs, 0.78 of 660 resident
-    plain = small_bench.forms_of("bwd", 4, 1, 128, n, "sm_90a")
-    waves = small_bench.forms_of("bwd", 4, 1, 128, n, "sm_90a", 132, 5)
-    table = SS.small_schedule("bwd", 128, ratio=4, coff=1, arch="sm_90a")
-    rule = SS.bwd_rows_per_cta(n, 128, 1, table, 132, 5)
-    aim = SS.bwd_rows_per_cta(n, 128, 1, table)
+    n = 16384  # r16 c2d128 at 262144 tokens: 512 CTAs, 0.78 of 660 resident
+    plain = small_bench.forms_of("bwd", 16, 2, 128, n, "sm_90a")
+    waves = small_bench.forms_of("bwd", 16, 2, 128, n, "sm_90a", 132, 5)
+    table = SS.small_schedule("bwd", 128, ratio=16, coff=2, arch="sm_90a")
+    rule = SS.bwd_rows_per_cta(n, 128, 2, table, 132, 5)
+    aim = SS.bwd_rows_per_cta(n, 128, 2, table)
     assert rule != aim
     tags = list(waves)
     assert tags[0] == f"{table.tag} rule {rule}" and tags[1].startswith(f"{table.tag}_div rule")
     assert tags[2] == f"{table.tag} aim {aim}" and not any(" aim " in t for t in plain)
     assert len(set(waves.values())) == len(waves)
+
+
+def test_stage_twins_are_the_table_form_staged_at_the_rule_and_twice():
+    """--stages: the table's backward as each staged form it can build, at the rule's rows and
+    at twice them (at most the schedule's); a one-column form has none."""
+    import dataclasses
+
+    from csagate.kernels import small_schedule as SS
+
+    table = dataclasses.replace(SS.small_schedule("bwd", 128, ratio=4, coff=2, arch="sm_90a"),
+                                stages=0, prefetch=True)
+    twins = small_bench.stage_twins(4, 2, 128, table, 32)
+    assert {(s.stages, s.prefetch, s.vec, r) for s, r in twins.values()} == {
+        (st, False, table.vec, r) for st in SS.BWD_STAGES for r in (32, 64)}
+    assert small_bench.stage_twins(4, 2, 128, table, 64).keys() == {
+        f"{dataclasses.replace(table, stages=st, prefetch=False).tag} 64"
+        for st in SS.BWD_STAGES}
+    one = SS.small_schedule("bwd", 128, ratio=16, coff=2, arch="sm_90a")
+    assert one.vec == 1 and small_bench.stage_twins(16, 2, 128, one, 8) == {}
 
 
 def test_rows_sweep_row_names_the_best_and_the_rule_against_the_aim():

@@ -415,8 +415,8 @@ def test_backward_rows_fill_whole_waves(ratio, d, arch):
     least BWD_WAVE_MIN of a wave, within [aim / 2, 2 aim] and the schedule's most; its pick
     costs BWD_WAVE_GAIN less (waves x (rows per lane + BWD_CTA_COST)) than the aim's, or is the
     aim; unknown occupancy
-    keeps the aim; a grid of under one wave (r4 c1d128 at 32768 rows: 512 CTAs of 640) grows
-    to fill it."""
+    keeps the aim, and so does a staged form at any occupancy; a grid of under one wave (r4
+    c1d128 unstaged at 32768 rows: 512 CTAs of 640) grows to fill it."""
     for coff in COFFS:
         if SS.config_problems(ratio, coff, d):
             continue
@@ -435,16 +435,37 @@ def test_backward_rows_fill_whole_waves(ratio, d, arch):
 
                 def cost(r, wave=wave, lanes=sched.lanes):
                     return -(-ctas(r) // wave) * (-(-r // lanes) + SS.BWD_CTA_COST)
-                if sched.rows_per_cta == 1 or ctas(aim) < SS.BWD_WAVE_MIN * wave:
+                if (sched.rows_per_cta == 1 or sched.stages
+                        or ctas(aim) < SS.BWD_WAVE_MIN * wave):
                     assert pick == aim, (coff, n, sms, per_sm, aim, pick)
                     continue
                 assert -(-aim // 2) <= pick <= 2 * aim
                 assert pick == aim or cost(pick) <= (1 - SS.BWD_WAVE_GAIN) * cost(aim)
     if ratio == 4 and d == 128 and arch == "sm_90a":
-        sched = SS.small_schedule("bwd", 128, ratio=4, coff=1, arch=arch)
+        sched = dataclasses.replace(SS.small_schedule("bwd", 128, ratio=4, coff=1, arch=arch),
+                                    stages=0)
         wave = int(SS.BWD_WAVE_FILL * 132 * 5)
         pick = SS.bwd_rows_per_cta(32768, 128, 1, sched, 132, 5)
         assert -(-32768 // SS.bwd_rows_per_cta(32768, 128, 1, sched)) < -(-32768 // pick) <= wave
+
+
+@pytest.mark.parametrize("ratio", SMALL_RATIOS)
+def test_a_staged_form_aims_at_half_the_ctas(ratio):
+    """A staged form's aim: ceil(N / (BWD_STAGED_CTAS_PER_SLICE x slices)) rows, at least 2 x
+    slices a lane, at most the schedule's; so at least its unstaged twin's at every N, twice
+    it where neither bound holds."""
+    for coff in COFFS:
+        for d in (128, 136, 512):
+            for form in SS.bwd_forms(ratio, coff, d, "sm_90a"):
+                if not form.stages or form.rows_per_cta < SS.bwd_most_rows(form.lanes):
+                    continue
+                plain = dataclasses.replace(form, stages=0)
+                slices = SS.bwd_slices(d, form)
+                for n in (1, 2048, 8192, 32768, 10**6):
+                    aim = SS.bwd_rows_per_cta(n, d, coff, form, 132, 5)
+                    want = -(-n // (SS.BWD_STAGED_CTAS_PER_SLICE * slices))
+                    assert aim == min(form.rows_per_cta, max(2 * slices * form.lanes, want))
+                    assert aim >= SS.bwd_rows_per_cta(n, d, coff, plain), (form.tag, n)
 
 
 def test_sm90a_forward_table_and_defaults():
