@@ -180,8 +180,9 @@ def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     and extra lane; score and kv one vec-wide load per window position and grad_out one per row
     body (a prefetch form loads a row in two places: before its loop and for the next row
     inside it; a staged form copies them by ``cp.async`` in ``stages`` places: the stages - 1
-    rows before its loop and the one ahead inside it, and loads none into registers); one
-    dAPE reduction (vec wide) per window position."""
+    rows before its loop and the one ahead inside it, loads none into registers and reads
+    each back by one vec-wide shared load); one dAPE reduction (vec wide) per window
+    position."""
     vec, lanes = sched.vec, sched.lanes
     n = win * vec
     found, expected = _pinned_counts(ptx), _pinned_expected("bwd", n, vec, not sched.ieee_div)
@@ -198,6 +199,12 @@ def _check_bwd_ptx(ptx: str, label: str, win: int, sched) -> None:
     if sched.stages:
         assert staged == sched.stages * (2 * win + 1) and _count(load, ptx) == 0, (
             f"{label}: {staged} cp.async copies, {_count(load, ptx)} register loads")
+        # read back by one vec-wide shared load a position (grad_out's may compile to one
+        # scalar load of the same width), never a bf16 at a time: the buffers' vec columns are
+        # contiguous, so a warp's loads are conflict-free
+        back = _count(rf"ld\.shared\.v{vec}\.b16", ptx)
+        assert copies * 2 * win <= back <= copies * (2 * win + 1), f"{label}: {back} loads"
+        assert _count(r"ld\.shared\.b16", ptx) == 0, f"{label}: bf16 shared loads one by one"
     else:
         assert _count(load, ptx) == fetches * (2 * win + 1) and staged == 0, label
     scalar = _count(r"(?:red|atom)\.[a-z.]*add\.f32", ptx)
