@@ -220,15 +220,6 @@ class SmallFwdKernel(SmallGeometry):
 # (``bwd_rows_per_cta``)
 
 
-def _row_major(shape: tuple) -> tuple:
-    """The compact strides of ``shape`` with its last mode contiguous."""
-    strides, n = [], 1
-    for extent in reversed(shape):
-        strides.append(n)
-        n *= extent
-    return tuple(reversed(strides))
-
-
 def _zero_token(mDKV, mDS, tok, col, groups, coff, vec):
     """Exact zeros into every dKV/dScore slot of token tok owned by column group col."""
     z = cute.make_rmem_tensor((1, vec), BF16)
@@ -371,9 +362,10 @@ class SmallBwdKernel(SmallGeometry):
     def stage_buffers(self, smem) -> tuple:
         """The staged form's shared buffers (``bwd_stage_shapes``): inputs, grad_out, where."""
         types = (BF16, BF16, I32)
-        return tuple(smem.allocate_tensor(t, cute.make_layout(shape, stride=_row_major(shape)),
-                                          byte_alignment=16)
-                     for t, (shape, _) in zip(types, bwd_stage_shapes(self.sched, self.win)))
+        return tuple(smem.allocate_tensor(  # compact, the last mode contiguous
+            t, cute.make_ordered_layout(shape, order=tuple(range(len(shape) - 1, -1, -1))),
+            byte_alignment=16)
+            for t, (shape, _) in zip(types, bwd_stage_shapes(self.sched, self.win)))
 
     @cute.jit
     def staged_rows(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, regs: tuple,

@@ -213,9 +213,9 @@ def bwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
         if sched.prefetch or sched.rows_per_cta == 1:
             out.append("a staged form is not a prefetch form and takes more than one row "
                        "per CTA")
-        if bwd_launch_shape(sched, window)[1] > BWD_STAGED_SMEM:
-            out.append(f"{bwd_launch_shape(sched, window)[1]} bytes of shared memory (more "
-                       f"than {BWD_STAGED_SMEM})")
+        smem = bwd_launch_shape(sched, window)[1]
+        if smem > BWD_STAGED_SMEM:
+            out.append(f"{smem} bytes of shared memory (more than {BWD_STAGED_SMEM})")
     if sched.rows_per_cta < sched.lanes:
         out.append(f"{sched.rows_per_cta} rows per CTA for {sched.lanes} lanes")
     if not 1 <= sched.threads * sched.lanes <= 1024:
@@ -302,7 +302,6 @@ def bwd_stage_shapes(sched: SmallSchedule, window: int) -> tuple:
     s, lanes, threads, vec = sched.stages, sched.lanes, sched.threads, sched.vec
     return (((s, 2, window, lanes, threads, vec), 2), ((s, lanes, threads, vec), 2),
             ((s, 3, lanes, threads), 4))
-
 
 
 def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
