@@ -33,6 +33,7 @@ BWD_VECS = (1, 2, 4)         # backward columns per thread
 BWD_STAGES = (2, 3)          # backward staged forms: rows of a lane in shared memory at once
 BWD_STAGED_SMEM = 48 * 1024  # ... the most bytes of shared memory a staged CTA may take
 BWD_VEC_MAX_VALUES = 64      # fp32 values per thread of a vector backward (bwd_values)
+BWD_STAGED_MAX_VALUES = 96   # ... of a staged one that re-reads the APE (ape_regs off)
 FWD_VECS = (1, 2, 4)         # forward columns per thread
 FWD_ROWS = (1, 2)            # forward rows per thread (and CTA), their windows loaded at once
 FWD_MAX_VALUES = 128         # fp32 values per forward thread (fwd_values)
@@ -152,10 +153,10 @@ def fwd_forms(ratio: int, coff: int, d: int) -> tuple[SmallSchedule, ...]:
                  if s != table and not fwd_schedule_problems(ratio, coff, d, s))
 
 
-def bwd_values(window: int, vec: int) -> int:
-    """fp32 values a backward thread keeps: APE, dAPE sums, s/e/p and u/t per (position,
-    column)."""
-    return 4 * window * vec
+def bwd_values(window: int, vec: int, ape_regs: bool = True) -> int:
+    """fp32 values a backward thread keeps: dAPE sums, s/e/p and u/t per (position, column),
+    and the APE where it is hoisted (``ape_regs``)."""
+    return (4 if ape_regs else 3) * window * vec
 
 
 def bwd_form(vec: int, d: int, window: int, prefetch: bool = False, stages: int = 0
@@ -168,7 +169,9 @@ def bwd_form(vec: int, d: int, window: int, prefetch: bool = False, stages: int 
     ``prefetch``: each lane loads its next row's window while it computes and stores this
     one's (a form of more than one row per CTA). ``stages``: each lane's rows are copied
     (``cp.async``) into that many shared buffers, ``stages - 1`` rows ahead of its arithmetic,
-    no registers held for them (a vector form of more than one row per CTA)."""
+    no registers held for them (a vector form of more than one row per CTA); where the hoisted
+    APE would take a staged form past ``BWD_VEC_MAX_VALUES``, it re-reads the APE each row
+    (from L1), up to ``BWD_STAGED_MAX_VALUES``."""
     if vec == 1:
         if window <= BWD_APE_REGS_MAX_WINDOW:
             return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS, prefetch=prefetch,
@@ -178,8 +181,9 @@ def bwd_form(vec: int, d: int, window: int, prefetch: bool = False, stages: int 
     groups = -(-d // vec)
     threads = min(SMALL_BWD_THREADS, -(-groups // 32) * 32)
     lanes = max(1, SMALL_BWD_THREADS // threads)
-    return SmallSchedule(vec, threads, bwd_most_rows(lanes), lanes=lanes, prefetch=prefetch,
-                         stages=stages)
+    ape_regs = not stages or bwd_values(window, vec) <= BWD_VEC_MAX_VALUES
+    return SmallSchedule(vec, threads, bwd_most_rows(lanes), ape_regs=ape_regs, lanes=lanes,
+                         prefetch=prefetch, stages=stages)
 
 
 def bwd_most_rows(lanes: int) -> int:
@@ -196,11 +200,13 @@ def bwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
         out.append(f"backward vec must be in {BWD_VECS}, got {vec}")
     elif d % vec:
         out.append(f"vec {vec} needs head_dim a multiple of it, got {d}")
-    if vec > 1 and bwd_values(window, vec) > BWD_VEC_MAX_VALUES:
-        out.append(f"vec {vec} at a window of {window} keeps {bwd_values(window, vec)} fp32 "
-                   f"values per thread (more than {BWD_VEC_MAX_VALUES})")
-    if vec > 1 and not sched.ape_regs:
-        out.append("a vector backward hoists the APE (ape_regs)")
+    most = BWD_VEC_MAX_VALUES if sched.ape_regs else BWD_STAGED_MAX_VALUES
+    values = bwd_values(window, vec, sched.ape_regs)
+    if vec > 1 and values > most:
+        out.append(f"vec {vec} at a window of {window} keeps {values} fp32 values per thread "
+                   f"(more than {most})")
+    if vec > 1 and not sched.ape_regs and not sched.stages:
+        out.append("a vector backward hoists the APE (ape_regs) unless it is staged")
     if sched.ape_regs and window > BWD_APE_REGS_MAX_WINDOW:
         out.append(f"a window of {window} re-reads the APE (ape_regs off)")
     if sched.prefetch and sched.rows_per_cta == 1:
@@ -240,7 +246,8 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
     about ``BWD_CTAS_PER_SLICE`` CTAs along the rows for every slice of a row's columns, at
     least ``2 * slices`` rows per lane. Fewer CTAs issue fewer dAPE atomics onto the same
     addresses, which serialize in the L2; more slices spread them over more addresses. A
-    schedule of fewer rows than ``bwd_most_rows`` (``SM90_BWD_ROWS``) aims at them at every N.
+    schedule of fewer rows than ``bwd_most_rows`` (``SM90_BWD_ROWS``) aims at them at every N,
+    unless it is staged: then they are the most it takes.
 
     Given the GPU's ``sm_count`` and the kernel's resident ``ctas_per_sm`` (the driver's
     occupancy: ``occupancy.resident_ctas``), a grid of at least ``BWD_WAVE_MIN`` of a wave then
@@ -250,15 +257,16 @@ def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
     the grid ends closer to whole waves, where 0.78 or 1.55 waves leave SMs idle for a CTA's
     whole time.
 
-    A staged form (``stages``) aims at ``BWD_STAGED_CTAS_PER_SLICE`` CTAs per slice and keeps
-    its aim: its lanes keep their next rows in flight, so a CTA's time follows its rows and a
-    part wave costs little, while every CTA more adds its dAPE reductions and pipeline fill.
-    The H200 cold sweeps behind the constants: docs/PERF_NOTES.md sections 14.2, 14.7, 14.8."""
+    A staged form (``stages``) aims at ``BWD_STAGED_CTAS_PER_SLICE`` CTAs per slice, at most
+    its schedule's rows, and keeps its aim: its lanes keep their next rows in flight, so a
+    CTA's time follows its rows and a part wave costs little, while every CTA more adds its
+    dAPE reductions and pipeline fill. The H200 cold sweeps behind the constants:
+    docs/PERF_NOTES.md sections 14.2, 14.7, 14.8 and 14.9."""
     if sched.rows_per_cta == 1:
         return 1
     slices = bwd_slices(d, sched)
-    if sched.rows_per_cta < bwd_most_rows(sched.lanes):  # a table form's fixed rows per CTA
-        aim = sched.rows_per_cta
+    if sched.rows_per_cta < bwd_most_rows(sched.lanes) and not sched.stages:
+        aim = sched.rows_per_cta  # a table form's fixed rows per CTA
     else:
         per_slice = BWD_STAGED_CTAS_PER_SLICE if sched.stages else BWD_CTAS_PER_SLICE
         want = -(-n_rows // (per_slice * slices))
@@ -342,11 +350,11 @@ def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
     return None if key is None or d % 4 else SM90_FWD_FORMS.get(key)
 
 
-# The backward's vec the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.4), for
+# The backward's vec the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md 14.4 and 14.9), for
 # d >= 128: (ratio, coff, narrow) -> columns per thread, narrow: d < 256 as the forward's.
 # Elsewhere (ratio 8 c2 and up, d < 128, the other arches) the one-column form.
 SM90_BWD_VECS = {(2, 1, True): 4, (2, 1, False): 4, (2, 2, True): 4, (2, 2, False): 4,
-                 (4, 1, True): 4, (4, 1, False): 4, (4, 2, True): 2, (4, 2, False): 2,
+                 (4, 1, True): 4, (4, 1, False): 4, (4, 2, True): 2, (4, 2, False): 4,
                  (8, 1, True): 2, (8, 1, False): 2}
 # ... where it runs the prefetch form (a lane's next row loaded during this one; section
 # 14.5): the one-column forms of windows of 16 or 32 positions.
@@ -355,18 +363,17 @@ SM90_BWD_PREFETCH = frozenset({(8, 2, True), (8, 2, False), (16, 1, True), (16, 
 # ... and its staged forms (a lane's rows copied into shared memory, stages - 1 ahead; section
 # 14.8): (ratio, coff, narrow) -> stages, every vector form.
 SM90_BWD_STAGES = {(2, 1, True): 3, (2, 1, False): 3, (2, 2, True): 2, (2, 2, False): 2,
-                   (4, 1, True): 2, (4, 1, False): 3, (4, 2, True): 3, (4, 2, False): 3,
+                   (4, 1, True): 2, (4, 1, False): 3, (4, 2, True): 3, (4, 2, False): 2,
                    (8, 1, True): 2, (8, 1, False): 2}
 
 
-# ... and where a lane takes a fixed number of rows at every N instead of the rule's
-# (bwd_rows_per_cta; sections 14.2 and 14.8): coff 2 from d = 256, 8 rows at ratio 4 (vec 2),
-# 16 at ratio 2 (vec 4).
-SM90_BWD_ROWS = {(4, 2, False): 8, (2, 2, False): 16}
+# ... and where a lane takes at most these rows (its staged aim capped: bwd_rows_per_cta;
+# sections 14.8 and 14.9): coff 2 from d = 256, 16 rows at ratios 2 and 4 (vec 4).
+SM90_BWD_ROWS = {(4, 2, False): 16, (2, 2, False): 16}
 
 
 def _bwd_table_rows(ratio: int, coff: int, d: int, arch: str | None) -> int:
-    """Rows per lane the sm_90a table fixes for (ratio, coff, d); 0: the rule's."""
+    """The most rows per lane the sm_90a table gives (ratio, coff, d); 0: the form's."""
     return SM90_BWD_ROWS.get(_sm90_key(ratio, coff, d, arch), 0)
 
 

@@ -294,11 +294,18 @@ def test_family_limits_are_stated():
 @pytest.mark.parametrize("ratio", SMALL_RATIOS)
 def test_backward_ape_hoisted_up_to_its_window(ratio):
     """The backward hoists the APE in registers up to BWD_APE_REGS_MAX_WINDOW and re-reads it
-    per row beyond (ratio 32 at coff 2), and the tag says which (``_ag``)."""
+    per row beyond (ratio 32 at coff 2); a staged vector form re-reads it where hoisting it
+    would keep more than BWD_VEC_MAX_VALUES values (sm_90a r4 c2 from d = 256); the tag says
+    which (``_ag``)."""
     for coff in (1, 2):
-        sched = SS.small_schedule("bwd", 128, ratio=ratio, coff=coff)
-        assert sched.ape_regs == (ratio * coff <= SS.BWD_APE_REGS_MAX_WINDOW)
-        assert ("_ag" not in sched.tag) == sched.ape_regs
+        for arch, d in ((None, 128), ("sm_90a", 128), ("sm_90a", 512)):
+            sched = SS.small_schedule("bwd", d, ratio=ratio, coff=coff, arch=arch)
+            window = ratio * coff
+            hoisted = (window <= SS.BWD_APE_REGS_MAX_WINDOW and not (
+                sched.stages and SS.bwd_values(window, sched.vec) > SS.BWD_VEC_MAX_VALUES))
+            assert sched.ape_regs == hoisted, (ratio, coff, arch, d)
+            assert ("_ag" not in sched.tag) == sched.ape_regs
+    assert not SS.small_schedule("bwd", 512, ratio=4, coff=2, arch="sm_90a").ape_regs
 
 
 # --- the forward's other forms (vec 4; 2 or 4 rows per thread)
@@ -390,9 +397,10 @@ def test_fwd_forms_follow_the_register_budget():
 @pytest.mark.parametrize("d", (65, 128, 512))
 def test_backward_rows_per_cta_rule(ratio, d, arch):
     """The launch's rows per CTA: at least one and at most the schedule's; never fewer as the
-    rows grow; 1 wherever the schedule is the one-row (wide window) form; a table form of
-    fixed rows (SM90_BWD_ROWS) takes them at every N; else about BWD_CTAS_PER_SLICE CTAs along
-    the rows per 128-column slice once the rows allow it."""
+    rows grow; 1 wherever the schedule is the one-row (wide window) form; an unstaged table
+    form of fixed rows (SM90_BWD_ROWS) takes them at every N, a staged one takes them as its
+    most, at least BWD_STAGED_CTAS_PER_SLICE CTAs per slice once the rows allow; else about
+    BWD_CTAS_PER_SLICE CTAs along the rows per 128-column slice once the rows allow it."""
     for coff in COFFS:
         if SS.config_problems(ratio, coff, d):
             continue
@@ -404,8 +412,15 @@ def test_backward_rows_per_cta_rule(ratio, d, arch):
             assert set(picks) == {1}
             continue
         fixed = arch == "sm_90a" and d >= 128 and SS.SM90_BWD_ROWS.get((ratio, coff, d < 256))
-        if fixed:
+        if fixed and not sched.stages:
             assert set(picks) == {fixed * sched.lanes}, (ratio, coff, d, picks)
+            continue
+        if fixed:
+            slices = SS.bwd_slices(d, sched)
+            assert picks[-1] == sched.rows_per_cta == fixed * sched.lanes, (ratio, coff, d)
+            for n in (2048, 8192, 32768):
+                gx = -(-n // SS.bwd_rows_per_cta(n, d, coff, sched))
+                assert gx >= SS.BWD_STAGED_CTAS_PER_SLICE * slices, (ratio, coff, d, n, gx)
             continue
         assert sched.rows_per_cta == SS.bwd_most_rows(sched.lanes)
         slices = -(-d // (sched.threads * sched.vec))
@@ -553,6 +568,11 @@ def test_bwd_forms_and_the_sm90a_table():
         4, 1, 128, SS.SmallSchedule(3, 128, 32)))
     assert any("hoists" in p for p in SS.bwd_schedule_problems(
         4, 1, 128, SS.SmallSchedule(2, 64, 32, ape_regs=False, lanes=2)))
+    regread = SS.bwd_form(4, 512, 8, stages=2)  # staged: re-reads the APE, 96 values
+    assert not regread.ape_regs and not SS.bwd_schedule_problems(4, 2, 512, regread)
+    assert any("values" in p for p in SS.bwd_schedule_problems(  # 192 values
+        8, 2, 512, SS.bwd_form(4, 512, 16, stages=2)))
+    assert SS.bwd_form(4, 512, 4, stages=2).ape_regs  # 64 values: hoisted
     assert any("lanes" in p for p in SS.fwd_schedule_problems(
         4, 1, 128, SS.SmallSchedule(2, 64, 1, lanes=2)))
     assert any("prefetch" in p for p in SS.fwd_schedule_problems(
