@@ -352,24 +352,25 @@ def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
 
 # The backward's vec the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md 14.4 and 14.9), for
 # d >= 128: (ratio, coff, narrow) -> columns per thread, narrow: d < 256 as the forward's.
-# Elsewhere (ratio 8 c2 and up, d < 128, the other arches) the one-column form.
+# Elsewhere (ratio 8 c2 and 16 c1 from d = 256, 16 c2 and 32, d < 128, other arches) vec 1.
 SM90_BWD_VECS = {(2, 1, True): 4, (2, 1, False): 4, (2, 2, True): 4, (2, 2, False): 4,
                  (4, 1, True): 4, (4, 1, False): 4, (4, 2, True): 2, (4, 2, False): 4,
-                 (8, 1, True): 2, (8, 1, False): 2}
+                 (8, 1, True): 2, (8, 1, False): 2, (8, 2, True): 2, (16, 1, True): 2}
 # ... where it runs the prefetch form (a lane's next row loaded during this one; section
 # 14.5): the one-column forms of windows of 16 or 32 positions.
-SM90_BWD_PREFETCH = frozenset({(8, 2, True), (8, 2, False), (16, 1, True), (16, 1, False),
-                               (16, 2, True), (16, 2, False), (32, 1, True), (32, 1, False)})
+SM90_BWD_PREFETCH = frozenset({(8, 2, False), (16, 1, False), (16, 2, True), (16, 2, False),
+                               (32, 1, True), (32, 1, False)})
 # ... and its staged forms (a lane's rows copied into shared memory, stages - 1 ahead; section
 # 14.8): (ratio, coff, narrow) -> stages, every vector form.
 SM90_BWD_STAGES = {(2, 1, True): 3, (2, 1, False): 3, (2, 2, True): 2, (2, 2, False): 2,
                    (4, 1, True): 2, (4, 1, False): 3, (4, 2, True): 3, (4, 2, False): 2,
-                   (8, 1, True): 2, (8, 1, False): 2}
+                   (8, 1, True): 2, (8, 1, False): 2, (8, 2, True): 2, (16, 1, True): 2}
 
 
 # ... and where a lane takes at most these rows (its staged aim capped: bwd_rows_per_cta;
-# sections 14.8 and 14.9): coff 2 from d = 256, 16 rows at ratios 2 and 4 (vec 4).
-SM90_BWD_ROWS = {(4, 2, False): 16, (2, 2, False): 16}
+# sections 14.8 and 14.9): coff 2 from d = 256, 16 rows at ratios 2 and 4 (vec 4); windows of 16
+# below d = 256, 8 rows (vec 2).
+SM90_BWD_ROWS = {(4, 2, False): 16, (2, 2, False): 16, (8, 2, True): 8, (16, 1, True): 8}
 
 
 def _bwd_table_rows(ratio: int, coff: int, d: int, arch: str | None) -> int:
