@@ -216,11 +216,12 @@ def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
 
 def stage_twins(ratio: int, coff: int, d: int, table, rule: int) -> dict:
     """tag -> (schedule, rows per CTA): the table's backward as each staged form it can build
-    (``SS.BWD_STAGES``), at the rule's rows per CTA and at twice them (a deeper pipeline per
-    lane), at most the schedule's."""
+    (``SS.BWD_STAGES``, as ``SS.bwd_form`` makes them at the table's most rows), at the rule's
+    rows per CTA and at twice them (a deeper pipeline per lane), at most the schedule's."""
     out = {}
     for stages in SS.BWD_STAGES:
-        twin = dataclasses.replace(table, stages=stages, prefetch=False)
+        twin = dataclasses.replace(SS.bwd_form(table.vec, d, ratio * coff, stages=stages),
+                                   rows_per_cta=table.rows_per_cta)
         if SS.bwd_schedule_problems(ratio, coff, d, twin):
             continue
         for rows in sorted({rule, min(2 * rule, twin.rows_per_cta)}):
