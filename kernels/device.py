@@ -79,15 +79,24 @@ def segment_bits(n_seq: int) -> int:
 
 
 @cute.jit
-def segment_search(mCuc: cute.Tensor, row, n_seq, seg_bits):
-    """The largest s in [0, n_seq] with cuc[s] <= row (binary lifting): n_seq for padding."""
+def segment_search(mCu: cute.Tensor, mCuc: cute.Tensor, row, n_seq, seg_bits):
+    """(s, cuc[s], cu[s]) for the largest s in [0, n_seq] with cuc[s] <= row (binary lifting):
+    n_seq for padding. Each probe loads cu[s] beside cuc[s] and keeps both where it moves, so
+    a row's first block and token need no load after the search (on a cold short grid that
+    load is a DRAM round trip of its own: docs/PERF_NOTES.md section 14.10)."""
     seg = I32(0)
+    first_block = mCuc[0]
+    first_token = mCu[0]
     for it in cutlass.range(seg_bits, unroll=1):
         nxt = seg + (I32(1) << (seg_bits - 1 - it))
         if nxt <= n_seq:
-            if mCuc[nxt] <= row:
+            block = mCuc[nxt]
+            token = mCu[nxt]
+            if block <= row:
                 seg = nxt
-    return seg
+                first_block = block
+                first_token = token
+    return seg, first_block, first_token
 
 
 @cute.jit

@@ -174,12 +174,12 @@ class SmallFwdKernel(SmallGeometry):
         mKV, mS, mApe, mCu, mCuc = ins
         rS, rU = win
         RATIO, WIN, VEC = self.ratio, self.win, self.vec
-        seg = segment_search(mCuc, row, n_seq, seg_bits)
+        seg, first_block, first_token = segment_search(mCu, mCuc, row, n_seq, seg_bits)
         blk = I32(0)  # block index in the segment; capacity padding rows: a first block
         tok0 = I32(0)  # at token 0
         if seg < n_seq:
-            blk = row - mCuc[seg]
-            tok0 = mCu[seg] + blk * RATIO
+            blk = row - first_block
+            tok0 = first_token + blk * RATIO
         if cutlass.const_expr(self.coff == 2):
             if blk > 0:
                 for k in cutlass.range_constexpr(RATIO):
@@ -445,9 +445,9 @@ class SmallBwdKernel(SmallGeometry):
     def block_of(self, cu: tuple, row: I32, n_seq: I32, seg_bits: I32):
         """A valid row's (segment, block index in it, first token of the block)."""
         mCu, mCuc = cu
-        seg = segment_search(mCuc, row, n_seq, seg_bits)
-        blk = row - mCuc[seg]
-        return seg, blk, mCu[seg] + blk * self.ratio
+        seg, first_block, first_token = segment_search(mCu, mCuc, row, n_seq, seg_bits)
+        blk = row - first_block
+        return seg, blk, first_token + blk * self.ratio
 
     @cute.jit
     def slots(self, has_prev, tok0: I32, col: I32, put: cutlass.Constexpr,

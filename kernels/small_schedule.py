@@ -144,10 +144,11 @@ def fwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
     return out
 
 
-def fwd_forms(ratio: int, coff: int, d: int) -> tuple[SmallSchedule, ...]:
-    """The vector forward forms beyond the table's that (ratio, coff, d) can build (vec 1 is
-    the odd-d form, never a faster one)."""
-    table = small_schedule("fwd", d, ratio=ratio, coff=coff)
+def fwd_forms(ratio: int, coff: int, d: int, arch: str | None = None
+              ) -> tuple[SmallSchedule, ...]:
+    """The vector forward forms beyond ``arch``'s table form that (ratio, coff, d) can build
+    (vec 1 is the odd-d form, never a faster one)."""
+    table = small_schedule("fwd", d, ratio=ratio, coff=coff, arch=arch)
     forms = (fwd_form(v, r, d) for r in FWD_ROWS for v in FWD_VECS if v > 1)
     return tuple(s for s in dict.fromkeys(forms)
                  if s != table and not fwd_schedule_problems(ratio, coff, d, s))
@@ -330,10 +331,11 @@ def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
     return replace(sched, rows_per_cta=rows * sched.lanes) if rows else sched
 
 
-# The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md section 14.2), for
-# d >= 128 and a multiple of 4: (ratio, coff, narrow) -> (vec, rows per thread), narrow: a row
-# of fewer than SMALL_FWD_THREADS vec-4 groups (d < 256). Elsewhere the defaults hold.
-SM90_FWD_FORMS = {(2, 1, True): (4, 2), (2, 1, False): (4, 1), (2, 2, False): (4, 1),
+# The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md sections 14.2 and
+# 14.11), for d >= 128 and a multiple of 4: (ratio, coff, narrow) -> (vec, rows per thread),
+# narrow: a row of fewer than SMALL_FWD_THREADS vec-4 groups (d < 256). Elsewhere (every coff-2
+# entry among them) the defaults hold.
+SM90_FWD_FORMS = {(2, 1, True): (4, 2), (2, 1, False): (4, 1),
                   (4, 1, True): (4, 1), (4, 1, False): (4, 1)}
 
 

@@ -198,7 +198,8 @@ def forms_of(direction: str, ratio: int, coff: int, d: int, n_rows: int = 1,
     table = SS.small_schedule(direction, d, ratio=ratio, coff=coff, arch=arch)
     ieee = dataclasses.replace(table, ieee_div=True)  # the table's form, one division each
     if direction == "fwd":
-        return {s.tag: (s, None) for s in (table, ieee, *SS.fwd_forms(ratio, coff, d))}
+        forms = (table, ieee, *SS.fwd_forms(ratio, coff, d, arch))
+        return {s.tag: (s, None) for s in forms}
     rule = SS.bwd_rows_per_cta(n_rows, d, coff, table, sm_count, ctas_per_sm)
     aim = SS.bwd_rows_per_cta(n_rows, d, coff, table)
     out = {f"{table.tag} rule {rule}": (table, rule), f"{ieee.tag} rule {rule}": (ieee, rule)}
