@@ -102,8 +102,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "    for t in cutlass.range(first + step, n_tokens, step, unroll=unroll):", 128,
            "zeros", "zero class (d): each thread's first token-capacity padding row is skipped"),
     Mutant("segment-search-misses-segment-starts", DEV,
-           "            if mCuc[nxt] <= row:",
-           "            if mCuc[nxt] < row:", 4, "G2",
+           "            if block <= row:",
+           "            if block < row:", 4, "G2",
            "ratio=4: the first row of every segment is taken for the previous segment"),
     # --- ratio=4 backward ------------------------------------------------------------------
     Mutant("r4-bwd-fused-sum", SMALL,
