@@ -386,6 +386,14 @@ def test_fwd_forms_follow_the_register_budget():
             assert {(s.vec, s.rows_per_cta) for s in forms} == {
                 (v, r) for v in SS.FWD_VECS for r in SS.FWD_ROWS if v > 1
                 and SS.fwd_values(win, v, r) <= SS.FWD_MAX_VALUES} - {(table.vec, 1)}
+    for ratio in SMALL_RATIOS:  # on an arch: its own table form is left out, never the default
+        for coff in COFFS:
+            for d in (128, 512):
+                table = SS.small_schedule("fwd", d, ratio=ratio, coff=coff, arch="sm_90a")
+                default = SS.small_schedule("fwd", d, ratio=ratio, coff=coff)
+                forms = SS.fwd_forms(ratio, coff, d, "sm_90a")
+                assert table not in forms
+                assert (default in forms) == (default != table), (ratio, coff, d)
     assert any("multiple" in p for p in SS.fwd_schedule_problems(
         4, 1, 130, SS.fwd_form(4, 1, 130)))
     assert any("backward fields" in p for p in SS.fwd_schedule_problems(
