@@ -10,11 +10,19 @@ class ExitCode(IntEnum):
     CONTRACT_FAILURE = 1     # something was evaluated and failed
     USAGE = 2                # bad arguments (click's own usage errors exit 2 too), an --impl
     #                          adapter that cannot be loaded (whatever it raised, exits included)
-    COULD_NOT_EVALUATE = 3   # no GPU, no DSL, build failure: nothing was judged
+    COULD_NOT_EVALUATE = 3   # no GPU, no DSL, build failure, a failed self-test, nothing
+    #                          judged (every case n/a or inconclusive): no verdict
     INTERRUPTED = 130        # Ctrl-C (SIGINT): stopped before a verdict (128 + SIGINT, as shells)
 
     @classmethod
     def help_text(cls) -> str:
-        return ("Exit codes: 0 pass, 1 contract failure, 2 usage error, "
-                "3 could not evaluate (no GPU, missing DSL, build failure, an internal error), "
-                "130 interrupted (Ctrl-C).")
+        return ("Exit codes: 0 pass, 1 contract failure, 2 usage error (nothing to judge "
+                "included), 3 could not evaluate (no GPU, missing DSL, build failure, a failed "
+                "self-test, nothing judged, an internal error), 130 interrupted (Ctrl-C).")
+
+    @classmethod
+    def worse(cls, a: ExitCode, b: ExitCode) -> ExitCode:
+        """The code of two verdicts together (``--ratio all``): a contract failure outranks
+        a verdict that could not be reached, which outranks a pass."""
+        order = (cls.PASS, cls.COULD_NOT_EVALUATE, cls.CONTRACT_FAILURE)
+        return max(a, b, key=order.index)

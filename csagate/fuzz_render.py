@@ -16,18 +16,33 @@ def _span(values) -> str:
 
 
 def headline(run) -> str:
+    """``FUZZ PASS 52/52 trials (seed 7), self-test 40/40``; FAIL, INCONCLUSIVE (some trial
+    judged nothing), NOTHING JUDGED (no trial judged anything); ``interrupted`` when Ctrl-C
+    ended it."""
+    from csagate.gates.verdict import FAIL, INCONCLUSIVE, NOTHING_JUDGED, PASS
+
     n = len(run.trials)
-    if run.ok:
-        return f"FUZZ PASS {n}/{n} trials (seed {run.seed})"
-    distinct = len(run.failures)
-    return (f"FUZZ FAIL {run.failed}/{n} trials failed (seed {run.seed}): {distinct} distinct "
-            f"shrunk failure{'s' if distinct != 1 else ''}")
+    tests = f", self-test {run.selftest.summary}" if run.selftest is not None else ""
+    cut = " (interrupted)" if run.stopped == "interrupted" else ""
+    state = run.state
+    if state == PASS:
+        return f"FUZZ PASS {n}/{n} trials (seed {run.seed}){tests}{cut}"
+    if state == FAIL:
+        distinct = len(run.failures)
+        return (f"FUZZ FAIL {run.failed}/{n} trials failed (seed {run.seed}): {distinct} "
+                f"distinct shrunk failure{'s' if distinct != 1 else ''}{tests}{cut}")
+    if state == INCONCLUSIVE:
+        return (f"FUZZ INCONCLUSIVE {run.inconclusive}/{n} trials judged nothing "
+                f"(seed {run.seed}){tests}{cut}")
+    assert state == NOTHING_JUDGED
+    return f"FUZZ NOTHING JUDGED {n} trials (seed {run.seed}){tests}{cut}"
 
 
 def summary_table(run, covered: dict, *, impl: str, device: str):
     table = _console.new_table(f"csagate fuzz: {impl} on {device}", ("", "value"),
                                marks=("",))
-    stop = "budget reached" if run.stopped == "budget" else "as asked"
+    stop = {"budget": "budget reached", "interrupted": "interrupted (Ctrl-C)"}.get(
+        run.stopped, "as asked")
     dims = covered["head_dims"]
     rows = (
         ("seed", str(run.seed)),
@@ -67,7 +82,7 @@ def print_summary(run, covered: dict, files: dict[int, str], console: Console, *
     _console.print_table(summary_table(run, covered, impl=impl, device=device), console)
     if run.failures:
         _console.print_table(failures_table(run), console)
-    style = "bold green" if run.ok else "bold red"
+    style = "bold green" if run.ok else ("bold red" if run.failed else "bold yellow")
     console.print(Text(headline(run), style=style), soft_wrap=True)
     if not run.failures:
         return

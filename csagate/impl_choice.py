@@ -141,3 +141,28 @@ def drivers(impl, device) -> Judged:
             console.abort(f"{impl.name}: {why} (nothing was judged)",
                           ExitCode.COULD_NOT_EVALUATE)
     return route(impl, device, kernels, where)
+
+
+def require_selftests(device):
+    """The gate's known-answer self-tests on ``device`` (``gates.selftest``, once per
+    process): exit 3 naming the first wrong answer, before anything is built or judged; a
+    line on stderr when they pass."""
+    from csagate.gates import selftest
+
+    try:
+        tests = selftest.ensure(device)
+    except selftest.SelfTestFailed as exc:
+        console.abort(str(exc), ExitCode.COULD_NOT_EVALUATE)
+    console.err().print(f"self-test {tests.summary} passed on {tests.device} "
+                        f"({tests.seconds:.2f} s)", soft_wrap=True)
+    return tests
+
+
+def require_memory(cases, device) -> None:
+    """Exit 3 with the numbers when the largest of ``cases`` needs more memory than
+    ``device`` has (``gates.memory``), before anything is built or judged."""
+    from csagate.gates.memory import too_large
+
+    problem = too_large(cases, device)
+    if problem:
+        console.abort(f"{problem} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)

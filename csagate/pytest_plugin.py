@@ -179,10 +179,30 @@ def _fuzz(backend, env, device, trials: int, seed: int) -> list[str]:
     run = fuzz.fuzz(fuzz.Judge(backend), env, seed=seed, trials=trials, sizes=sizes)
     if run.ok:
         return []
+    if not run.failed:
+        return [f"FUZZ {run.state.upper()}: {run.inconclusive}/{len(run.trials)} trials judged "
+                f"nothing (seed {seed})"]
     head = (f"FUZZ FAIL {run.failed}/{len(run.trials)} trials failed (seed {seed}); "
             f"{len(run.failures)} distinct failure(s), shrunk:")
     return [head, *_listed([f"{f.shrunk.case.name}: {', '.join(fuzz.failing(f.shrunk.result))}"
                             f" (trials {', '.join(map(str, f.trials))})" for f in run.failures])]
+
+
+def _something_to_judge(impl, contract, chosen, fuzz_trials: int) -> None:
+    """ContractError when the call could judge nothing: no case and no fuzz trial, or only
+    cases that are n/a for ``impl`` (never a green test that judged nothing)."""
+    from csagate.gates.plugin import applies_of
+
+    if fuzz_trials:
+        return
+    if not chosen:
+        raise ContractError("nothing to judge: no case and no fuzz trial (give cases or "
+                            "fuzz_trials)")
+    applies = applies_of(impl)
+    if not any(applies.covers(c) for c in chosen):
+        raise ContractError(f"nothing to judge at ratio={contract.ratio}: every chosen case is "
+                            f"n/a for {impl.name} "
+                            f"({applies.why_not(chosen[0]).removeprefix('n/a: ')})")
 
 
 def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
@@ -198,6 +218,7 @@ def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
     the verdict of the named cases (None when none ran).
     """
     __tracebackhide__ = True
+    from csagate.gates import selftest
     from csagate.gates.backend import BuildError
     from csagate.gates.implementation import ImplError
     from csagate.gates.runner import run_gate
@@ -209,6 +230,7 @@ def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
         dev = _device(device)
         contract = _contract(ratio)
         chosen = _cases(contract, cases)
+        _something_to_judge(impl, contract, chosen, fuzz_trials)
         env = _envelope(impl, ratio) if fuzz_trials else None
         why = _unavailable_here(impl, dev)
     except (ContractError, ImplError) as exc:
@@ -216,6 +238,16 @@ def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
     if why:
         pytest.skip(f"csagate: {impl.name} cannot be judged on {dev}: {why}")
     backend, drift_backend, drift_na = _backends(impl, dev)
+    try:
+        selftest.ensure(backend.device)
+    except selftest.SelfTestFailed as exc:
+        pytest.fail(f"csagate: could not evaluate {impl.name} on {dev}: {exc}", pytrace=False)
+    from csagate.gates.memory import too_large
+
+    problem = too_large(chosen, backend.device)
+    if problem:
+        pytest.fail(f"csagate: could not evaluate {impl.name} on {dev}: {problem}",
+                    pytrace=False)
     lines: list[str] = []
     verdict = None
     try:

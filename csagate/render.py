@@ -34,6 +34,16 @@ if TYPE_CHECKING:  # annotations only: the renderers read the verdict's records
 SCHEMA = "csagate.verdict/1"
 COULD_NOT_EVALUATE = "COULD NOT EVALUATE"   # the verdict of an exit-3 run
 
+# A verdict's state (``Verdict.state``) as the reports' word and the process's exit code: only
+# a pass is 0; a run that judged nothing, wholly or in some case, could not evaluate (3).
+VERDICT_WORD = {V.PASS: "PASS", V.FAIL: "FAIL", V.NOTHING_JUDGED: "NOTHING JUDGED",
+                V.INCONCLUSIVE: "INCONCLUSIVE"}
+
+
+def exit_code(verdict: Verdict) -> ExitCode:
+    return {V.PASS: ExitCode.PASS, V.FAIL: ExitCode.CONTRACT_FAILURE}.get(
+        verdict.state, ExitCode.COULD_NOT_EVALUATE)
+
 _STYLE = {V.PASS: "green", V.FAIL: "bold red", V.ERROR: "bold red", V.SKIP: "yellow",
           V.RECORDED: "cyan", V.UNTRUSTED: "yellow", V.NOT_ASSERTED: "yellow", V.NA: "dim",
           V.INCONCLUSIVE: "yellow"}
@@ -180,7 +190,11 @@ def print_verdict(verdict: Verdict, console: Console, *, verbose: bool = False) 
     if verbose:
         _console.print_table(detail_table(verdict), console)
         _console.print_table(schedules_table(verdict), console)
-    print_lines(console, verdict.headline, "bold green" if verdict.ok else "bold red")
+    if verdict.selftest is not None:
+        print_lines(console, f"self-test {verdict.selftest.summary}: the gate's own checks "
+                             f"gave their known answers on {verdict.selftest.device}")
+    style = {V.PASS: "bold green", V.FAIL: "bold red"}.get(verdict.state, "bold yellow")
+    print_lines(console, verdict.headline, style)
     for reason in verdict.reasons:
         print_lines(console, _console.short_error(reason), indent="  - ", hang="    ")
 
@@ -282,9 +296,9 @@ def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
     doc = {
         "schema": SCHEMA,
         **versions(),
-        "verdict": "PASS" if verdict.ok else "FAIL",
-        "exit_code": int(ExitCode.PASS if verdict.ok else ExitCode.CONTRACT_FAILURE),
-        "reason": None,
+        "verdict": VERDICT_WORD[verdict.state],
+        "exit_code": int(exit_code(verdict)),
+        "reason": None if verdict.state in (V.PASS, V.FAIL) else verdict.reasons[-1],
         "headline": verdict.headline,
         "ratio": verdict.ratio,
         "passed": verdict.passed,
@@ -292,6 +306,8 @@ def verdict_json(verdict: Verdict, extra: dict[str, Any] | None = None) -> dict:
         "hardening_passed": verdict.hardening_passed,
         "hardening_total": verdict.hardening_total,
         "full_contract": verdict.full,
+        "judged_cases": verdict.judged,
+        "selftest": None if verdict.selftest is None else verdict.selftest.record(),
         "gate_counts": gate_counts(g for c in verdict.cases for g in c.gates),
         "reasons": list(verdict.reasons),
         "scope": verdict.scope,
@@ -370,6 +386,9 @@ def _case_testcase(suite: ET.Element, result: CaseResult) -> str:
         ET.SubElement(tc, "error", message=result.error, type="error").text = result.error
     elif result.status in (V.UNTRUSTED, V.NA):
         ET.SubElement(tc, "skipped", message=result.error or "not trusted")
+    elif result.status == V.INCONCLUSIVE:
+        text = result.reasons[0]
+        ET.SubElement(tc, "error", message=text, type="inconclusive").text = text
     elif result.status == V.FAIL:
         reasons = result.reasons
         ET.SubElement(tc, "failure", message=reasons[0] if reasons else "failed",
@@ -398,12 +417,17 @@ def junit_xml(verdict: Verdict) -> ET.ElementTree:
         ET.SubElement(tc, "skipped", message=f"coverage {cov.status}: {cov.summary}")
     ET.SubElement(tc, "system-out").text = cov.summary
     statuses.append(cov.status)
+    if verdict.state == V.NOTHING_JUDGED:   # every case skipped must not read as green
+        tc = _testcase(suite, "csagate.run", "nothing judged", 0.0)
+        text = verdict.reasons[-1]
+        ET.SubElement(tc, "error", message=text, type="nothing judged").text = text
+        statuses.append(V.ERROR)
 
     for status in statuses:
         counts["tests"] += 1
         if status == V.FAIL:
             counts["failures"] += 1
-        elif status == V.ERROR:
+        elif status in (V.ERROR, V.INCONCLUSIVE):
             counts["errors"] += 1
         elif status != V.PASS:
             counts["skipped"] += 1

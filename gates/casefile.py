@@ -13,9 +13,15 @@ Schema ``csagate.case``, version 1::
      "csagate_version": "0.2.0", "contract_version": "2"}
 
 ``case`` needs ``name``, ``coff``, ``d``, ``lens`` and ``ratio``; the other fields default as
-in :class:`Case`. Reading is strict: a wrong type, an unknown field, a ratio without a contract
-or a newer version is a :class:`CaseFileError` with one line naming the file and the field.
-No torch: loading a case file is checked before anything runs.
+in :class:`Case`. Reading is strict: a wrong type, an unknown field, a value outside its range
+(:data:`RANGES`), a ratio without a contract or a newer version is a :class:`CaseFileError`
+with one line naming the file and the field. No torch: loading a case file is checked before
+anything runs, and before anything is allocated.
+
+The ranges (docs/CONTRACT.md section 9): at most ``MAX_SEGMENTS`` segments and ``MAX_TOKENS``
+tokens in all (32 times the largest named case), head dims 1-1024 (the widest any kernel
+takes), at most ``MAX_PAD`` capacity rows and token rows, seeds below 2^63, the input scale a
+finite number in [2^-10, 2^10]. A file larger than ``MAX_FILE_BYTES`` is not read.
 """
 
 from __future__ import annotations
@@ -34,6 +40,18 @@ SCHEMA = "csagate.case"
 VERSION = 1
 FIELDS = {f.name: f for f in dataclasses.fields(Case)}
 REQUIRED = ("name", "coff", "d", "lens", "ratio")
+
+MAX_SEGMENTS = 4096
+MAX_TOKENS = 1 << 22            # 32 x the largest named case (131072 tokens)
+MAX_HEAD_DIM = 1024             # the widest head dim any kernel takes (kernels/validate.py)
+MAX_PAD = 1 << 16               # capacity padding rows, token-capacity rows
+SEED_LIMIT = 1 << 63            # torch.Generator.manual_seed takes less
+SCALE_RANGE = (2.0 ** -10, 2.0 ** 10)
+MAX_FILE_BYTES = 1 << 20
+# The integer fields and their ranges [low, high]: what a case file may hold.
+RANGES = {"d": (1, MAX_HEAD_DIM), "pad_rows": (0, MAX_PAD), "pad_tokens": (0, MAX_PAD),
+          "input_seed": (0, SEED_LIMIT - 1), "grad_seed": (0, SEED_LIMIT - 1),
+          "pad_seed": (0, SEED_LIMIT - 1), "segment": (0, MAX_TOKENS)}
 
 
 class CaseFileError(ValueError):
@@ -80,10 +98,18 @@ def file_name(case: Case, seed: int, trial: int) -> str:
     return f"fuzz-s{seed}-t{trial}-r{case.ratio}-c{case.coff}d{case.d}.json"
 
 
-def _int(value, what: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise CaseFileError(f"{what} must be an integer >= {minimum}, got {value!r}")
+def _int(value, what: str, minimum: int = 0, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum \
+            or (maximum is not None and value > maximum):
+        span = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise CaseFileError(f"{what} must be an integer {span}, got {_short(value)}")
     return value
+
+
+def _short(value) -> str:
+    """A value as an error line shows it: at most 60 characters of its repr."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_field(name: str, value) -> Any:
@@ -94,10 +120,13 @@ def _check_field(name: str, value) -> Any:
             raise CaseFileError(f"{where} must be a string, got {value!r}")
         return value
     if name == "lens":
-        if not isinstance(value, list) or not value:
-            raise CaseFileError(f"{where} must be a non-empty list of segment lengths, "
-                                f"got {value!r}")
-        return tuple(_int(n, f"{where}[{i}]") for i, n in enumerate(value))
+        if not isinstance(value, list) or not value or len(value) > MAX_SEGMENTS:
+            raise CaseFileError(f"{where} must be a list of 1 to {MAX_SEGMENTS} segment "
+                                f"lengths, got {_short(value)}")
+        lens = tuple(_int(n, f"{where}[{i}]", *RANGES["segment"]) for i, n in enumerate(value))
+        if sum(lens) > MAX_TOKENS:
+            raise CaseFileError(f"{where} holds {sum(lens)} tokens, more than {MAX_TOKENS}")
+        return lens
     if name == "ratio":
         if _int(value, where, 1) not in CONTRACTS:
             raise CaseFileError(f"{where} {value} has no contract (ratios: "
@@ -113,15 +142,17 @@ def _check_field(name: str, value) -> Any:
             raise CaseFileError(f"{where} must be one of {', '.join(allowed)}, got {value!r}")
         return value
     if name == "scale":
+        low, high = SCALE_RANGE
         if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not math.isfinite(value) or value <= 0:
-            raise CaseFileError(f"{where} must be a finite number > 0, got {value!r}")
+                or not math.isfinite(value) or not low <= value <= high:
+            raise CaseFileError(f"{where} must be a finite number in [2^-10, 2^10], got "
+                                f"{_short(value)}")
         return float(value)
     if name == "deterministic":
         if not isinstance(value, bool):
             raise CaseFileError(f"{where} must be true or false, got {value!r}")
         return value
-    return _int(value, where, 1 if name == "d" else 0)   # d, seeds, pad_rows, pad_tokens
+    return _int(value, where, *RANGES[name])   # d, seeds, pad_rows, pad_tokens
 
 
 def case_from_dict(doc) -> Case:
@@ -170,6 +201,9 @@ def load(path: Path | str) -> CaseFile:
     """The case file at ``path``; CaseFileError with one line naming it."""
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise CaseFileError(f"{path}: {path.stat().st_size} bytes, more than a case file "
+                                f"holds ({MAX_FILE_BYTES})")
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise CaseFileError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
@@ -180,6 +214,8 @@ def load(path: Path | str) -> CaseFile:
     except json.JSONDecodeError as exc:
         raise CaseFileError(f"{path}: not JSON ({exc.msg} at line {exc.lineno} column "
                             f"{exc.colno})") from exc
+    except RecursionError as exc:
+        raise CaseFileError(f"{path}: nested too deeply to be a case file") from exc
     try:
         found = parse(doc)
     except CaseFileError as exc:

@@ -305,6 +305,7 @@ class Parity:
     err_eager: float
     bound: float
     ok: bool
+    numel: int = 0             # elements compared (0: the check concluded nothing)
 
     def summary(self) -> str:
         rel = "<=" if self.ok else ">"
@@ -324,7 +325,8 @@ def oracle_parity(fused: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor
     err_eager = max_abs_error(eager, oracle)
     bound = err_eager * (1.0 + rtol) + atol
     ok = err_fused <= bound and err_eager != float("inf")
-    return Parity(err_fused=err_fused, err_eager=err_eager, bound=bound, ok=ok)
+    return Parity(err_fused=err_fused, err_eager=err_eager, bound=bound, ok=ok,
+                  numel=fused.numel())
 
 
 # --- overflow case: NaN-mask equality -----------------------------------------------------

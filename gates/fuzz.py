@@ -44,7 +44,7 @@ from time import perf_counter
 from csagate.gates.backend import ProgressFn
 from csagate.gates.cases import Case
 from csagate.gates.contracts import CONTRACTS
-from csagate.gates.verdict import ERROR, PASS, CaseResult
+from csagate.gates.verdict import ERROR, FAIL, INCONCLUSIVE, NOTHING_JUDGED, PASS, CaseResult
 from csagate.reference.seeds import GRAD_SEED, INPUT_SEED, PAD_TOKEN_SEED
 
 DIM_RANGE = (1, 1024)           # head dims drawn when the implementation names none
@@ -387,12 +387,18 @@ def candidates(case: Case, env: Envelope) -> Iterator[Case]:
 @dataclass(frozen=True)
 class Shrunk:
     """A shrink's outcome: the smallest failing case found, its result, the steps accepted,
-    the judge calls spent."""
+    the judge calls spent, whether Ctrl-C cut it short."""
 
     case: Case
     result: CaseResult
     steps: int
     calls: int
+    interrupted: bool = False
+
+
+def fails(result: CaseResult) -> bool:
+    """A contract failure: a failed gate or a raise (not a case that judged nothing)."""
+    return result.status in (FAIL, ERROR)
 
 
 def shrink(case: Case, result: CaseResult, judge: Callable[[Case], CaseResult],
@@ -407,22 +413,25 @@ def shrink(case: Case, result: CaseResult, judge: Callable[[Case], CaseResult],
     tried: set[Case] = {params(case)}
     steps = calls = 0
     improved = True
-    while improved:
-        improved = False
-        for cand in candidates(current, env):
-            key = params(cand)
-            if key in tried:
-                continue
-            if calls >= max_calls or clock() > deadline:
-                return Shrunk(current, current_result, steps, calls)
-            tried.add(key)
-            got = judge(cand)
-            calls += 1
-            if got.status != PASS and signature(got) & target:
-                current, current_result = cand, got
-                steps += 1
-                improved = True
-                break
+    try:
+        while improved:
+            improved = False
+            for cand in candidates(current, env):
+                key = params(cand)
+                if key in tried:
+                    continue
+                if calls >= max_calls or clock() > deadline:
+                    return Shrunk(current, current_result, steps, calls)
+                tried.add(key)
+                got = judge(cand)
+                calls += 1
+                if fails(got) and signature(got) & target:
+                    current, current_result = cand, got
+                    steps += 1
+                    improved = True
+                    break
+    except KeyboardInterrupt:   # Ctrl-C: the smallest failing case so far is the outcome
+        return Shrunk(current, current_result, steps, calls, interrupted=True)
     return Shrunk(current, current_result, steps, calls)
 
 
@@ -454,7 +463,8 @@ class FuzzRun:
     trials: list[Trial] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
-    stopped: str = "trials"          # "trials" | "budget"
+    stopped: str = "trials"          # "trials" | "budget" | "interrupted"
+    selftest: object = None          # the self-tests run first (selftest.SelfTests)
 
     @property
     def passed(self) -> int:
@@ -462,11 +472,27 @@ class FuzzRun:
 
     @property
     def failed(self) -> int:
-        return len(self.trials) - self.passed
+        """Trials that failed a gate or raised."""
+        return sum(1 for t in self.trials if t.status in (FAIL, ERROR))
+
+    @property
+    def inconclusive(self) -> int:
+        """Trials that judged no element (never a pass)."""
+        return sum(1 for t in self.trials if t.status == INCONCLUSIVE)
+
+    @property
+    def state(self) -> str:
+        """``fail`` (some trial failed), ``nothing judged`` (no trial ran or judged anything),
+        ``inconclusive`` (some trial judged nothing) or ``pass``."""
+        if self.failed:
+            return FAIL
+        if not self.passed:
+            return NOTHING_JUDGED
+        return INCONCLUSIVE if self.inconclusive else PASS
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0
+        return self.state == PASS
 
 
 def fuzz(judge: Judge, env: Envelope, *, seed: int, trials: int | None = None,
@@ -476,37 +502,48 @@ def fuzz(judge: Judge, env: Envelope, *, seed: int, trials: int | None = None,
     """Trial 0, 1, ... of ``seed`` until ``trials`` ran or ``budget`` seconds passed (a shrink
     that started finishes, within its own bounds). Every failure is shrunk; failures that
     shrink to the same case are one :class:`Failure`."""
+    from csagate.gates import selftest
+
     if (trials is None) == (budget is None):
         raise ValueError("give exactly one of trials and budget")
     start = clock()
-    run = FuzzRun(seed)
+    backend = getattr(judge, "backend", None)
+    run = FuzzRun(seed, selftest=selftest.ensure(getattr(backend, "device", "cpu")))
     by_case: dict[Case, Failure] = {}
     index = 0
-    while True:
-        elapsed = clock() - start
-        if trials is not None and index >= trials:
-            break
-        if budget is not None and elapsed >= budget:
-            run.stopped = "budget"
-            break
-        case = draw(env, seed, index, sizes)
-        if progress is not None:
-            done, total = (index, trials) if trials is not None else (int(elapsed), int(budget))
-            progress(done, total, f"trial {index} ({run.failed} failing): {case.name}")
-        t0 = clock()
-        result = judge(case)
-        trial = Trial(index, case, result.status, failing(result), clock() - t0)
-        run.trials.append(trial)
-        if result.status != PASS:
-            found = shrink(case, result, judge, env, max_calls=shrink_calls, clock=clock)
-            key = params(found.case)
-            if key not in by_case:
-                minimal = named(found.case, f"fuzz/s{seed}/t{index}/min")
-                found = replace(found, case=minimal, result=replace(found.result, case=minimal))
-                by_case[key] = Failure(trial, result, found)
-                run.failures.append(by_case[key])
-            by_case[key].trials.append(index)
-        index += 1
+    try:
+        while True:
+            elapsed = clock() - start
+            if trials is not None and index >= trials:
+                break
+            if budget is not None and elapsed >= budget:
+                run.stopped = "budget"
+                break
+            case = draw(env, seed, index, sizes)
+            if progress is not None:
+                done, total = (index, trials) if trials is not None else \
+                    (int(elapsed), int(budget))
+                progress(done, total, f"trial {index} ({run.failed} failing): {case.name}")
+            t0 = clock()
+            result = judge(case)
+            trial = Trial(index, case, result.status, failing(result), clock() - t0)
+            run.trials.append(trial)
+            if fails(result):
+                found = shrink(case, result, judge, env, max_calls=shrink_calls, clock=clock)
+                key = params(found.case)
+                if key not in by_case:
+                    minimal = named(found.case, f"fuzz/s{seed}/t{index}/min")
+                    found = replace(found, case=minimal,
+                                    result=replace(found.result, case=minimal))
+                    by_case[key] = Failure(trial, result, found)
+                    run.failures.append(by_case[key])
+                by_case[key].trials.append(index)
+                if found.interrupted:
+                    run.stopped = "interrupted"
+                    break
+            index += 1
+    except KeyboardInterrupt:   # Ctrl-C between shrinks: keep what was found
+        run.stopped = "interrupted"
     run.seconds = clock() - start
     return run
 

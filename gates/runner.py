@@ -60,6 +60,7 @@ from csagate.gates.verdict import (
     GateResult,
     Selection,
     Verdict,
+    case_status,
 )
 from csagate.reference import (
     backward,
@@ -112,7 +113,14 @@ def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | No
     dispatch hooks, a case outside its envelope) is ``n/a``. ``drift_na`` (a reason): the
     drift check is not run (no production kernels here, e.g. on the CPU); it is ``n/a`` and
     the cases run.
+
+    First the known-answer self-tests of the gate's machinery on ``backend.device``
+    (``selftest.ensure``, once per process): :class:`~csagate.gates.selftest.SelfTestFailed`
+    when one gives a wrong answer, and then there is no verdict.
     """
+    from csagate.gates import selftest
+
+    tests = selftest.ensure(backend.device)
     applies = applies_to(backend)
     start = perf_counter()
     cases = contract.all_cases if cases is None else tuple(cases)
@@ -146,7 +154,7 @@ def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | No
     _tick(progress, total, total, "done")
     return Verdict(drift=drift_result, cases=tuple(results), coverage=cov, full=full,
                    env=backend.describe(), seconds=perf_counter() - start,
-                   ratio=contract.ratio, scope=applies.scope)
+                   ratio=contract.ratio, scope=applies.scope, selftest=tests)
 
 
 def _compare_scaled(results: list[CaseResult]) -> list[CaseResult]:
@@ -200,6 +208,7 @@ def run_drift(backend: Backend, drift: Case) -> CaseResult:
             _gate("drift", "dscore", comparators.bitwise(dscore, eager.dscore)),
             _gate("drift", "dape",
                   comparators.tolerance(dape, eager.dape, bound=limits.DAPE_MAX_ABS, allowed=None)),
+            _oracle_check(drift, backend.device),
         ]
         _sync(backend.device)
     except Exception as exc:  # a raising drift check is a failed one: nothing is trusted
@@ -209,6 +218,22 @@ def run_drift(backend: Backend, drift: Case) -> CaseResult:
     status = PASS if all(g.ok for g in gates) else FAIL
     return CaseResult(drift, status, tuple(gates), tuple(s for s in (sel,) if s is not None),
                       seconds=perf_counter() - start)
+
+
+# The second derivation's pack at the drift case's config (``reference.scalar``): tails, an
+# empty and a short segment, capacity rows and token rows.
+ORACLE_LENS, ORACLE_PAD_ROWS, ORACLE_PAD_TOKENS = (13, 0, 8, 3, 21), 2, 3
+
+
+def _oracle_check(drift: Case, device) -> GateResult:
+    """The fp64 oracle on ``device`` against its scalar derivation (``reference.scalar``), on a
+    small pack at the drift case's config: G3's yardstick checked by an independent form."""
+    from csagate.reference.scalar import check_oracle
+
+    found = check_oracle(drift.ratio, drift.coff, drift.d, ORACLE_LENS, ORACLE_PAD_ROWS,
+                         ORACLE_PAD_TOKENS, device=device)
+    return GateResult("oracle", "fp64", PASS if found.ok else FAIL, asdict(found),
+                      found.summary())
 
 
 # --- one case --------------------------------------------------------------------------------
@@ -226,8 +251,7 @@ def run_case(backend: Backend, case: Case, contract: Contract) -> CaseResult:
                           seconds=perf_counter() - start, error=one_line(exc))
     finally:
         _release(backend.device)
-    status = PASS if all(g.ok for g in gates) else FAIL
-    return CaseResult(case, status, tuple(gates), tuple(selections), recorded,
+    return CaseResult(case, case_status(gates), tuple(gates), tuple(selections), recorded,
                       seconds=perf_counter() - start)
 
 
@@ -449,6 +473,9 @@ def _zeros(name: str, runs: Sequence[torch.Tensor], mask: torch.Tensor) -> GateR
     index = next((i for i, z in enumerate(found) if not z.ok), 0)
     z = found[index]
     numbers = {**asdict(z), "run": index + 1, "runs_checked": len(runs)}
+    if z.ok and z.n_masked == 0:   # a pack every slot of which some window reads
+        return GateResult("zeros", name, INCONCLUSIVE, numbers,
+                          "inconclusive: no never-consumed slot in this pack")
     reason = z.summary() if z.ok else f"run {index + 1}: {z.summary()}"
     return GateResult("zeros", name, PASS if z.ok else FAIL, numbers, reason)
 

@@ -13,8 +13,8 @@ from typing import Any
 from csagate.gates.cases import Case
 from csagate.kernels.schedule import config_name
 
-# Statuses. A GateResult is pass/fail/skip/recorded/inconclusive; a CaseResult
-# pass/fail/error/untrusted; coverage pass/fail/not asserted.
+# Statuses. A GateResult is pass/fail/skip/recorded/inconclusive/n/a; a CaseResult
+# pass/fail/error/untrusted/n/a/inconclusive; coverage pass/fail/not asserted/n/a.
 PASS = "pass"
 FAIL = "fail"
 SKIP = "skip"              # not evaluated, with the reason recorded (overflow G3)
@@ -23,7 +23,11 @@ ERROR = "error"            # the case raised; its one-line error is the reason
 UNTRUSTED = "untrusted"    # not run: the reference drift check failed
 NOT_ASSERTED = "not asserted"  # coverage of a subset run
 NA = "n/a"                 # does not apply to the implementation judged (never a pass)
-INCONCLUSIVE = "inconclusive"  # a gate with no element to judge: it concludes nothing
+INCONCLUSIVE = "inconclusive"  # a gate (or a whole case) with no element judged: no conclusion
+NOTHING_JUDGED = "nothing judged"  # a verdict no element of any output was judged for
+
+# What a check judged: a gate result with one of these statuses compared at least one element.
+JUDGED = (PASS, FAIL)
 
 GATES = ("G1", "G2", "G3", "zeros", "isolation")
 TENSORS = ("out", "dkv", "dscore", "dape")
@@ -43,6 +47,11 @@ class GateResult:
     @property
     def ok(self) -> bool:
         return self.status != FAIL
+
+    @property
+    def judged(self) -> bool:
+        """Whether this check compared at least one element (pass or fail)."""
+        return self.status in JUDGED
 
 
 @dataclass(frozen=True)
@@ -123,12 +132,28 @@ class CaseResult:
         return tuple(tags)
 
     @property
+    def judged(self) -> int:
+        """How many of its checks compared at least one element."""
+        return sum(1 for g in self.gates if g.judged)
+
+    @property
     def reasons(self) -> tuple[str, ...]:
         if self.status == ERROR:
             return (f"{self.name}: raised {self.error}",)
+        if self.status == INCONCLUSIVE:
+            return (f"{self.name}: judged nothing: every check was inconclusive or n/a",)
         if self.status in (UNTRUSTED, NA):
             return ()
         return tuple(f"{self.name}: {g.gate} {g.tensor}: {g.reason}" for g in self.failures)
+
+
+def case_status(gates) -> str:
+    """A judged case's status from its checks: fail if any failed, pass if at least one
+    judged an element, else inconclusive (a case whose every check concluded nothing is not
+    a pass)."""
+    if any(g.status == FAIL for g in gates):
+        return FAIL
+    return PASS if any(g.judged for g in gates) else INCONCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -215,6 +240,7 @@ class Verdict:
     seconds: float = 0.0
     ratio: int = 128           # the contract family
     scope: str = ""            # what was judged when not everything applies (the headline says)
+    selftest: Any = None       # the known-answer self-tests run before it (selftest.SelfTests)
 
     def _of(self, hardening: bool) -> tuple[CaseResult, ...]:
         """hardening True: the hardening cases; False: the named (upstream) cases (the
@@ -260,15 +286,47 @@ class Verdict:
         return self.drift.status != NA
 
     @property
+    def judged(self) -> int:
+        """The applicable cases that judged something (passed, failed or raised): the drift
+        check, which judges the reference, is not counted."""
+        return sum(1 for c in self.cases if c.status in (PASS, FAIL, ERROR))
+
+    @property
+    def inconclusive(self) -> tuple[CaseResult, ...]:
+        return tuple(c for c in self.cases if c.status == INCONCLUSIVE)
+
+    @property
+    def failed(self) -> bool:
+        """Something was judged and failed: the drift check (when run), a case (a failed
+        gate, a raise, untrusted after a failed drift check), coverage or the bucket edges."""
+        return ((self.drift_run and not self.drift.ok)
+                or any(c.status in (FAIL, ERROR, UNTRUSTED) for c in self.cases)
+                or self.coverage.status == FAIL
+                or (self.full and self.coverage.status not in (PASS, NA)))
+
+    @property
+    def state(self) -> str:
+        """``pass``, ``fail``, ``nothing judged`` (no case judged an element: every case
+        n/a, none selected, or all inconclusive) or ``inconclusive`` (some case judged
+        nothing). Only ``pass`` is green."""
+        if self.failed:
+            return FAIL
+        if not self.judged:
+            return NOTHING_JUDGED
+        if self.inconclusive:
+            return INCONCLUSIVE
+        return PASS
+
+    @property
     def ok(self) -> bool:
-        return ((self.drift.ok or not self.drift_run)
-                and all(c.ok for c in self.cases if c.applies)
-                and self.coverage.ok and (self.coverage.status in (PASS, NA) or not self.full))
+        return self.state == PASS
 
     @property
     def headline(self) -> str:
-        """``GATE PASS 21/21 + 3/3 hardening``: the upstream count stays visible."""
-        word = "PASS" if self.ok else "FAIL"
+        """``GATE PASS 21/21 + 3/3 hardening``: the upstream count stays visible; a run that
+        judged nothing says so in its first words."""
+        word = {PASS: "PASS", FAIL: "FAIL", NOTHING_JUDGED: "NOTHING JUDGED",
+                INCONCLUSIVE: "INCONCLUSIVE"}[self.state]
         line = f"GATE {word} {self.passed}/{self.total}"
         if self.hardening_total:
             line += f" + {self.hardening_passed}/{self.hardening_total} hardening"
@@ -293,4 +351,14 @@ class Verdict:
         for case in self.cases:
             out.extend(case.reasons)
         out.extend(self.coverage.reasons)
+        if self.state == NOTHING_JUDGED:
+            na = [c for c in self.cases if c.status == NA]
+            if not self.cases:
+                out.append("no case was selected: nothing was judged")
+            elif na and len(na) == len(self.cases):
+                out.append(f"every selected case is n/a ({na[0].error.removeprefix('n/a: ')}"
+                           + (f", and {len(na) - 1} more" if len(na) > 1 else "")
+                           + "): nothing was judged")
+            else:
+                out.append("no selected case judged an element: nothing was judged")
         return tuple(out)

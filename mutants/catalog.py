@@ -31,8 +31,12 @@ class Mutant:
     # Non-empty: the mutant weakens the gate's own logic (gates/, the CLI's loading of an
     # implementation) and is judged on the CPU: this pytest node, which plants a fault the
     # expected gate must catch, must FAIL in the mutated tree (``mutants/run.py cpu``). A
-    # gate run on correct kernels cannot see such a mutant: it still passes.
+    # gate run on correct kernels would not see such a mutant by its cases alone.
     cpu_test: str = ""
+    # The known-answer self-test (``gates/selftest.py``) that must stop the verdict at run
+    # time in the mutated tree: ``csagate run`` there exits 3 naming it (``mutants/run.py
+    # cpu``), whatever implementation it judges.
+    selftest: str = ""
 
     @property
     def judge(self) -> str:
@@ -43,7 +47,9 @@ class Mutant:
 FWD, BWD, SMALL, DEV = ("kernels/r128_fwd.py", "kernels/r128_bwd.py", "kernels/small.py",
                         "kernels/device.py")
 RUNNER, COVERAGE, IMPL = "gates/runner.py", "gates/coverage.py", "gates/implementation.py"
+COMPARATORS, LIMITS, FUZZ = "gates/comparators.py", "gates/limits.py", "gates/fuzz.py"
 FAULTS, IMPLS = "tests/test_gate_faults.py", "tests/test_impls.py"
+CHECKS = "tests/test_gate_checks.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # (Every mutant stays in bounds: a kernel that reads or writes outside its tensors faults the
@@ -189,52 +195,132 @@ MUTANTS: tuple[Mutant, ...] = (
            'backward")', 128, "n/a",
            "a direction the implementation does not provide (no backward) is reported PASS, "
            "not n/a",
-           cpu_test=f"{IMPLS}::test_forward_only_adapter_gets_na_for_the_backward"),
+           cpu_test=f"{IMPLS}::test_forward_only_adapter_gets_na_for_the_backward",
+           selftest="seam: a forward-only implementation's backward is n/a, never a pass"),
     Mutant("op-compares-op-output-with-itself", RUNNER,
            "comparators.bitwise_replay([direct, got],",
            "comparators.bitwise_replay([got, got],", 128, "op",
            "the op check compares each op output with itself (an op that swaps dKV and dScore "
            "passes)",
-           cpu_test=f"{FAULTS}::test_an_op_that_swaps_dkv_and_dscore_fails_op"),
+           cpu_test=f"{FAULTS}::test_an_op_that_swaps_dkv_and_dscore_fails_op",
+           selftest="op check: an op that swaps dKV and dScore fails"),
     Mutant("op-storage-check-off", RUNNER,
            "    if a is b:\n        return True\n",
            "    return False\n", 128, "op",
            "the op check's distinct-storage test always says distinct (an op handing back the "
            "direct path's own buffers compares them with themselves)",
-           cpu_test=f"{FAULTS}::test_an_op_that_returns_the_direct_paths_buffers_fails_op"),
+           cpu_test=f"{FAULTS}::test_an_op_that_returns_the_direct_paths_buffers_fails_op",
+           selftest="op check: an op that hands back the direct path's buffers fails"),
     Mutant("coverage-missing-arguments-swapped", COVERAGE,
            "    missing = _minus(want, got)",
            "    missing = _minus(got, want)", 128, "coverage",
            "the table coverage subtracts the table from the selections instead of the "
            "selections from the table (a table kernel no case reaches goes unreported)",
-           cpu_test=f"{FAULTS}::test_an_entry_no_case_reaches_fails_table_coverage_alone"),
+           cpu_test=f"{FAULTS}::test_an_entry_no_case_reaches_fails_table_coverage_alone",
+           selftest="coverage: an entry no case reaches fails; a stray kernel of a table config "
+                    "fails"),
     Mutant("coverage-beyond-takes-table-configs", COVERAGE,
            "if configs and kernel_config(k) is not None and kernel_config(k) not in configs)",
            "if configs and kernel_config(k) is not None)", 128, "coverage",
            "every selected kernel outside the table entries counts as beyond the configs (a "
            "stray kernel of a table config is no longer unexpected)",
-           cpu_test=f"{FAULTS}::test_a_case_beyond_the_contracts_configs_does_not_fail_coverage"),
+           cpu_test=f"{FAULTS}::test_a_case_beyond_the_contracts_configs_does_not_fail_coverage",
+           selftest="coverage: an entry no case reaches fails; a stray kernel of a table config "
+                    "fails"),
     Mutant("g1-compares-run-1-with-itself", RUNNER,
            '_gate("G1", name, comparators.bitwise_replay(fused[name],',
            '_gate("G1", name, comparators.bitwise_replay(fused[name][:1] * RUNS,', 128, "G1",
            "G1 replays run 1 against itself: a run-to-run difference is never seen",
-           cpu_test=f"{FAULTS}::test_nondeterministic_output_fails_g1"),
+           cpu_test=f"{FAULTS}::test_nondeterministic_output_fails_g1",
+           selftest="seam: a run-to-run difference fails G1"),
     Mutant("zeros-mask-all-false", RUNNER,
            "                               n_tokens=n_tokens)\n",
            "                               n_tokens=n_tokens) & False\n", 128, "zeros",
            "the zeros gate is given an all-False never-consumed mask (checks no slot)",
-           cpu_test=f"{FAULTS}::test_a_never_consumed_slot_left_tiny_fails_zeros_alone"),
+           cpu_test=f"{FAULTS}::test_a_never_consumed_slot_left_tiny_fails_zeros_alone",
+           selftest="seam: a never-consumed slot left at 2^-100 fails zeros"),
     Mutant("nan-prefill-becomes-zero-prefill", RUNNER,
            "    return 0.0 if run == 0 else math.nan",
            "    return 0.0", 128, "G1",
            "runs 2 and 3 are zero-filled like run 1: a slot the kernel never writes looks like "
            "an exact zero",
-           cpu_test=f"{FAULTS}::test_unwritten_never_consumed_slot_fails_g1_and_zeros"),
+           cpu_test=f"{FAULTS}::test_unwritten_never_consumed_slot_fails_g1_and_zeros",
+           selftest="seam: a never-consumed slot left unwritten fails zeros and G1"),
     Mutant("adapter-exit-not-caught", IMPL,
            "    except BaseException as exc:  # SystemExit and KeyboardInterrupt on purpose",
            "    except Exception as exc:  # SystemExit and KeyboardInterrupt on purpose", 128,
            "exit 2",
            "loading an --impl adapter catches Exception only: its sys.exit(0) on import ends "
            "csagate run with exit 0 and no verdict",
-           cpu_test=f"{IMPLS}::test_an_adapter_that_exits_on_import_is_a_usage_error"),
+           cpu_test=f"{IMPLS}::test_an_adapter_that_exits_on_import_is_a_usage_error",
+           selftest="loading: an adapter that exits while loading is refused, not obeyed"),
+    # --- the gate's checking machinery, each stopped at run time by a self-test ---------------
+    Mutant("bitwise-compares-values", COMPARATORS,
+           "    differs = (bit_view(fused) != bit_view(ref)) & ~both_nan & judged",
+           "    differs = (fused != ref) & ~both_nan & judged", 4, "G2",
+           "the bitwise comparator compares values: -0.0 equals +0.0 again",
+           cpu_test=f"{CHECKS}::test_bitwise_compares_bit_patterns",
+           selftest="bitwise: -0 is not +0"),
+    Mutant("allowance-without-the-log", LIMITS,
+           "    limit = math.log(1 / alpha)",
+           "    limit = 1 / alpha", 128, "G2",
+           "the count allowance takes 1/alpha for ln(1/alpha): every element may differ",
+           cpu_test=f"{CHECKS}::test_count_rule_informative_only_where_it_can_fail",
+           selftest="count allowance: sound and tight against the exact binomial tail"),
+    Mutant("judged-check-reported-inconclusive", RUNNER,
+           '        if status == PASS and getattr(check, "numel", None) == 0:',
+           '        if status == PASS and getattr(check, "numel", None) is not None:', 128,
+           "G2", "a passing check that judged its elements is reported inconclusive",
+           cpu_test=f"{FAULTS}::test_unfaulted_backend_passes",
+           selftest="records: a check is inconclusive on empty input only"),
+    Mutant("seam-drops-the-bitwise-claim", "gates/plugin.py",
+           '                   bitwise=tuple(getattr(impl, "bitwise", None) or ()))',
+           '                   bitwise=())', 4, "G2",
+           "the plug-in seam drops an implementation's bitwise claim: it is never held to it",
+           cpu_test="tests/test_inference_impls.py::"
+                    "test_a_broken_bitwise_claim_fails_the_gate_and_names_its_rows",
+           selftest="seam: a claimed bitwise output is held to its claim"),
+    Mutant("case-file-drops-pad-rows", "gates/casefile.py",
+           "    values = {name: _check_field(name, value) for name, value in doc.items()}",
+           "    values = {name: _check_field(name, value) for name, value in doc.items()\n"
+           "              if name != \"pad_rows\"}", 4, "G2",
+           "run --case-file reads a case file without its pad_rows (the replay is another "
+           "pack)",
+           cpu_test="tests/test_casefile.py::test_a_case_round_trips",
+           selftest="case file: written and read back equal, field by field"),
+    Mutant("shrinker-takes-a-passing-step", FUZZ,
+           "                if fails(got) and signature(got) & target:",
+           "                if {g.gate for g in got.gates} & target:", 4, "G2",
+           "the shrinker keeps a candidate that no longer fails (it has the gate, passing)",
+           cpu_test="tests/test_fuzz.py::"
+                    "test_shrink_keeps_a_short_segment_and_drops_everything_else",
+           selftest="shrinker: a candidate that passes is never taken; one that fails is"),
+    Mutant("parity-passes-a-non-finite-reference", COMPARATORS,
+           '    ok = err_fused <= bound and err_eager != float("inf")',
+           "    ok = err_fused <= bound", 128, "G3",
+           "G3 passes where the reference's own error is infinite (the bound means nothing)",
+           cpu_test=f"{CHECKS}::test_oracle_parity_non_finite_fails",
+           selftest="G3 parity: at the bound passes, beyond fails, a non-finite reference error "
+                    "fails"),
+    Mutant("nan-mask-full-not-required", COMPARATORS,
+           "        ok=n_mismatch == 0 and (eager_full or not require_full))",
+           "        ok=n_mismatch == 0)", 128, "G2",
+           "the overflow case's G2 no longer requires eager's NaN mask to be full",
+           cpu_test=f"{CHECKS}::test_nan_mask_requires_a_full_eager_mask",
+           selftest="NaN mask: equal masks pass, a moved NaN fails, a partial mask fails when "
+                    "full is due"),
+    Mutant("zero-class-b-dropped", "reference/compressor.py",
+           "            mask[start + (nb - 1) * ratio:start + nb * ratio, :d] = True",
+           "            pass", 4, "zeros",
+           "the never-consumed mask forgets class (b): the last block's own tokens in columns "
+           "[0, d) are never checked for zeros",
+           cpu_test="tests/test_reference.py::test_zero_classes_are_exact_zeros",
+           selftest="zero classes: the never-consumed mask of a hand-built pack"),
+    Mutant("reference-ape-row-off-by-one", "reference/compressor.py",
+           "ape3[slots.ape_row, slots.half][:, None, :]",
+           "ape3[(slots.ape_row + 1) % ape3.shape[0], slots.half][:, None, :]", 4, "drift",
+           "the references read APE row k + 1 for window position k (fp32 and fp64 alike, so "
+           "G3 alone cannot see it)",
+           cpu_test="tests/test_reference.py::test_oracle_agrees_with_its_scalar_derivation",
+           selftest="oracle: the fp64 oracle agrees with its scalar derivation"),
 )

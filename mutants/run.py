@@ -3,7 +3,7 @@ catches it.
 
     python mutants/run.py check [--arch sm_90a] [--jobs N] [--sample] [NAME ...]  # CPU: builds
     python mutants/run.py gate  [--jobs N] [--report FILE] [NAME ...]     # GPU: the gate must fail
-    python mutants/run.py cpu   [--jobs N] [NAME ...]      # CPU: the gate-logic mutants are caught
+    python mutants/run.py cpu   [--jobs N] [--report FILE] [NAME ...]  # CPU: gate-logic mutants
 
 ``check``: every mutant's find-text occurs exactly once in its file, the mutated file still
 parses, and the mutated tree cross-compiles for ``--arch`` the kernels of the mutant's ratio
@@ -18,7 +18,9 @@ in-contract mutant must exit 0. Prints one row per mutant and writes a Markdown 
 the weakened gate still passes.
 ``cpu``: the gate-logic mutants, each in its copy of the tree: its ``cpu_test`` (a pytest node
 that plants a fault the expected gate must catch, on the reference-backed CPU backends) must
-fail there. No GPU, no kernel build.
+fail there, and ``csagate run`` there (a quick CPU case) must stop before its verdict with
+exit 3, naming the mutant's ``selftest`` among the failed known-answer self-tests: the fault
+is caught where the gate runs, not only in this repository's tests. No GPU, no kernel build.
 
 Each mutated tree is a copy of the tracked files; ``csagate`` is imported from it through a
 symlink tree first on PYTHONPATH (``csagate.kernels`` -> ``<copy>/kernels`` ...), so the
@@ -220,22 +222,42 @@ def judge(mutant: Mutant, base: Path) -> Outcome:
     return Outcome(mutant, ok, detail, proc.returncode, failed)
 
 
+# What the run-time proof judges in a mutated tree: a quick CPU run of a CPU-capable built-in
+# (the self-tests run before it, whatever is judged).
+RUNTIME_ARGS = ("run", "--impl", "decode", "--device", "cpu", "--ratio", "4", "--case",
+                "r4/c1d128/overflow")
+
+
 def judge_cpu(mutant: Mutant, base: Path) -> Outcome:
     """Run the mutant's ``cpu_test`` in its mutated tree: caught when the test fails (pytest
-    exit 1); a passing test means the weakened gate went unnoticed."""
+    exit 1); a passing test means the weakened gate went unnoticed. Then, for a mutant that
+    names its ``selftest``, ``csagate run`` in the tree must stop before its verdict: exit 3
+    with that self-test named among the failed ones."""
     tree = base / mutant.name / "tree"
     test_file, _, test = mutant.cpu_test.partition("::")
     node = str(tree / test_file) + (f"::{test}" if test else "")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                            node], cwd=base / mutant.name, env=env_for(mutant, base),
                           capture_output=True, text=True)
-    if proc.returncode == 1:
-        return Outcome(mutant, True, f"caught: {mutant.cpu_test} fails", 1, (mutant.expect,))
     if proc.returncode == 0:
         return Outcome(mutant, False, f"MISSED: {mutant.cpu_test} passes in the mutated tree",
                        0)
-    tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["?"]
-    return Outcome(mutant, False, f"pytest exit {proc.returncode}: {tail[0]}", proc.returncode)
+    if proc.returncode != 1:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["?"]
+        return Outcome(mutant, False, f"pytest exit {proc.returncode}: {tail[0]}",
+                       proc.returncode)
+    detail = f"caught: {mutant.cpu_test} fails"
+    if not mutant.selftest:
+        return Outcome(mutant, True, detail, 1, (mutant.expect,))
+    run = _run(list(RUNTIME_ARGS), mutant, base)
+    said = " ".join(run.stderr.split())
+    stopped = run.returncode == 3 and "self-test failed" in said and mutant.selftest in said
+    if not stopped:
+        return Outcome(mutant, False, f"{detail}; but at run time `csagate run` exit "
+                       f"{run.returncode}, self-test {mutant.selftest!r} not named: "
+                       f"{said[-200:]}", run.returncode)
+    return Outcome(mutant, True, f"{detail}; at run time the self-test stops the verdict "
+                   "(exit 3)", 3, (mutant.expect, "self-test"))
 
 
 def select(names: list[str]) -> list[Mutant]:
@@ -277,13 +299,42 @@ def report_md(outcomes: list[Outcome]) -> str:
     return "\n".join(lines) + "\n"
 
 
+CPU_HEADER = """## The gate's own logic (judged on the CPU)
+
+A bug in the gate itself does not make `csagate run` fail on correct kernels by their cases
+alone. So each gate-logic mutant is judged twice on the CPU, each time in its own copy of the
+tree (a fresh process importing `csagate` from the copy; no GPU, no kernel build): the CPU test
+that plants a fault the expected gate must catch (`tests/gate_backends.py`, reference-backed
+backends) must fail there, and `csagate run` there (`{args}`) must stop before its
+verdict with exit 3, naming the known-answer self-test (`gates/selftest.py`) that caught the
+weakened machinery where it runs. `python mutants/run.py cpu --report FILE` writes this table;
+`tests/test_mutants.py` runs every row in the CPU suite. `mutants/run.py gate` leaves them out.
+"""
+
+
+def report_cpu_md(outcomes: list[Outcome]) -> str:
+    caught = sum(o.ok for o in outcomes)
+    lines = [CPU_HEADER.format(args="csagate " + " ".join(RUNTIME_ARGS)),
+             f"This run: {caught}/{len(outcomes)} caught both ways.\n",
+             "| # | mutant | file | planted bug | expected | the CPU test that must fail | "
+             "the self-test that stops the verdict | result |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, o in enumerate(outcomes, 1):
+        m = o.mutant
+        test = m.cpu_test.removeprefix("tests/")
+        result = "caught both ways" if o.ok else "MISSED: " + o.detail
+        lines.append(f"| {i} | {m.name} | `{m.file}` | {m.why} | {m.expect} | `{test}` | "
+                     f"{m.selftest or '-'} | {result} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=("check", "gate", "cpu"))
     ap.add_argument("names", nargs="*")
     ap.add_argument("--arch", default=None, help="check: cross-compile target (default sm_90a)")
     ap.add_argument("--jobs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 2)))
-    ap.add_argument("--report", type=Path, help="gate: write the Markdown table here")
+    ap.add_argument("--report", type=Path, help="gate, cpu: write the Markdown table here")
     ap.add_argument("--keep", action="store_true", help="keep the mutated trees")
     ap.add_argument("--sample", action="store_true",
                     help="check: build one mutant per kernel source file (the rest parse)")
@@ -333,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             args.mode]
         print(f"{len(outcomes) - bad}/{len(outcomes)} mutants {what}")
         if args.report is not None:
-            args.report.write_text(report_md(outcomes))
+            write = report_cpu_md if args.mode == "cpu" else report_md
+            args.report.write_text(write(outcomes))
         return 1 if bad else 0
     finally:
         if not args.keep:

@@ -106,6 +106,11 @@ class _Slots:
     half: torch.Tensor    # (W,) column half: 0 for [0, d), 1 for [d, 2d)
     ape_row: torch.Tensor  # (W,) APE row k mod ratio
 
+    def rows(self, start: int, end: int) -> _Slots:
+        """The slots of output rows [start, end)."""
+        return _Slots(self.token[:, start:end], self.valid[:, start:end], self.half,
+                      self.ape_row)
+
 
 def _slots(cu, cuc, n_rows: int, ratio: int, coff: int) -> _Slots:
     tok0, first_block, _ = _row_geometry(cu, cuc, n_rows, ratio)
@@ -204,6 +209,23 @@ def _check(kv, score, ape, cu, cuc, ratio, coff, precision):
         raise ValueError("cu_seqlens and cu_seqlens_comp must both have B + 1 >= 2 entries")
 
 
+# dAPE sums ds over the rows in blocks of this many consecutive valid rows (the most rows a
+# small-ratio backward CTA sums in registers before its one atomic per slot and column).
+DAPE_BLOCK_ROWS = 32
+# The rows are evaluated in chunks whose window tensors (W, rows, d) hold about this many
+# elements (32 MiB per fp64 temporary), a whole number of dAPE blocks each: the references'
+# working memory is bounded whatever N is. Every value is computed per row (and dAPE's sums
+# run on across chunks in the same order), so the bits do not depend on the chunking.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def row_chunks(n_rows: int, window: int, d: int) -> list[tuple[int, int]]:
+    """[start, end) row ranges of at most ``CHUNK_ELEMENTS / (window * d)`` rows, rounded to
+    whole dAPE blocks (at least one block)."""
+    per = max(1, CHUNK_ELEMENTS // max(1, window * d) // DAPE_BLOCK_ROWS) * DAPE_BLOCK_ROWS
+    return [(start, min(start + per, n_rows)) for start in range(0, n_rows, per)]
+
+
 def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,
             precision: str = "fp32") -> torch.Tensor:
     """``out`` (N, d) in the documented order; N defaults to cuc[B] (no capacity padding)."""
@@ -214,10 +236,14 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
         if precision == "upstream":
             return _torch_eager(kv, score, ape, cu, cuc, ratio=ratio, coff=coff,
                                 n_rows=n_rows, precision=precision)
-        s, u = _windows(kv, score, ape, _slots(cu, cuc, n_rows, ratio, coff), coff,
-                        _dtype(precision))
-        p, _ = _softmax(s)
-        return _out(p, u, precision)
+        slots = _slots(cu, cuc, n_rows, ratio, coff)
+        d = kv.shape[1] // coff
+        out = torch.empty((n_rows, d), dtype=_out_dtype(precision), device=kv.device)
+        for a, b in row_chunks(n_rows, coff * ratio, d):
+            s, u = _windows(kv, score, ape, slots.rows(a, b), coff, _dtype(precision))
+            p, _ = _softmax(s)
+            out[a:b] = _out(p, u, precision)
+        return out
 
 
 def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
@@ -232,63 +258,71 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
     if precision == "upstream":
         return _torch_eager_backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
     dtype = _dtype(precision)
-    n_rows = grad_out.shape[0]
+    grad_dtype = dtype if precision == "fp64" else torch.bfloat16
+    n_rows, d = grad_out.shape
+    n_tokens, width = kv.shape
+    n_valid = min(int(cuc[-1]), n_rows)              # the backward reads real rows only
     with torch.no_grad():
         slots = _slots(cu, cuc, n_rows, ratio, coff)
-        s, u = _windows(kv, score, ape, slots, coff, dtype)
-        p, _ = _softmax(s)
-        out = _out(p, u, precision)
-
-        n_valid = min(int(cuc[-1]), n_rows)          # the backward reads real rows only
-        p, u = p[:, :n_valid], u[:, :n_valid]
-        go = grad_out[:n_valid].to(dtype)
-        t = (go * u) * p                              # t_k = dp_k * p_k, dp_k = go * u_k
-        S = _serial_sum(t)
-        ds = _fma(p, -S, t)
-        dkv_k = go * p
-        grad_dtype = dtype if precision == "fp64" else torch.bfloat16
-        dkv, dscore = (_scatter(vals.to(grad_dtype), slots, n_valid, kv.shape)
-                       for vals in (dkv_k, ds))
-        dape = _dape(ds, slots, n_valid, ape, dtype)
-    return Grads(out, dkv, dscore, dape)
-
-
-def _scatter(vals: torch.Tensor, slots: _Slots, n_valid: int, shape) -> torch.Tensor:
-    """(T, coff*d) holding ``vals`` (W, n_valid, d) at the slots the valid positions read,
-    +0 elsewhere (each slot is read by at most one (row, position), so nothing adds)."""
-    n_tokens, width = shape
-    d = vals.shape[-1]
-    grad = torch.zeros((n_tokens, width // d, d), dtype=vals.dtype, device=vals.device)
-    valid = slots.valid[:, :n_valid]
-    token = slots.token[:, :n_valid][valid]
-    half = slots.half[:, None].expand(valid.shape)[valid]
-    grad[token, half] = vals[valid]
-    return grad.view(n_tokens, width)
+        out = torch.empty((n_rows, d), dtype=_out_dtype(precision), device=kv.device)
+        dkv = torch.zeros((n_tokens, coff, d), dtype=grad_dtype, device=kv.device)
+        dscore = torch.zeros_like(dkv)
+        dape_sum = torch.zeros((coff * ratio, d), dtype=dtype, device=kv.device)
+        for a, b in row_chunks(n_rows, coff * ratio, d):
+            rows = slots.rows(a, b)
+            s, u = _windows(kv, score, ape, rows, coff, dtype)
+            p, _ = _softmax(s)
+            out[a:b] = _out(p, u, precision)
+            v = max(0, min(n_valid, b) - a)            # the chunk's real rows
+            if not v:
+                continue
+            rows = slots.rows(a, a + v)
+            p, u = p[:, :v], u[:, :v]
+            go = grad_out[a:a + v].to(dtype)
+            t = (go * u) * p                          # t_k = dp_k * p_k, dp_k = go * u_k
+            S = _serial_sum(t)
+            ds = _fma(p, -S, t)
+            _scatter(dkv, (go * p).to(grad_dtype), rows)
+            _scatter(dscore, ds.to(grad_dtype), rows)
+            dape_sum = _dape_blocks(dape_sum, ds, rows)
+        dape = torch.zeros((ratio, coff, d), dtype=dtype, device=kv.device)
+        dape[slots.ape_row, slots.half] = dape_sum     # each (row k mod ratio, half) once
+    return Grads(out, dkv.view(n_tokens, width), dscore.view(n_tokens, width),
+                 dape.view(ratio, width))
 
 
-# dAPE sums ds over the rows in blocks of this many consecutive valid rows (the most rows a
-# small-ratio backward CTA sums in registers before its one atomic per slot and column).
-DAPE_BLOCK_ROWS = 32
+def _out_dtype(precision: str) -> torch.dtype:
+    return torch.float64 if precision == "fp64" else torch.bfloat16
 
 
-def _dape(ds: torch.Tensor, slots: _Slots, n_valid: int, ape, dtype) -> torch.Tensor:
-    """dAPE[k mod ratio, column half of k]: ds summed over the valid rows in ``dtype`` (an
-    invalid position's ds is never added): each block of ``DAPE_BLOCK_ROWS`` consecutive rows
-    serially, then the block sums serially, the structure and precision of the kernels' own
-    reduction, so that G3 compares a kernel's dAPE with a same-precision sum."""
-    ratio, width = ape.shape
+def _scatter(grad: torch.Tensor, vals: torch.Tensor, rows: _Slots) -> None:
+    """Write ``vals`` (W, rows, d) into ``grad`` (T, coff, d) at the slots the valid
+    positions of ``rows`` read (each slot is read by at most one (row, position), so nothing
+    adds; the others keep their +0)."""
+    token = rows.token[rows.valid]
+    half = rows.half[:, None].expand(rows.valid.shape)[rows.valid]
+    grad[token, half] = vals[rows.valid]
+
+
+def _dape_blocks(total: torch.Tensor, ds: torch.Tensor, rows: _Slots) -> torch.Tensor:
+    """``total`` (W, d) plus the dAPE blocks of these rows, in order: ds summed over the valid
+    rows in its own precision (an invalid position's ds is never added), each block of
+    ``DAPE_BLOCK_ROWS`` consecutive rows serially, then each block sum added to ``total``:
+    the structure and precision of the kernels' own reduction, so that G3 compares a
+    kernel's dAPE with a same-precision sum. The chunks start on block boundaries, so the
+    blocks and their order are those of the whole pack."""
     d = ds.shape[-1]
-    valid = slots.valid[:, :n_valid, None]
-    ds = torch.where(valid, ds, torch.zeros((), dtype=ds.dtype, device=ds.device))
-    n_blocks = -(-n_valid // DAPE_BLOCK_ROWS)
-    pad = n_blocks * DAPE_BLOCK_ROWS - n_valid
-    rows = torch.cat([ds, ds.new_zeros((ds.shape[0], pad, d))], dim=1)
-    blocks = rows.view(ds.shape[0], n_blocks, DAPE_BLOCK_ROWS, d).transpose(0, 2)
+    ds = torch.where(rows.valid[:, :, None], ds, torch.zeros((), dtype=ds.dtype,
+                                                                device=ds.device))
+    n = ds.shape[1]
+    n_blocks = -(-n // DAPE_BLOCK_ROWS)
+    pad = n_blocks * DAPE_BLOCK_ROWS - n
+    padded = torch.cat([ds, ds.new_zeros((ds.shape[0], pad, d))], dim=1)
+    blocks = padded.view(ds.shape[0], n_blocks, DAPE_BLOCK_ROWS, d).transpose(0, 2)
     partial = _serial_sum(blocks)                  # (n_blocks, W, d): rows within a block
-    summed = _serial_sum(partial)                  # (W, d): the blocks in order
-    dape = torch.zeros((ratio, width // d, d), dtype=dtype, device=ds.device)
-    dape[slots.ape_row, slots.half] = summed       # each (row k mod ratio, half) once
-    return dape.view(ratio, width)
+    for i in range(n_blocks):                      # the blocks in order
+        total = total + partial[i]
+    return total
 
 
 # --- upstream: torch's own eager ops (Megatron-LM's numerics) ------------------------------

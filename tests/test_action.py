@@ -281,3 +281,38 @@ def test_a_bad_impl_is_a_usage_error_verdict(action, tmp_path):
     assert done.returncode == 0, done.stderr
     assert github_output.read_text().splitlines() == ["exit-code=2", "verdict=USAGE ERROR"]
     assert "unknown implementation 'no-such-impl'" in done.stderr
+
+
+FORWARD_ONLY = """
+from csagate.gates.implementation import Supports
+from csagate.reference import forward
+
+
+class ForwardOnly:
+    name = "forward-only"
+    supports = Supports(ratios=(4,))
+
+    def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
+        return forward(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash here")
+def test_a_verdict_that_judged_nothing_is_named_so(action, tmp_path):
+    """A forward-only implementation on a pack with no output row judges nothing: exit 3,
+    and the step's verdict says NOTHING JUDGED (from the JSON), not just "could not
+    evaluate"."""
+    from csagate.gates import casefile
+    from csagate.gates.cases import Case
+
+    (tmp_path / "adapter.py").write_text(FORWARD_ONLY)
+    case = casefile.write(tmp_path / "short.json", Case("short", 1, 4, (3,), "fuzz", "",
+                                                        ratio=4))
+    github_output = tmp_path / "output"
+    env = {"IMPL": "adapter.py:ForwardOnly", "RATIO": "4", "DEVICE": "cpu", "FUZZ_BUDGET": "0",
+           "EXTRA_ARGS": f"--case-file {case}", "OUT": str(tmp_path / "out"),
+           "GITHUB_OUTPUT": str(github_output), "GITHUB_STEP_SUMMARY": str(tmp_path / "s")}
+    done = _run_step(action, "gate", env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    outputs = dict(line.split("=", 1) for line in github_output.read_text().splitlines())
+    assert outputs == {"exit-code": "3", "verdict": "NOTHING JUDGED"}, done.stdout + done.stderr

@@ -79,9 +79,21 @@ def test_only_the_geometry_is_required():
     ({"case": {"colour": 1}}, "unknown field(s) colour"),
     ({"case": {"coff": 3}}, "case.coff must be 1 or 2"),
     ({"case": {"coff": True}}, "case.coff must be 1 or 2"),
-    ({"case": {"d": 0}}, "case.d must be an integer >= 1"),
-    ({"case": {"lens": []}}, "case.lens must be a non-empty list"),
-    ({"case": {"lens": [4, -1]}}, "case.lens[1] must be an integer >= 0"),
+    ({"case": {"d": 0}}, "case.d must be an integer in [1, 1024], got 0"),
+    ({"case": {"lens": []}}, "case.lens must be a list of 1 to 4096 segment lengths"),
+    ({"case": {"lens": [4, -1]}}, "case.lens[1] must be an integer in [0, 4194304]"),
+    # bounds before work: no field reaches the allocator outside its documented range
+    ({"case": {"lens": [10 ** 12]}}, "case.lens[0] must be an integer in [0, 4194304]"),
+    ({"case": {"lens": [1 << 21] * 3}}, "case.lens holds 6291456 tokens, more than 4194304"),
+    ({"case": {"lens": [1] * 4097}}, "case.lens must be a list of 1 to 4096"),
+    ({"case": {"pad_rows": 10 ** 12}}, "case.pad_rows must be an integer in [0, 65536]"),
+    ({"case": {"pad_tokens": 65537}}, "case.pad_tokens must be an integer in [0, 65536]"),
+    ({"case": {"d": 10 ** 9}}, "case.d must be an integer in [1, 1024]"),
+    ({"case": {"d": 1025}}, "case.d must be an integer in [1, 1024]"),
+    ({"case": {"scale": 1e308}}, "case.scale must be a finite number in [2^-10, 2^10]"),
+    ({"case": {"scale": 2.0 ** -11}}, "case.scale must be a finite number in [2^-10, 2^10]"),
+    ({"case": {"input_seed": 2 ** 70}}, "case.input_seed must be an integer in [0, "),
+    ({"case": {"grad_seed": 2 ** 63}}, "case.grad_seed must be an integer in [0, "),
     ({"case": {"ratio": 3}}, "case.ratio 3 has no contract"),
     ({"case": {"scale": float("nan")}}, "case.scale must be a finite number"),
     ({"case": {"kind": "random"}}, "case.kind must be one of"),
@@ -93,6 +105,29 @@ def test_bad_documents_say_what_is_wrong(changes, needle):
     with pytest.raises(CaseFileError) as info:
         parse(_doc(**changes))
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field, value", [("lens", [1 << 22]), ("pad_rows", 1 << 16),
+                                          ("pad_tokens", 1 << 16), ("d", 1024),
+                                          ("scale", 1024.0), ("input_seed", 2 ** 63 - 1)])
+def test_the_ends_of_each_range_are_accepted(field, value):
+    doc = _doc(case={field: value})
+    assert getattr(parse(doc).case, field) == (tuple(value) if field == "lens" else value)
+
+
+def test_a_deeply_nested_file_is_one_line_not_a_recursion_error(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(CaseFileError, match="nested too deeply") as info:
+        casefile.load(path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_file_larger_than_a_case_file_is_not_read(tmp_path):
+    path = tmp_path / "big.json"
+    path.write_text(" " * (casefile.MAX_FILE_BYTES + 1))
+    with pytest.raises(CaseFileError, match="more than a case file holds"):
+        casefile.load(path)
 
 
 def test_a_case_without_its_geometry_is_refused():
@@ -146,11 +181,14 @@ def test_replay_on_the_cpu_passes_with_the_drift_check_not_run(tmp_path, adapter
     assert [c["name"] for c in doc["cases"]] == [CASE.name]
 
 
-def test_replay_outside_the_envelope_is_na(tmp_path, adapter):
+def test_replay_outside_the_envelope_judges_nothing_and_is_refused(tmp_path, adapter):
+    """A case file outside the implementation's envelope would judge nothing: a usage error
+    before any work (exit 2), never ``GATE PASS 0/0``."""
     path = casefile.write(tmp_path / "c.json", CASE)
     result = invoke("run", "--case-file", path, "--impl", f"{adapter}:Narrow", "--device", "cpu")
-    assert result.exit_code == 0, result.output
-    assert "GATE PASS 0/0" in result.stdout and "n/a" in result.stdout
+    assert result.exit_code == 2, result.output
+    assert "nothing to judge" in result.stderr and "outside narrow's envelope" in result.stderr
+    assert "GATE" not in result.stdout
 
 
 def test_run_on_the_cpu_refuses_the_gates_own_kernels(tmp_path):

@@ -130,7 +130,7 @@ def test_compare_exits_1_beyond_a_bound(gate, monkeypatch, tmp_path, args, code)
     doc = json.loads(out.read_text())
     assert bool(doc["beyond"]) == (code == 1)
     if args:
-        assert ("DRIFT" in r.stdout) == (code == 1)
+        assert ("BEYOND THE BOUND" in r.stdout) == (code == 1)
 
 
 @pytest.mark.parametrize("bad", ["out", "nope=1", "out=x", "out=-1"])

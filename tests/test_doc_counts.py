@@ -63,3 +63,14 @@ def test_readme_sample_verdict_is_the_current_case_list():
     n, h, d = len(R128.cases), len(R128.hardening), len(R128.deterministic)
     assert f"GATE PASS {n}/{n} + {h}/{h} hardening + {d}/{d} deterministic" in block
     assert all(len(line) <= 80 for line in block.splitlines())
+
+
+SELF_TEST = re.compile(r"self-test (\d+)/(\d+)")
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_every_quoted_self_test_count_is_the_codes(name):
+    from csagate.gates.selftest import CHECKS
+
+    for passed, total in SELF_TEST.findall(_text(name)):
+        assert passed == total and int(total) == len(CHECKS), f"{name}: self-test {total}"

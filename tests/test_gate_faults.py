@@ -82,7 +82,7 @@ def test_unfaulted_backend_passes(clean):
     assert clean.headline == f"GATE PASS {N}/{N} + {H}/{H} hardening"
     assert clean.reasons == ()
     assert clean.drift.status == PASS
-    assert [g.tensor for g in clean.drift.gates] == ["dkv", "dscore", "dape"]
+    assert [g.tensor for g in clean.drift.gates] == ["dkv", "dscore", "dape", "fp64"]
     assert [r.name for r in clean.cases] == [c.name for c in ALL]
     assert all(r.status == PASS for r in clean.cases)
     assert clean.coverage.status == PASS

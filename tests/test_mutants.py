@@ -99,6 +99,11 @@ def test_gate_logic_mutants_name_an_existing_cpu_test_and_touch_no_kernel():
         path, _, test = m.cpu_test.partition("::")
         assert (ROOT / path).is_file() and f"def {test}(" in (ROOT / path).read_text(), m.name
     assert {m.expect for m in CPU_JUDGED} >= {"n/a", "op", "coverage", "G1", "zeros"}
+    from csagate.gates.selftest import CHECKS
+
+    checks = {name for name, _ in CHECKS}
+    for m in CPU_JUDGED:   # each is stopped at run time by a self-test that exists
+        assert m.selftest in checks, m.name
     files = {m.file for m in CPU_JUDGED}
     assert {"gates/runner.py", "gates/coverage.py"} <= files
 

@@ -1,4 +1,4 @@
-"""The reference against an independent brute-force loop, and hand-checked facts."""
+"""The reference against its scalar derivation (``reference.scalar``), and hand-checked facts."""
 
 from __future__ import annotations
 
@@ -7,54 +7,7 @@ import math
 import csagate.reference as R
 import pytest
 import torch
-
-
-def brute_force(pack, grad_out):
-    """Plain fp64 loops over rows and window positions: out, dkv, dscore, dape (no autograd)."""
-    kv, score, ape = pack.kv.double(), pack.score.double(), pack.ape.double()
-    cu, cuc = pack.cu.tolist(), pack.cuc.tolist()
-    r, coff, d = pack.ratio, pack.coff, pack.d
-    n_rows = grad_out.shape[0]
-    out = torch.zeros(n_rows, d, dtype=torch.float64)
-    dkv = torch.zeros_like(kv)
-    dscore = torch.zeros_like(score)
-    dape = torch.zeros_like(ape)
-    for b in range(n_rows):
-        if b < cuc[-1]:
-            s = max(i for i in range(len(cu) - 1) if cuc[i] <= b < cuc[i + 1])
-            i = b - cuc[s]
-            tok0 = cu[s] + i * r
-        else:
-            i, tok0 = 0, 0                      # capacity padding row: first block at token 0
-        for j in range(d):
-            slots = []                          # (token, column, ape_row, ape_col) or None
-            if coff == 1:
-                slots = [(tok0 + k, j, k, j) for k in range(r)]
-            else:
-                slots = [None if i == 0 else (tok0 - r + k, j, k, j) for k in range(r)]
-                slots += [(tok0 + k, d + j, k, d + j) for k in range(r)]
-            logits = [-math.inf if sl is None else float(score[sl[0], sl[1]] + ape[sl[2], sl[3]])
-                      for sl in slots]
-            vals = [0.0 if sl is None else float(kv[sl[0], sl[1]]) for sl in slots]
-            m = max(logits)
-            e = [math.exp(x - m) for x in logits]
-            den = sum(e)
-            p = [x / den for x in e]
-            out[b, j] = sum(pk * u for pk, u in zip(p, vals))
-            if b >= cuc[-1]:
-                continue                        # padding rows' grad_out is ignored
-            go = float(grad_out[b, j])
-            dp = [go * u for u in vals]
-            big_s = sum(a * pk for a, pk in zip(dp, p))
-            for sl, pk, a in zip(slots, p, dp):
-                if sl is None:
-                    continue
-                ds = pk * (a - big_s)
-                dkv[sl[0], sl[1]] += go * pk
-                dscore[sl[0], sl[1]] += ds
-                dape[sl[2], sl[3]] += ds
-    return out, dkv, dscore, dape
-
+from csagate.reference.scalar import agreement, check_oracle, derive
 
 FAMILIES = [
     # (lens, ratio, coff, d, pad_rows, pad_tokens)
@@ -69,12 +22,19 @@ FAMILIES = [
 
 
 @pytest.mark.parametrize("lens,ratio,coff,d,pad_rows,pad_tokens", FAMILIES)
-def test_reference_matches_brute_force(lens, ratio, coff, d, pad_rows, pad_tokens):
+def test_oracle_agrees_with_its_scalar_derivation(lens, ratio, coff, d, pad_rows, pad_tokens):
+    """The fp64 oracle against ``reference.scalar`` (one row and column at a time, from the
+    contract's table), and the fp32 reference within bf16 rounding of both."""
     pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d, pad_rows=pad_rows,
                        pad_tokens=pad_tokens)
     go = R.make_grad_out(pack.n_rows, d)
-    want = brute_force(pack, go)
+    derived = derive(*pack.inputs(), go, ratio=ratio, coff=coff)
+    want = [torch.tensor(getattr(derived, n), dtype=torch.float64).reshape(-1, w)
+            for n, w in (("out", d), ("dkv", coff * d), ("dscore", coff * d),
+                         ("dape", coff * d))]
     got = R.backward(*pack.inputs(), go, ratio=ratio, coff=coff, precision="fp64")
+    found = agreement(got, derived)
+    assert found.ok, found.summary()
     for name, g, w in zip(("out", "dkv", "dscore", "dape"), (got.out, got.dkv, got.dscore,
                                                               got.dape), want):
         assert g.dtype == torch.float64, name
@@ -86,6 +46,44 @@ def test_reference_matches_brute_force(lens, ratio, coff, d, pad_rows, pad_token
     torch.testing.assert_close(f32.dkv.double(), want[1], rtol=2**-7, atol=1e-6)
     torch.testing.assert_close(f32.dscore.double(), want[2], rtol=2**-7, atol=1e-5)
     torch.testing.assert_close(f32.dape.double(), want[3], rtol=1e-4, atol=1e-5)
+
+
+def test_the_scalar_derivation_sees_a_slot_the_oracle_gets_wrong(monkeypatch):
+    """Independent in form: a geometry slip shared by the fp32 reference and the oracle (an
+    APE row off by one) makes them disagree with it."""
+    from csagate.reference import compressor
+
+    real = compressor._slots
+
+    def shifted(cu, cuc, n_rows, ratio, coff):
+        s = real(cu, cuc, n_rows, ratio, coff)
+        return compressor._Slots(s.token, s.valid, s.half, (s.ape_row + 1) % ratio)
+
+    assert check_oracle(4, 2, 3, (9, 0, 13, 3, 8), 2, 5).ok
+    monkeypatch.setattr(compressor, "_slots", shifted)
+    found = check_oracle(4, 2, 3, (9, 0, 13, 3, 8), 2, 5)
+    assert not found.ok and "DISAGREE" in found.summary()
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 3, 4096])
+def test_the_row_chunks_change_no_bit(monkeypatch, rows_per_chunk):
+    """The references evaluate rows in chunks (bounded working memory): any chunking gives
+    the bits of one whole evaluation, dAPE's block sums included."""
+    from csagate.reference import compressor
+
+    pack = R.make_pack((300, 129, 0, 127, 77), ratio=4, coff=2, d=5, pad_rows=3, pad_tokens=2)
+    go = R.make_grad_out(pack.n_rows, 5)
+    whole = {p: R.backward(*pack.inputs(), go, ratio=4, coff=2, precision=p)
+             for p in ("fp32", "fp64")}
+    monkeypatch.setattr(compressor, "CHUNK_ELEMENTS", rows_per_chunk * 8 * 5)
+    assert len(compressor.row_chunks(pack.n_rows, 8, 5)) > (1 if rows_per_chunk < 4096 else 0)
+    for precision, want in whole.items():
+        got = R.backward(*pack.inputs(), go, ratio=4, coff=2, precision=precision)
+        for name in ("out", "dkv", "dscore", "dape"):
+            a, b = getattr(got, name), getattr(want, name)
+            ints = {torch.bfloat16: torch.int16, torch.float32: torch.int32,
+                    torch.float64: torch.int64}[a.dtype]
+            assert torch.equal(a.view(ints), b.view(ints)), (precision, name)
 
 
 def test_dtypes_and_shapes():

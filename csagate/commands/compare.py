@@ -26,6 +26,7 @@ from csagate.device_choice import device_option
 from csagate.exitcodes import ExitCode
 from csagate.family_choice import RATIOS
 from csagate.impl_choice import NEEDS_MATPLOTLIB, load_impl, report_dir_option
+from csagate.options import FiniteFloat
 from csagate.pair_report import abs_text, steps_text, write_report
 from csagate.render import STDOUT
 from csagate.report_files import check_report_paths
@@ -35,8 +36,9 @@ STEP_COLUMNS = ("case / output", "p50", "p90", "p99", "p99.9", "max")
 WHERE_COLUMNS = ("case / out rows", "elements", "n diff", "max steps", "p99 steps")
 TENSORS = ("out", "dkv", "dscore", "dape")
 EXITS = ("Exit codes: 0 compared (and, with a bound, every max |A - B| within it), 1 some "
-         "max |A - B| beyond its bound (only with --max-abs/--bound), 2 usage error, 3 could "
-         "not compare (an implementation cannot run here, no GPU).")
+         "max |A - B| beyond its bound (only with --max-abs/--bound), 2 usage error (no case "
+         "in both envelopes included), 3 could not compare (an implementation cannot run "
+         "here, no GPU, a failed self-test, every case raised).")
 
 
 def _bound(ctx, param, values):
@@ -49,12 +51,9 @@ def _bound(ctx, param, values):
             raise click.BadParameter(f"{value!r}: give TENSOR=VALUE with TENSOR one of "
                                      f"{', '.join(TENSORS)} (e.g. dape=1e-3)")
         try:
-            bound = float(number)
-        except ValueError:
-            raise click.BadParameter(f"{value!r}: {number!r} is not a number") from None
-        if not bound >= 0 or bound == float("inf"):
-            raise click.BadParameter(f"{value!r}: the bound must be a finite number >= 0")
-        bounds[name] = bound
+            bounds[name] = FiniteFloat(0).convert(number.strip(), None, None)
+        except click.BadParameter as exc:
+            raise click.BadParameter(f"{value!r}: {exc.message}") from None
     return bounds
 
 
@@ -184,7 +183,7 @@ def _ready(impl, device):
     "quantiles of |A - B| in bf16 steps per output and where out differs "
     f"({NEEDS_MATPLOTLIB}), and DIR/index.html listing every case; checked before anything "
     "runs.")
-@click.option("--max-abs", "max_abs", type=click.FloatRange(min=0, max=1e308), default=None,
+@click.option("--max-abs", "max_abs", type=FiniteFloat(0), default=None,
               metavar="FLOAT", help="Exit 1 when max |A - B| of any output exceeds FLOAT.")
 @click.option("--bound", "per_tensor", multiple=True, metavar="TENSOR=VALUE", callback=_bound,
               help=f"Exit 1 when max |A - B| of TENSOR ({', '.join(TENSORS)}) exceeds VALUE "
@@ -194,9 +193,17 @@ def command(impls, ratio, names, device, json_path, report_dir, max_abs, per_ten
     check_report_paths({"--json": json_path, "--report": report_dir}, [0])
     bounds = bounds_of(max_abs, per_tensor)
     cases = _cases(ratio, names, a, b)
+    if not cases:
+        raise click.UsageError(f"nothing to compare: no selected case of --ratio {ratio} is in "
+                               f"both envelopes ({a.name}: {a.supports.text()}; {b.name}: "
+                               f"{b.supports.text()})")
     device = compare_device(device)
     for impl in (a, b):
         _ready(impl, device)
+    from csagate.impl_choice import require_memory, require_selftests
+
+    require_selftests(device)
+    require_memory(cases, device)
     from csagate.gates.pair_diff import compare
     from csagate.gates.runner import build_targets
 
@@ -225,15 +232,31 @@ def command(impls, ratio, names, device, json_path, report_dir, max_abs, per_ten
     if report_dir is not None:
         for line in write_report(report_dir, text):
             console.print_wrapped(console.err(), line)
+    compared = sum(1 for d in diffs if not d.error)
     if bounds:
         for line in beyond:
             console.print_wrapped(shown, f"beyond the bound: {line}", indent="  ",
                                   hang="    ")
-        verdict = (f"DRIFT: {len(beyond)} beyond the bound" if beyond
-                   else "within the bounds")
-        shown.print(f"compare {a.name} vs {b.name}: {verdict}", soft_wrap=True)
-    code = ExitCode.CONTRACT_FAILURE if beyond else ExitCode.PASS
+    shown.print(f"compare {a.name} vs {b.name}: {headline(compared, len(diffs), bounds, beyond)}",
+                soft_wrap=True)
+    if beyond:
+        code = ExitCode.CONTRACT_FAILURE
+    elif not compared:
+        code = ExitCode.COULD_NOT_EVALUATE
+    else:
+        code = ExitCode.PASS
     raise click.exceptions.Exit(int(code))
+
+
+def headline(compared: int, total: int, bounds: dict, beyond: list[str]) -> str:
+    """What the comparison concluded: how many cases it compared, and against the bounds."""
+    if not compared:
+        return f"NOTHING COMPARED: every one of the {total} case(s) raised"
+    text = f"compared {compared}/{total} case(s)"
+    if not bounds:
+        return text
+    return text + (f"; BEYOND THE BOUND: {len(beyond)} output(s)" if beyond else
+                   "; every output within its bound")
 
 
 def document(a: str, b: str, ratio: str, bounds: dict[str, float], beyond: list[str],

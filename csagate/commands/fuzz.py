@@ -23,15 +23,18 @@ from csagate.exitcodes import ExitCode
 from csagate.family_choice import RATIOS
 from csagate.gates.contracts import CONTRACT_VERSION
 from csagate.impl_choice import IMPL_HELP, load_impl
+from csagate.options import FiniteFloat
 from csagate.progress import StderrProgress
 from csagate.render import STDOUT
-from csagate.report_files import check_report_paths
+from csagate.report_files import check_report_paths, report_dir_problem
 
 DEFAULT_BUDGET = 60.0
 SCHEMA = "csagate.fuzz/1"
 
 
 def _out_dir(ctx, param, value: Path | None):
+    """``--out DIR``: a folder that exists or can be created, in which a file can be created
+    (checked before the first trial, like ``--json``), else exit 2."""
     if value is not None:
         if value.exists() and not value.is_dir():
             raise click.BadParameter(f"{str(value)!r} exists and is not a directory",
@@ -39,6 +42,9 @@ def _out_dir(ctx, param, value: Path | None):
         if not value.exists() and not value.resolve().parent.is_dir():
             raise click.BadParameter(f"directory {str(value.resolve().parent)!r} does not "
                                      "exist", param_hint="--out")
+        problem = report_dir_problem(value)
+        if problem:
+            raise click.BadParameter(problem, param_hint="--out")
     return value
 
 
@@ -57,7 +63,7 @@ def _out_dir(ctx, param, value: Path | None):
                    "implementation and the kernels share).")
 @click.option("--trials", type=click.IntRange(min=1), metavar="N",
               help="Run exactly N trials (exclusive with --budget).")
-@click.option("--budget", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@click.option("--budget", type=FiniteFloat(0, low_open=True), metavar="SECONDS",
               help=f"Start trials until SECONDS have passed (default {DEFAULT_BUDGET:g}; a "
                    "shrink that started finishes).")
 @click.option("--seed", type=click.IntRange(min=0), metavar="S",
@@ -120,9 +126,10 @@ def _backend(impl, device):
     from csagate.gates.backend import BuildError
     from csagate.gates.contracts import R4
     from csagate.gates.runner import run_drift
-    from csagate.impl_choice import drivers
+    from csagate.impl_choice import drivers, require_selftests
 
     judged = drivers(impl, device)
+    require_selftests(judged.driver.device)
     if judged.drift is None:
         return judged.driver
     drift = R4.drift
@@ -163,7 +170,19 @@ def _run(impl, impl_spec, env, device, seed, trials, budget, out_dir, shrink_cal
     fuzz_render.print_summary(run, fuzz.coverage(run), files, shown, impl=impl.name,
                               device=str(device), impl_spec=impl_spec)
     reports.write(run, fuzz.coverage(run), files)
-    return ExitCode.PASS if run.ok else ExitCode.CONTRACT_FAILURE
+    if run.stopped == "interrupted":   # Ctrl-C: what was found is written, then exit 130
+        where = f"; {len(files)} case file(s) in {out_dir}" if files else ""
+        console.abort(f"interrupted after {len(run.trials)} trial(s){where}",
+                      ExitCode.INTERRUPTED)
+    return exit_code(run)
+
+
+def exit_code(run) -> ExitCode:
+    """0 every trial passed, 1 some trial failed, 3 some (or every) trial judged nothing."""
+    from csagate.gates.verdict import FAIL, PASS
+
+    return {PASS: ExitCode.PASS, FAIL: ExitCode.CONTRACT_FAILURE}.get(
+        run.state, ExitCode.COULD_NOT_EVALUATE)
 
 
 def _write_case_files(run, out_dir: Path, impl_spec: str) -> dict[int, str]:
@@ -213,10 +232,14 @@ class FuzzReports:
                      "shrunk": case_dict(f.shrunk.case), "failing": failing(f.shrunk.result),
                      "shrink_steps": f.shrunk.steps, "shrink_calls": f.shrunk.calls,
                      "case_file": files.get(i)} for i, f in enumerate(run.failures)]
-        doc = self._doc(verdict="PASS" if run.ok else "FAIL",
-                        exit_code=int(ExitCode.PASS if run.ok else ExitCode.CONTRACT_FAILURE),
+        from csagate.render import VERDICT_WORD
+
+        code = ExitCode.INTERRUPTED if run.stopped == "interrupted" else exit_code(run)
+        doc = self._doc(verdict=VERDICT_WORD[run.state], exit_code=int(code),
                         stopped=run.stopped, trials_run=len(run.trials), passed=run.passed,
-                        failed=run.failed, distinct_failures=len(run.failures),
+                        failed=run.failed, inconclusive=run.inconclusive,
+                        selftest=None if run.selftest is None else run.selftest.record(),
+                        distinct_failures=len(run.failures),
                         seconds=run.seconds, coverage=covered, failures=failures,
                         trial_results=[{"index": t.index, "name": t.case.name,
                                         "status": t.status, "failing": t.failing,
@@ -254,7 +277,7 @@ def _junit(run, files: dict[int, str], selection: dict) -> str:
     """One testcase per trial; a failing one names its shrunk case and case file."""
     shrunk_of = {i: (k, f) for k, f in enumerate(run.failures) for i in f.trials}
     suite = ET.Element("testsuite", name="csagate.fuzz", tests=str(len(run.trials)),
-                       failures=str(run.failed), errors="0", skipped="0",
+                       failures=str(run.failed), errors=str(run.inconclusive), skipped="0",
                        time=f"{run.seconds:.3f}")
     props = ET.SubElement(suite, "properties")
     for key, value in sorted({**selection, "csagate_version": __version__,
@@ -263,7 +286,9 @@ def _junit(run, files: dict[int, str], selection: dict) -> str:
     for t in run.trials:
         tc = ET.SubElement(suite, "testcase", classname=f"csagate.fuzz.r{t.case.ratio}",
                            name=t.case.name, time=f"{t.seconds:.3f}")
-        if t.status != "pass":
+        if t.status == "inconclusive":
+            ET.SubElement(tc, "error", message="judged nothing", type="inconclusive")
+        elif t.status != "pass":
             k, f = shrunk_of[t.index]
             text = (f"{', '.join(t.failing)}; shrunk to {f.shrunk.case.name}"
                     + (f" ({files[k]})" if k in files else ""))

@@ -153,7 +153,8 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
         families = [(k, _select(k.all_cases, names, quick))
                     for k in family_choice.contracts(ratio)]
         families = [(k, cases) for k, cases in families if cases or not names]
-    several = len(families) > 1
+    several = len(families) > 1      # one report per family, named by its ratio
+    families = _judgeable(families, impl, bool(names or case_files))
     check_report_paths({"--json": json_path, "--junit-xml": junit_path, "--report": report_dir},
                        [k.ratio for k, _ in families])
     reports = {}
@@ -171,7 +172,7 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
     to_stdout = STDOUT in (json_path, junit_path)
     try:
         code = _evaluate(families, device, reports, verbose, started, to_stdout,
-                         impl=impl, report_dir=report_dir)
+                         impl=impl, report_dir=report_dir, several=several)
     except console.Aborted as exc:
         if exc.exit_code == ExitCode.COULD_NOT_EVALUATE:
             for rep in reports.values():
@@ -188,6 +189,34 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
             rep.could_not_evaluate(message)
         raise click.exceptions.Exit(int(ExitCode.COULD_NOT_EVALUATE)) from exc
     raise click.exceptions.Exit(int(code))
+
+
+def _judgeable(families, impl, chosen: bool):
+    """The families with at least one case that applies to ``impl``; a usage error (exit 2,
+    before any work) when no selected case applies: a run that could judge nothing is never
+    started. With several families (``--ratio all``) one that nothing applies to is left out
+    with a line on stderr."""
+    from csagate.gates.plugin import applies_of
+
+    applies = applies_of(impl)
+    kept, left = [], []
+    for k, cases in families:
+        (kept if any(applies.covers(c) for c in cases) else left).append((k, cases))
+    if not kept:
+        k, cases = left[0] if left else (None, ())
+        if not cases:
+            raise click.UsageError("nothing to judge: no case was selected")
+        what = (f"{cases[0].name} is n/a" if len(cases) == 1 else
+                f"all {len(cases)} selected cases of ratio={k.ratio} are n/a")
+        hint = " (pick cases that apply, or leave out --case)" if chosen else \
+            " (pick a --ratio the implementation supports)"
+        raise click.UsageError(f"nothing to judge: {what} for {impl.name}: "
+                               f"{applies.why_not(cases[0]).removeprefix('n/a: ')}{hint}")
+    for k, cases in left:
+        console.err().print(f"ratio={k.ratio}: nothing applies to {impl.name} "
+                            f"({applies.why_not(cases[0]).removeprefix('n/a: ')}): not judged",
+                            soft_wrap=True)
+    return kept
 
 
 def _build(backend, drift_backend, families):
@@ -220,10 +249,11 @@ def _build(backend, drift_backend, families):
 
 
 def _evaluate(families, device, reports: dict, verbose: bool, started: float,
-              to_stdout: bool = False, *, impl, report_dir: Path | None) -> ExitCode:
+              to_stdout: bool = False, *, impl, report_dir: Path | None,
+              several: bool) -> ExitCode:
     """Preflight, build, then each family's gate, verdict and reports; the worse exit code.
     Exit 3 goes through ``console.abort``. On the CPU: no preflight, no drift check."""
-    from csagate.impl_choice import drivers
+    from csagate.impl_choice import drivers, require_memory, require_selftests
 
     judged = drivers(impl, device)
     backend, drift_backend, device_index = judged.driver, judged.drift, judged.where
@@ -238,10 +268,11 @@ def _evaluate(families, device, reports: dict, verbose: bool, started: float,
     for rep in reports.values():
         rep.env.update(env)
     render.print_lines(err, _header(env, device_index), hang="  ")
+    require_selftests(backend.device)
+    require_memory([c for _, cases in families for c in cases], backend.device)
     build = _build(backend, drift_backend, families)
 
     code = ExitCode.PASS
-    several = len(families) > 1
     for k, cases in families:
         try:
             with StderrProgress(f"gate ratio={k.ratio}" if several else "gate") as progress:
@@ -271,8 +302,7 @@ def _evaluate(families, device, reports: dict, verbose: bool, started: float,
 
             for line in write_report(report_dir, verdict, extra, several=several):
                 console.print_wrapped(err, line)
-        if not verdict.ok:
-            code = ExitCode.CONTRACT_FAILURE
+        code = ExitCode.worse(code, render.exit_code(verdict))
     return code
 
 
@@ -281,4 +311,3 @@ def _seeds() -> dict[str, int]:
 
     return {"input": INPUT_SEED, "grad": GRAD_SEED, "pad_grad": PAD_GRAD_SEED,
             "pad_token": PAD_TOKEN_SEED}
-
