@@ -21,6 +21,7 @@ import click
 
 from csagate import __version__, console
 from csagate.exitcodes import ExitCode
+from csagate.gates.errors import one_line
 
 
 def _ratios_text() -> str:
@@ -105,7 +106,7 @@ def _checked(command: click.Command) -> click.Command:
 def check_env() -> None:
     """Exit 2 with one line naming the variable when a csagate environment variable holds a
     value it does not accept (``CSAGATE_DEBUG=maybe``, ``CSAGATE_DISK_CACHE=banana``)."""
-    from csagate.env import EnvError, check_all
+    from csagate.kernels.env import EnvError, check_all
 
     try:
         check_all()
@@ -190,7 +191,7 @@ def main() -> None:
     click runs outside its standalone mode so that an interrupt reaches this function instead
     of becoming click's "Aborted!" and exit 1; its usage errors are shown as click shows them.
     """
-    from csagate.env import EnvError, debug
+    from csagate.kernels.env import EnvError, debug
 
     try:
         code = cli.main(prog_name="csagate", standalone_mode=False)
@@ -213,7 +214,7 @@ def main() -> None:
             console.err().print_exception()
         else:
             console.err().print(f"csagate: internal error, could not evaluate: "
-                                f"{console.one_line(exc)} (CSAGATE_DEBUG=1 shows the "
+                                f"{one_line(exc)} (CSAGATE_DEBUG=1 shows the "
                                 "traceback)", style="bold red")
         sys.exit(int(ExitCode.COULD_NOT_EVALUATE))
     sys.exit(code if isinstance(code, int) else int(ExitCode.PASS))

@@ -15,7 +15,6 @@ from rich.table import Table
 from rich.text import Text
 
 from csagate.exitcodes import ExitCode
-from csagate.gates.errors import one_line, short_error  # noqa: F401  (the CLI's, re-exported)
 
 _out: Console | None = None
 _err: Console | None = None
@@ -168,6 +167,17 @@ def abort(message: str, code: ExitCode) -> NoReturn:
     never a traceback."""
     print_wrapped(err(), f"csagate: {message}", style="bold red" if code else None)
     raise Aborted(message, code)
+
+
+def stop(exc: Exception, suffix: str = "") -> NoReturn:
+    """The one line and the exit code of what stopped the gate before a verdict: a usage
+    error (``gates.errors.Unusable``, an adapter's ``ImplError``: exit 2) or nothing can be
+    judged here (``gates.errors.CannotEvaluate``: exit 3, ``suffix`` appended)."""
+    from csagate.gates.errors import CannotEvaluate
+
+    if isinstance(exc, CannotEvaluate):
+        abort(f"{exc}{suffix}", ExitCode.COULD_NOT_EVALUATE)
+    abort(str(exc), ExitCode.USAGE)
 
 
 def print_wrapped(console: Console, text: str, style: str | None = None, *, indent: str = "",

@@ -46,15 +46,11 @@ def _implementation(impl):
 
 
 def _device(device):
-    from csagate.device_choice import Device, DeviceType
-
-    if isinstance(device, Device):
-        return device
-    import click
+    from csagate.gates.judging import parse_device
 
     try:
-        return DeviceType().convert(str(device), None, None)
-    except click.BadParameter as exc:
+        return parse_device(device)
+    except ValueError as exc:
         raise ContractError(f"device {device!r}: expected cpu, cuda, cuda:N or N") from exc
 
 
@@ -94,62 +90,6 @@ def _cases(contract, cases) -> tuple:
     return tuple(c for c in contract.all_cases if c.name in set(wanted))
 
 
-def _unavailable_here(impl, device) -> str | None:
-    """Why ``impl`` cannot be judged on ``device`` (the test is skipped), or None: the same
-    checks as ``csagate run`` (the gate's own kernels' preflight, the implementation's own)."""
-    import torch
-
-    from csagate.gates.builtin_impls import kernels_unavailable
-    from csagate.gates.implementation import load_builtin, unavailable
-
-    own = type(impl) is type(load_builtin())
-    if device.cpu:
-        if own:
-            return f"the gate's own kernels ({impl.name}) need a CUDA GPU"
-        return unavailable(impl, torch.device("cpu"))
-    if torch.cuda.is_available() and device.index >= torch.cuda.device_count():
-        return f"cuda:{device.index} does not exist ({torch.cuda.device_count()} visible)"
-    why = kernels_unavailable(device.torch())
-    if why:
-        return f"{why} (the drift check needs the gate's kernels)"
-    return None if own else unavailable(impl, device.torch())
-
-
-def _backends(impl, device):
-    """(the driver judged, the drift check's driver or None, the drift check's n/a reason):
-    the route ``csagate run`` takes (``impl_choice.route``), without its exits."""
-    from csagate.impl_choice import route
-
-    judged = route(impl, device)
-    return judged.driver, judged.drift, judged.drift_na
-
-
-def _build(backend, drift_backend, contract, cases) -> None:
-    """Build what the drift check and ``cases`` reach (the drift check's with the gate's own
-    kernels), as ``csagate run`` does before the gate."""
-    from csagate.gates.runner import build_targets
-
-    if backend is drift_backend:
-        backend.build(build_targets(cases, contract.drift))
-        return
-    if drift_backend is not None:
-        drift_backend.build(build_targets((), contract.drift))
-    backend.build(build_targets(cases, None))
-
-
-def _drift(drift_backend, contract) -> list[str]:
-    """The drift check alone (fuzz trials without named cases, on a GPU): its failure lines."""
-    from csagate.gates.runner import build_targets, run_drift
-
-    drift_backend.build(build_targets((), contract.drift))
-    result = run_drift(drift_backend, contract.drift)
-    if result.ok:
-        return []
-    return [f"the reference drift check failed ({result.status}"
-            f"{': ' + result.error if result.error else ''}): the fuzz trials were not run",
-            *_listed(result.reasons, "  ")]
-
-
 def _listed(lines: Sequence[str], indent: str = "  ") -> list[str]:
     shown = [indent + line for line in lines[:SHOWN]]
     if len(lines) > SHOWN:
@@ -157,26 +97,12 @@ def _listed(lines: Sequence[str], indent: str = "  ") -> list[str]:
     return shown
 
 
-def _envelope(impl, ratio: int):
-    """What the fuzz trials draw from: ``impl``'s envelope at ``ratio``."""
-    from csagate.gates import fuzz
-    from csagate.gates.implementation import applies_of
-
-    applies = applies_of(impl)
-    env = fuzz.envelope(impl.supports, ratios=(ratio,),
-                        deterministic=applies.deterministic and applies.backward)
-    if not env.dims:
-        raise ContractError(f"nothing to fuzz: {impl.name} ({impl.supports.text()}) and the "
-                            f"kernels' envelope share no config at ratio {ratio}")
-    return env
-
-
-def _fuzz(backend, env, device, trials: int, seed: int) -> list[str]:
+def _fuzz(driver, env, device, trials: int, seed: int) -> list[str]:
     """The message lines of the fuzz trials' failures (none when every trial passed)."""
     from csagate.gates import fuzz
 
     sizes = fuzz.CPU_SIZES if device.cpu else fuzz.CUDA_SIZES
-    run = fuzz.fuzz(fuzz.Judge(backend), env, seed=seed, trials=trials, sizes=sizes)
+    run = fuzz.fuzz(fuzz.Judge(driver), env, seed=seed, trials=trials, sizes=sizes)
     if run.ok:
         return []
     if not run.failed:
@@ -186,23 +112,6 @@ def _fuzz(backend, env, device, trials: int, seed: int) -> list[str]:
             f"{len(run.failures)} distinct failure(s), shrunk:")
     return [head, *_listed([f"{f.shrunk.case.name}: {', '.join(fuzz.failing(f.shrunk.result))}"
                             f" (trials {', '.join(map(str, f.trials))})" for f in run.failures])]
-
-
-def _something_to_judge(impl, contract, chosen, fuzz_trials: int) -> None:
-    """ContractError when the call could judge nothing: no case and no fuzz trial, or only
-    cases that are n/a for ``impl`` (never a green test that judged nothing)."""
-    from csagate.gates.plugin import applies_of
-
-    if fuzz_trials:
-        return
-    if not chosen:
-        raise ContractError("nothing to judge: no case and no fuzz trial (give cases or "
-                            "fuzz_trials)")
-    applies = applies_of(impl)
-    if not any(applies.covers(c) for c in chosen):
-        raise ContractError(f"nothing to judge at ratio={contract.ratio}: every chosen case is "
-                            f"n/a for {impl.name} "
-                            f"({applies.why_not(chosen[0]).removeprefix('n/a: ')})")
 
 
 def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
@@ -216,13 +125,20 @@ def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
     ``fuzz_trials``: that many fuzz trials of seed ``fuzz_seed`` at ``ratio`` after the cases,
     failures shrunk (on a GPU only once the drift check passed, as ``csagate fuzz``). Returns
     the verdict of the named cases (None when none ran).
+
+    The questions before the first case are ``csagate.gates.judging``'s, as for ``csagate
+    run``: a call that would judge nothing fails (no case and no trial, or only n/a cases); an
+    implementation that cannot run on ``device`` skips the test with the reason; a failed
+    self-test, a case too large for the device or a build failure fails it (could not
+    evaluate).
     """
     __tracebackhide__ = True
-    from csagate.gates import selftest
-    from csagate.gates.backend import BuildError
-    from csagate.gates.implementation import ImplError
+    from csagate.gates import judging
+    from csagate.gates.errors import CannotEvaluate, NothingToJudge, Unusable
+    from csagate.gates.plugin import ImplError
     from csagate.gates.runner import run_gate
 
+    problem = judged = None
     try:
         if fuzz_trials < 0:
             raise ContractError(f"fuzz_trials {fuzz_trials!r}: expected 0 or more")
@@ -230,45 +146,49 @@ def check(impl: Any, *, ratio: int = 4, device: Any = "cpu",
         dev = _device(device)
         contract = _contract(ratio)
         chosen = _cases(contract, cases)
-        _something_to_judge(impl, contract, chosen, fuzz_trials)
-        env = _envelope(impl, ratio) if fuzz_trials else None
-        why = _unavailable_here(impl, dev)
-    except (ContractError, ImplError) as exc:
-        pytest.fail(f"csagate: {exc}", pytrace=False)
-    if why:
-        pytest.skip(f"csagate: {impl.name} cannot be judged on {dev}: {why}")
-    backend, drift_backend, drift_na = _backends(impl, dev)
+        if not fuzz_trials:
+            if not chosen:
+                raise ContractError("nothing to judge: no case and no fuzz trial (give cases "
+                                    "or fuzz_trials)")
+            judging.applicable(impl, [(contract, chosen)], chosen=cases is not None)
+        env = judging.envelope(impl, (ratio,)) if fuzz_trials else None
+    except (ContractError, ImplError, NothingToJudge) as exc:
+        problem = f"csagate: {exc}"
+    if problem is not None:    # outside the except: no "During handling of ..." chain
+        pytest.fail(problem, pytrace=False)
     try:
-        selftest.ensure(backend.device)
-    except selftest.SelfTestFailed as exc:
-        pytest.fail(f"csagate: could not evaluate {impl.name} on {dev}: {exc}", pytrace=False)
-    from csagate.gates.memory import too_large
-
-    problem = too_large(chosen, backend.device)
-    if problem:
-        pytest.fail(f"csagate: could not evaluate {impl.name} on {dev}: {problem}",
-                    pytrace=False)
+        judged = judging.judging(impl, dev)
+    except (CannotEvaluate, Unusable) as exc:
+        problem = f"csagate: {impl.name} cannot be judged on {dev}: {exc}"
+    if problem is not None:
+        pytest.skip(problem)
     lines: list[str] = []
     verdict = None
     try:
+        judged.selftests()
+        judged.memory(chosen)
         if chosen:
-            _build(backend, drift_backend, contract, chosen)
-            verdict = run_gate(backend, contract, cases=chosen, drift_backend=drift_backend,
-                               drift_na=drift_na)
+            judged.build([(contract, chosen)])
+            verdict = run_gate(judged.driver, contract, cases=chosen,
+                               drift_driver=judged.drift, drift_na=judged.drift_na)
             if not verdict.ok:
                 lines += ["  " + verdict.headline, *_listed(verdict.reasons, "    ")]
-        if verdict is not None:
             trusted = verdict.drift.ok or not verdict.drift_run
         else:
-            drift_lines = _drift(drift_backend, contract) if fuzz_trials and drift_backend \
-                else []
-            lines += ["  " + line for line in drift_lines]
-            trusted = not drift_lines
+            drift = judged.drift_check(contract) if fuzz_trials else None
+            trusted = drift is None or drift.ok
+            if not trusted:
+                lines += [f"  the reference drift check failed ({drift.status}"
+                          f"{': ' + drift.error if drift.error else ''}): the fuzz trials "
+                          "were not run", *_listed(drift.reasons, "    ")]
         if fuzz_trials and trusted:
-            lines += ["  " + line for line in _fuzz(backend, env, dev, fuzz_trials, fuzz_seed)]
-    except BuildError as exc:
-        pytest.fail(f"csagate: could not evaluate {impl.name} on {dev}: {exc} (nothing was "
-                    "judged)", pytrace=False)
+            lines += ["  " + line for line in _fuzz(judged.driver, env, dev, fuzz_trials,
+                                                    fuzz_seed)]
+    except CannotEvaluate as exc:
+        problem = (f"csagate: could not evaluate {impl.name} on {dev}: {exc} (nothing was "
+                   "judged)")
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
     if lines:
         pytest.fail("\n".join([f"csagate: {impl.name} fails the ratio={ratio} contract on "
                                f"{dev}", *lines]), pytrace=False)

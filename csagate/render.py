@@ -27,6 +27,7 @@ from csagate import console as _console
 from csagate.exitcodes import ExitCode
 from csagate.gates import verdict as V
 from csagate.gates.contracts import CONTRACT_VERSION
+from csagate.gates.errors import short_error
 
 if TYPE_CHECKING:  # annotations only: the renderers read the verdict's records
     from csagate.gates.verdict import CaseResult, CoverageResult, GateResult, Selection, Verdict
@@ -196,7 +197,7 @@ def print_verdict(verdict: Verdict, console: Console, *, verbose: bool = False) 
     style = {V.PASS: "bold green", V.FAIL: "bold red"}.get(verdict.state, "bold yellow")
     print_lines(console, verdict.headline, style)
     for reason in verdict.reasons:
-        print_lines(console, _console.short_error(reason), indent="  - ", hang="    ")
+        print_lines(console, short_error(reason), indent="  - ", hang="    ")
 
 
 def print_drift(result: CaseResult, console: Console) -> None:
@@ -477,3 +478,25 @@ def write_junit(path: Path, verdict: Verdict) -> None:
 def write_error_junit(path: Path | str, reason: str, env: dict[str, Any], seconds: float = 0.0,
                       *, ratio: int | None = 128) -> None:
     _write_xml(path, error_junit(reason, env, seconds, ratio=ratio))
+
+
+# --- the kernels of build --json and probe --json ------------------------------------------------
+
+KERNELS_SCHEMA = "csagate.kernels/1"
+
+
+def kernel_json(key) -> dict:
+    """The fields `build --json` and `probe --json` share for one kernel."""
+    sched = key.schedule
+    schedule = {"tag": getattr(sched, "tag", str(sched))}
+    if dataclasses.is_dataclass(sched):
+        schedule |= dataclasses.asdict(sched)
+    return {"tag": key.tag, "kind": key.kind, "direction": key.direction, "ratio": key.ratio,
+            "config": key.config, "coff": key.coff, "d": key.d, "arch": key.arch,
+            "deterministic": key.deterministic, "schedule": schedule}
+
+
+def kernels_doc(command: str, ratio: str, arch: str, kernels: list[dict], **extra) -> str:
+    """The one JSON shape of `build --json` and `probe --json`."""
+    return json.dumps({"schema": KERNELS_SCHEMA, "command": command, "ratio": ratio,
+                       "arch": arch, **extra, "kernels": kernels})

@@ -4,8 +4,8 @@ implementation like any other (:mod:`csagate.gates.plugin`), found by name throu
 
 * ``csagate``: the gate's own CuTe DSL kernels (``csagate.kernels.api``), with their dispatch
   tables and deterministic backward: the default.
-* ``csagate-op``: the torch op users call (``csagate.ops.csa_compress``), forward and the
-  autograd backward.
+* ``csagate-op``: the torch op users call (``csagate.kernels.ops.csa_compress``), forward
+  and the autograd backward.
 * ``cudnn``: the released ``nvidia-cudnn-frontend`` (``cudnn.csa.compressor``'s
   ``csa_compressor_forward_wrapper`` / ``csa_compressor_backward_wrapper``; ratios 2, 4 and
   128, coff 1 and 2, compute capability >= 10). Below that the package refuses, and its
@@ -28,14 +28,16 @@ in the backward.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from typing import Any
 
 import torch
-from csagate.gates.backend import op_forward_backward
-from csagate.gates.errors import one_line
+from csagate.gates.driver import ProgressFn, Target
+from csagate.gates.errors import BuildError, one_line
 from csagate.gates.plugin import Supports
+from csagate.gates.verdict import Selection
 from csagate.kernels.registry import RATIOS
 from csagate.reference import backward as ref_backward
 from csagate.reference import forward as ref_forward
@@ -113,7 +115,10 @@ class _Eager:
     supports = Supports()
 
     def describe(self) -> dict[str, Any]:
-        return {"formulation": type(self).__doc__.strip().splitlines()[0]}
+        """The formulation: the first line of the class's docstring, inherited where a
+        subclass (an adapter's) has none of its own."""
+        doc = inspect.getdoc(type(self)) or self.name
+        return {"formulation": doc.splitlines()[0]}
 
 
 class EagerBf16Weights(_Eager):
@@ -198,7 +203,8 @@ def kernels_unavailable(device: torch.device) -> str | None:
                 "implementations are judged")
     if not torch.cuda.is_available():
         return no_gpu_message(torch.__version__, torch.version.cuda)
-    from csagate.kernels._dsl import ARCHES, device_arch, dsl_available
+    from csagate.kernels._dsl import device_arch, dsl_available
+    from csagate.kernels.schedule import ARCHES
 
     index = device.index or 0
     arch = device_arch(index)
@@ -209,59 +215,130 @@ def kernels_unavailable(device: torch.device) -> str | None:
     return None if ok else f"{why}; install it with `pip install {DSL_PIN}`"
 
 
+def op_forward_backward(kv, score, ape, cu, cuc, grad_out, *, n_rows: int, ratio: int,
+                        coff: int):
+    """``(out, (dkv, dscore, dape))`` through the torch op users call
+    (``csagate.kernels.ops.csa_compress``): its forward, then autograd with ``grad_out``; the
+    leaves are fresh copies of kv, score and ape."""
+    from csagate.kernels import ops
+
+    leaves = [t.detach().clone().requires_grad_(True) for t in (kv, score, ape)]
+    with torch.enable_grad():
+        out = ops.csa_compress(*leaves, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
+        out.backward(grad_out)
+    return out.detach(), tuple(t.grad for t in leaves)
+
+
+def _selection(direction: str, key) -> Selection | None:
+    """The kernel a launch took (a ``KernelKey``), as the verdict records it."""
+    if key is None:
+        return None
+    return Selection(direction, int(key.coff), int(key.d), key.schedule)
+
+
+def _arch() -> str:
+    """The build target of the current CUDA device (the driver makes the judged one current)."""
+    from csagate.kernels._dsl import device_arch
+
+    return device_arch(torch.cuda.current_device())
+
+
 class _Kernels:
     """What the built-ins over the gate's kernels share: their envelope, their availability,
-    their build and dispatch tables (``csagate.gates.backend.KernelBackend`` on the current
-    CUDA device, which the driver sets)."""
+    their build and their dispatch tables, all through ``csagate.kernels`` on the current
+    CUDA device (the driver's)."""
 
     supports = CSAGATE_SUPPORTS
-
-    def __init__(self):
-        self._by_device: dict[int, Any] = {}
-
-    def _k(self):
-        from csagate.gates.backend import KernelBackend
-
-        index = torch.cuda.current_device()
-        if index not in self._by_device:
-            self._by_device[index] = KernelBackend(index)
-        return self._by_device[index]
 
     def unavailable(self, device: torch.device) -> str | None:
         return kernels_unavailable(device)
 
-    def prepare(self, targets, progress=None):
-        return self._k().build(targets, progress)
+    def prepare(self, targets: tuple[Target, ...], progress: ProgressFn | None = None) -> list:
+        """Build (or load from the cache) every kernel the tables can select for each target;
+        ``progress`` counts kernels, cache hits included. BuildError on any failure."""
+        from csagate.kernels import api
+        from csagate.kernels.registry import keys_for
+        from csagate.kernels.schedule import config_name
+
+        arch = _arch()
+        counts = [len(keys_for(ratio, arch, coff=coff, d=d)) for ratio, coff, d in targets]
+        total, done = sum(counts), 0
+        records: list = []
+        for (ratio, coff, d), count in zip(targets, counts, strict=True):
+            label = f"ratio={ratio} {config_name(coff, d)} for {arch}"
+            if progress:
+                progress(done, total, label)
+
+            def tick(record, i, n, offset=done):
+                if progress:
+                    hit = " (cached)" if getattr(record, "hit", False) else ""
+                    progress(offset + i, total, f"{record.key.tag}{hit}")
+
+            try:
+                records.extend(api.build(ratio, arch=arch, coff=coff, d=d, progress=tick)
+                               or [])
+            except Exception as exc:
+                raise BuildError(f"building {label} failed: {one_line(exc)}") from exc
+            done += count
+        if progress:
+            progress(total, total, "built")
+        return records
 
     def kernels(self, ratio, direction, configs=None):
-        return self._k().entries(ratio, direction, configs)
+        """Every (bucket, coff, d) entry of the device's tables (``registry.entries``: bucket by
+        bucket, not through the dispatcher's constants)."""
+        from csagate.kernels.registry import entries
+
+        return {k: _selection(direction, key)
+                for k, key in entries(ratio, direction, _arch(), configs).items()}
 
     def dispatch(self, ratio, direction, coff, d, n_rows):
-        return self._k().dispatch(ratio, direction, coff, d, n_rows)
+        from csagate.kernels.dispatch import kernel_for
+
+        return _selection(direction, kernel_for(direction, ratio, coff, d, n_rows, _arch()))
 
     def describe(self) -> dict[str, Any]:
-        return self._k().describe()
+        from csagate.kernels._dsl import dsl_version
+
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return {"backend": "kernels", "device": f"cuda:{index}", "gpu": props.name,
+                "compute_capability": f"{props.major}.{props.minor}",
+                "sm_count": props.multi_processor_count, "arch": _arch(),
+                "driver": _nvidia_driver(), "cuda_driver_api": _driver_api_version(),
+                "cuda_runtime": torch.version.cuda, "torch": torch.__version__,
+                "nvidia_cutlass_dsl": dsl_version()}
 
 
 class Csagate(_Kernels):
     """The gate's own CuTe DSL kernels (csagate.kernels.api), dispatch tables included; they
-    write into the gate's buffers, and the torch op over them is checked against them."""
+    write into the gate's buffers (every launch with ``check=True``: the gate's cu/cuc values
+    are read and checked first), and the torch op over them is checked against them."""
 
     name = "csagate"
     label = ""               # the gate's subject: its headline names no implementation
     deterministic = True
 
     def forward_into(self, kv, score, ape, cu, cuc, out, *, ratio, coff):
-        return self._k().forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+        from csagate.kernels import api
+
+        return _selection("fwd", api.run_forward(kv, score, ape, cu, cuc, out, ratio=ratio,
+                                                 coff=coff, check=True))
 
     def backward_into(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio,
                       coff, deterministic=False):
-        return self._k().backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
-                                  ratio=ratio, coff=coff, deterministic=deterministic)
+        from csagate.kernels import api
+
+        key = api.run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape,
+                               ratio=ratio, coff=coff, deterministic=bool(deterministic),
+                               check=True)
+        return _selection("bwd", key)   # a deterministic key's schedule is its table entry
 
     def through_op(self, kv, score, ape, cu, cuc, grad_out, *, n_rows, ratio, coff):
-        return self._k().through_op(kv, score, ape, cu, cuc, grad_out, n_rows=n_rows,
-                                    ratio=ratio, coff=coff)
+        got = op_forward_backward(kv, score, ape, cu, cuc, grad_out, n_rows=n_rows,
+                                  ratio=ratio, coff=coff)
+        torch.cuda.synchronize()
+        return got
 
     def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
         out = torch.empty(n_rows, kv.shape[1] // coff, dtype=torch.bfloat16, device=kv.device)
@@ -277,13 +354,13 @@ class Csagate(_Kernels):
 
 
 class CsagateOp(_Kernels):
-    """The torch op users call (csagate.ops.csa_compress): forward, then autograd."""
+    """The torch op users call (csagate.kernels.ops.csa_compress): forward, then autograd."""
 
     name = "csagate-op"
     deterministic = False    # the op follows torch's deterministic flag, not an argument
 
     def forward(self, kv, score, ape, cu, cuc, n_rows, *, ratio, coff):
-        from csagate import ops
+        from csagate.kernels import ops
 
         with torch.no_grad():
             return ops.csa_compress(kv, score, ape, cu, cuc, ratio=ratio, coff=coff,
@@ -293,6 +370,36 @@ class CsagateOp(_Kernels):
         _, grads = op_forward_backward(kv, score, ape, cu, cuc, grad_out,
                                        n_rows=grad_out.shape[0], ratio=ratio, coff=coff)
         return grads
+
+
+def _nvidia_driver() -> str:
+    """The kernel module's version (e.g. ``570.86.15``) from /proc, else ``unknown``."""
+    import re
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return "unknown"
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", text)
+    return found.group(1) if found else "unknown"
+
+
+def _driver_api_version() -> str:
+    """The CUDA driver API version as ``major.minor`` (``unknown`` if no binding answers)."""
+    try:
+        import cuda.bindings.driver as drv
+
+        err, v = drv.cuDriverGetVersion()
+        if int(err) == 0:
+            return f"{v // 1000}.{v % 1000 // 10}"
+    except Exception:
+        pass
+    try:
+        v = torch._C._cuda_getDriverVersion()
+        return f"{v // 1000}.{v % 1000 // 10}"
+    except Exception:
+        return "unknown"
 
 
 # --- nvidia-cudnn-frontend --------------------------------------------------------------------
@@ -311,7 +418,7 @@ class Cudnn:
     @staticmethod
     def lowered_cc() -> int | None:
         """The measurement-only compute-capability major (``CSAGATE_MEASURE_CUDNN_MIN_CC``)."""
-        from csagate.env import cudnn_min_cc
+        from csagate.kernels.env import cudnn_min_cc
 
         return cudnn_min_cc()
 

@@ -126,11 +126,11 @@ class Contract:
     edges: tuple[BucketEdge, ...]        # declared bucket edges (none: no buckets)
     via_op: bool = False                 # also run each case through the torch op (gate "op")
     # run last, with deterministic=True: G1 covers dAPE bitwise too (CONTRACT.md 2.5)
-    deterministic: tuple[Case, ...] = ()
+    deterministic_cases: tuple[Case, ...] = ()
 
     @property
     def all_cases(self) -> tuple[Case, ...]:
-        return self.cases + self.hardening + self.deterministic
+        return self.cases + self.hardening + self.deterministic_cases
 
     def rule(self, tensor: str) -> Rule:
         return dict(self.g2)[tensor]
@@ -147,9 +147,9 @@ R128 = Contract(
         ("dscore", Rule("tolerance", limits.MAX_ABS, limits.COUNT_FRACTION, 2)),
         ("dape", Rule("tolerance", limits.DAPE_MAX_ABS, None, 2))),
     coverage_configs=None, edges=R128_EDGES, via_op=True,
-    deterministic=DETERMINISTIC)
+    deterministic_cases=DETERMINISTIC)
 
-def small_contract(ratio: int, cases: tuple[Case, ...], deterministic: tuple[Case, ...]
+def small_contract(ratio: int, cases: tuple[Case, ...], deterministic_cases: tuple[Case, ...]
                    ) -> Contract:
     """The ratio=4 contract at a small ratio: dKV/dScore bitwise, the forward within one bf16
     step at the calibrated rate of its own window (``fwd_fraction(coff * ratio)``), dAPE
@@ -162,7 +162,7 @@ def small_contract(ratio: int, cases: tuple[Case, ...], deterministic: tuple[Cas
             ("dape", Rule("tolerance", limits.DAPE_MAX_ABS, None, 2))),
         coverage_configs=tuple(c for c in R4_CONFIGS if not config_problems(ratio, *c)),
         edges=(),
-        deterministic=deterministic)
+        deterministic_cases=deterministic_cases)
 
 
 R4 = small_contract(4, R4_CASES, R4_DETERMINISTIC)

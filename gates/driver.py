@@ -1,9 +1,9 @@
-"""The one driver between the gate and an implementation (:mod:`csagate.gates.plugin`).
+"""The one seam between the gate and an implementation (:mod:`csagate.gates.plugin`).
 
-The runner (``csagate.gates.runner``), the fuzz judge and the drift check never call an
-implementation themselves: they call a :class:`Driver`, which gives them the buffer
-interface they judge through (the gate allocates and pre-fills every buffer) whatever the
-implementation offers. An implementation with the buffer hooks (``forward_into`` /
+The runner (``csagate.gates.runner``), the fuzz judge, the drift check and the self-tests
+never call an implementation themselves: they call a :class:`Driver`, which gives them the
+buffer interface they judge through (the gate allocates and pre-fills every buffer) whatever
+the implementation offers. An implementation with the buffer hooks (``forward_into`` /
 ``backward_into``: the gate's own kernels) writes into those buffers; any other one returns its
 outputs, which are copied in (dAPE added to the zeroed one), so G1 and zeros judge what it
 returned. Its hooks that exit the process become an :class:`AdapterExit` (that case's error).
@@ -11,14 +11,16 @@ returned. Its hooks that exit the process become an :class:`AdapterExit` (that c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from csagate.gates.backend import BuildError, ProgressFn, Target
-from csagate.gates.errors import one_line
+from csagate.gates.errors import BuildError, one_line
 from csagate.gates.plugin import AdapterExit, applies_of, hook, raised
 from csagate.gates.verdict import Selection
+
+Target = tuple[int, int, int]                     # (ratio, coff, d): one build unit
+ProgressFn = Callable[[int, int, str], None]      # (done, total, label)
 
 
 class Driver:
@@ -77,13 +79,14 @@ class Driver:
         """Write ``dkv``/``dscore``, accumulate into the zeroed ``dape``; return the kernel."""
         if not self.applies.backward:
             raise NotImplementedError(f"{self.impl.name} provides no backward")
-        det = {"deterministic": True} if deterministic else {}
+        # the keyword only when asked: an implementation without the mode does not take it
+        mode = {"deterministic": True} if deterministic else {}
         into = hook(self.impl, "backward_into")
         if into is not None:
             return self._call("backward_into", into, kv, score, ape, cu, cuc, grad_out, dkv,
-                              dscore, dape, ratio=ratio, coff=coff, **det)
+                              dscore, dape, ratio=ratio, coff=coff, **mode)
         got = self._call("backward", self.impl.backward, kv, score, ape, cu, cuc, grad_out,
-                         ratio=ratio, coff=coff, **det)
+                         ratio=ratio, coff=coff, **mode)
         if len(got) != 3:
             raise ValueError(f"{self.impl.name}.backward returned {len(got)} tensors, "
                              "expected (dkv, dscore, dape)")

@@ -1,4 +1,14 @@
-"""How the gate and the CLI name a failure: the build error, and any exception in one line.
+"""How the gate names what stops it, and any exception in one line.
+
+Two kinds of stop, each a type the CLI and the pytest plugin map (to an exit code, a failed or
+skipped test) and never decide themselves:
+
+* :class:`Unusable` (a ``ValueError``): the request itself judges nothing or names nothing
+  that exists: :class:`NothingToJudge`, :class:`NoSuchDevice` (usage, exit 2);
+* :class:`CannotEvaluate` (a ``RuntimeError``): the request is fine, but nothing can be judged
+  here: the implementation or the gate's kernels cannot run on the device, a build failed
+  (:class:`BuildError`), a case needs more memory than the device has, a self-test gave a
+  wrong answer (``selftest.SelfTestFailed``) (exit 3).
 
 Pure Python (no torch): the CLI's console imports it.
 """
@@ -8,7 +18,23 @@ from __future__ import annotations
 import re
 
 
-class BuildError(RuntimeError):
+class Unusable(ValueError):
+    """The request judges nothing or names nothing that exists (a usage error)."""
+
+
+class NothingToJudge(Unusable):
+    """Every selected case is ``n/a`` for the implementation, or nothing was selected."""
+
+
+class NoSuchDevice(Unusable):
+    """``cuda:N`` names a device that does not exist."""
+
+
+class CannotEvaluate(RuntimeError):
+    """Nothing can be judged here (exit 3, not a contract failure)."""
+
+
+class BuildError(CannotEvaluate):
     """A kernel failed to build: nothing can be judged (exit 3, not a contract failure)."""
 
 

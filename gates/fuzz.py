@@ -41,9 +41,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from time import perf_counter
 
-from csagate.gates.backend import ProgressFn
 from csagate.gates.cases import Case
 from csagate.gates.contracts import CONTRACTS
+from csagate.gates.driver import ProgressFn
 from csagate.gates.verdict import ERROR, FAIL, INCONCLUSIVE, NOTHING_JUDGED, PASS, CaseResult
 from csagate.reference.seeds import GRAD_SEED, INPUT_SEED, PAD_TOKEN_SEED
 
@@ -264,13 +264,13 @@ def draw(env: Envelope, seed: int, index: int, sizes: Sizes = CPU_SIZES) -> Case
     pad_tokens = rng.randint(1, PAD_TOKENS_MAX) if rng.random() < 0.25 else 0
     scale = _weighted(rng, SCALES)
     seeds = [rng.randrange(2**31) for _ in range(3)]
-    det = rng.random() < 0.15 and env.deterministic
+    deterministic = rng.random() < 0.15 and env.deterministic
     # drawn last, so the fields above are the same draws as without it
     peak = peaked_allowed(ratio) and rng.random() < PEAKED_RATE
     case = Case("", coff, d, tuple(lens), "fuzz", f"seeded random pack: seed {seed}, trial "
                 f"{index}", ratio=ratio, input_seed=seeds[0], grad_seed=seeds[1],
                 pad_seed=seeds[2], scale=scale, pad_rows=pad_rows, pad_tokens=pad_tokens,
-                inputs="peaked" if peak else "random", deterministic=det)
+                inputs="peaked" if peak else "random", deterministic=deterministic)
     case = named(case, f"fuzz/s{seed}/t{index}")
     if not env.valid(case):   # the draw stays inside the envelope by construction
         raise AssertionError(f"{case.name} is outside the envelope: {pack_refuses(case)}")
@@ -303,8 +303,8 @@ class Judge:
     """Judge a case with every check of its ratio's contract (``runner.run_case``); prepare
     each (ratio, coff, d) before its first case; memoize by the case's parameters."""
 
-    def __init__(self, backend, contracts=None):
-        self.backend = backend
+    def __init__(self, driver, contracts=None):
+        self.driver = driver
         self.contracts = CONTRACTS if contracts is None else contracts
         self.prepared: set[tuple[int, int, int]] = set()
         self.memo: dict[Case, CaseResult] = {}
@@ -318,9 +318,9 @@ class Judge:
             return replace(self.memo[key], case=case)
         target = (case.ratio, case.coff, case.d)
         if target not in self.prepared:
-            self.backend.build((target,))   # BuildError: nothing can be judged
+            self.driver.build((target,))   # BuildError: nothing can be judged
             self.prepared.add(target)
-        result = run_case(self.backend, case, self.contracts[case.ratio])
+        result = run_case(self.driver, case, self.contracts[case.ratio])
         self.runs += 1
         self.memo[key] = result
         return result
@@ -507,8 +507,8 @@ def fuzz(judge: Judge, env: Envelope, *, seed: int, trials: int | None = None,
     if (trials is None) == (budget is None):
         raise ValueError("give exactly one of trials and budget")
     start = clock()
-    backend = getattr(judge, "backend", None)
-    run = FuzzRun(seed, selftest=selftest.ensure(getattr(backend, "device", "cpu")))
+    driver = getattr(judge, "driver", None)
+    run = FuzzRun(seed, selftest=selftest.ensure(getattr(driver, "device", "cpu")))
     by_case: dict[Case, Failure] = {}
     index = 0
     try:

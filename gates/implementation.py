@@ -1,11 +1,12 @@
-"""How an implementation the gate can judge is found (the interface itself:
-:mod:`csagate.gates.plugin`, whose names are importable from here too, as adapters do:
-``from csagate.gates.implementation import Supports``).
+"""How an implementation the gate can judge is found. The interface itself is
+:mod:`csagate.gates.plugin` (``from csagate.gates.plugin import Supports``; ``Supports``
+stays importable from here too, as adapters written before that import it).
 
 They are found three ways (:func:`resolve`): the built-ins (:data:`BUILTINS`, each imported
 when first named), the entry-point group ``csagate.implementations`` (a package registers an
 object, a class or a factory), and ``path/to/file.py:NAME`` or ``module:NAME`` for a local
-adapter. A bad value raises :class:`ImplError` with one line (the CLI's usage error, exit 2).
+adapter. A bad value raises :class:`~csagate.gates.plugin.ImplError` with one line (the CLI's
+usage error, exit 2).
 """
 
 from __future__ import annotations
@@ -18,19 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from csagate.gates.plugin import (  # noqa: F401  (the interface, re-exported for adapters)
-    AdapterExit,
-    Applies,
-    Implementation,
-    ImplError,
-    Supports,
-    applies_of,
-    applies_to,
-    has_backward,
-    has_dispatch,
-    raised,
-    unavailable,
-)
+from csagate.gates.plugin import ImplError, Supports, raised
 
 ENTRY_POINT_GROUP = "csagate.implementations"
 DEFAULT = "csagate"

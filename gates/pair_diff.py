@@ -18,7 +18,6 @@ import torch
 from csagate.gates import comparators
 from csagate.gates.cases import Case
 from csagate.gates.errors import one_line
-from csagate.gates.implementation import has_backward
 from csagate.gates.runner import case_inputs
 from csagate.reference import backward
 
@@ -164,20 +163,29 @@ def _diff(name: str, a: torch.Tensor, b: torch.Tensor, eager: torch.Tensor,
                       spread(steps), at)
 
 
-def _run(impl, ins, go, n_rows: int, case: Case, grads: bool) -> dict[str, torch.Tensor]:
-    got = {"out": impl.forward(*ins, n_rows, ratio=case.ratio, coff=case.coff)}
+def _run(driver, ins, go, n_rows: int, case: Case, grads: bool) -> dict[str, torch.Tensor]:
+    """One implementation on one case through its driver, into buffers allocated here (as
+    the gate allocates them; dAPE zeroed: it accumulates)."""
+    kv = ins[0]
+    d = kv.shape[1] // case.coff
+    out = torch.zeros((n_rows, d), dtype=torch.bfloat16, device=kv.device)
+    driver.forward(*ins, out, ratio=case.ratio, coff=case.coff)
+    got = {"out": out}
     if grads:
-        dkv, dscore, dape = impl.backward(*ins, go, ratio=case.ratio, coff=case.coff)
+        dkv, dscore = torch.zeros_like(kv), torch.zeros_like(ins[1])
+        dape = torch.zeros_like(ins[2])
+        driver.backward(*ins, go, dkv, dscore, dape, ratio=case.ratio, coff=case.coff)
         got.update(dkv=dkv, dscore=dscore, dape=dape)
     return got
 
 
-def compare_case(a, b, case: Case, device) -> CaseDiff:
-    """Both implementations on ``case``'s inputs (the gate's inputs, seeds and all)."""
+def compare_case(a, b, case: Case) -> CaseDiff:
+    """Both implementations (their drivers, on one device) on ``case``'s inputs (the gate's
+    inputs, seeds and all)."""
     try:
-        pack, go, _, _ = case_inputs(case, device)
+        pack, go, _, _ = case_inputs(case, a.device)
         ins = pack.inputs()
-        grads = has_backward(a) and has_backward(b)
+        grads = a.applies.backward and b.applies.backward
         got_a = _run(a, ins, go, pack.n_rows, case, grads)
         got_b = _run(b, ins, go, pack.n_rows, case, grads)
         eager = backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp32")
@@ -190,10 +198,11 @@ def compare_case(a, b, case: Case, device) -> CaseDiff:
         return CaseDiff(case, error=one_line(exc))
 
 
-def compare(a, b, cases: Sequence[Case], device, progress=None) -> tuple[CaseDiff, ...]:
+def compare(a, b, cases: Sequence[Case], progress=None) -> tuple[CaseDiff, ...]:
+    """``a`` and ``b``: the two implementations' drivers (``csagate.gates.driver.Driver``)."""
     found = []
     for i, case in enumerate(cases):
         if progress is not None:
             progress(i, len(cases), case.name)
-        found.append(compare_case(a, b, case, device))
+        found.append(compare_case(a, b, case))
     return tuple(found)

@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from csagate.gates.errors import one_line
+from csagate.gates.errors import Unusable, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -66,8 +66,8 @@ CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-class ImplError(ValueError):
-    """A bad ``--impl`` value: one line, a usage error."""
+class ImplError(Unusable):
+    """A bad ``--impl`` value, or an adapter that cannot be loaded: one line, a usage error."""
 
 
 class AdapterExit(RuntimeError):
@@ -261,9 +261,9 @@ def conformance(impl) -> str | None:
     problem = _supports_problem(impl.supports)
     if problem:
         return problem
-    det = getattr(impl, "deterministic", False)
-    if not isinstance(det, bool):
-        return f"deterministic must be True or False, got {det!r}"
+    deterministic = getattr(impl, "deterministic", False)
+    if not isinstance(deterministic, bool):
+        return f"deterministic must be True or False, got {deterministic!r}"
     from csagate.gates.verdict import TENSORS
 
     claimed = getattr(impl, "bitwise", None) or ()
@@ -274,7 +274,7 @@ def conformance(impl) -> str | None:
             continue              # absent, or None (``backward = None``: forward only)
         if not callable(getattr(impl, name)):
             return f"{name} is not callable"
-        if name in ("backward", "backward_into") and det:
+        if name in ("backward", "backward_into") and deterministic:
             keywords = (*keywords, "deterministic")
         problem = _signature_problem(impl, name, positional, keywords)
         if problem:

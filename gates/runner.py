@@ -1,11 +1,11 @@
 """The gate run (docs/CONTRACT.md sections 5 and 7): drift check, the cases in order, coverage.
 
-:func:`run_gate` takes the backend and a :class:`~csagate.gates.contracts.Contract` (the CLI
+:func:`run_gate` takes the driver and a :class:`~csagate.gates.contracts.Contract` (the CLI
 passes the real kernels and ``R128`` or ``R4``; the CPU tests pass small contracts and faulty
-reference backends) and returns a :class:`~csagate.gates.verdict.Verdict`. Everything that
+reference drivers) and returns a :class:`~csagate.gates.verdict.Verdict`. Everything that
 differs between the ratio=128 and ratio=4 families (cases, G2 rule per tensor, G3's eager
 path, coverage source, bucket edges) is the contract's data. Inputs and references are built
-on the backend's device, so in production the fp32 eager and the fp64 oracle run on the GPU.
+on the driver's device, so in production the fp32 eager and the fp64 oracle run on the GPU.
 
 Per case:
 
@@ -40,11 +40,12 @@ from typing import Any
 import torch
 from csagate.gates import comparators, limits
 from csagate.gates import coverage as cov_checks
-from csagate.gates.backend import Backend, ProgressFn, Target, one_line
 from csagate.gates.cases import Case
 from csagate.gates.contracts import Contract
-from csagate.gates.implementation import Applies, applies_to
+from csagate.gates.driver import Driver, ProgressFn, Target
+from csagate.gates.errors import one_line
 from csagate.gates.locate import locate_failures
+from csagate.gates.plugin import Applies, applies_to
 from csagate.gates.verdict import (
     ERROR,
     FAIL,
@@ -100,35 +101,35 @@ def build_targets(cases: Sequence[Case], drift: Case | None) -> tuple[Target, ..
     return tuple(targets)
 
 
-def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | None = None,
-             progress: ProgressFn | None = None, drift_backend: Backend | None = None,
+def run_gate(driver: Driver, contract: Contract, *, cases: Sequence[Case] | None = None,
+             progress: ProgressFn | None = None, drift_driver: Driver | None = None,
              drift_na: str | None = None) -> Verdict:
     """Drift check, then every case (a failure never hides the others), then coverage.
 
     ``cases`` (default: the contract's cases and hardening cases) may be a subset, in the
     contract's order; coverage is then not asserted. If the drift check fails, the cases are
-    reported as untrusted and not run. ``drift_backend`` (default ``backend``): the kernels the
-    drift check judges the reference with, when ``backend`` is another implementation. What
-    does not apply to ``backend`` (its ``applies``: a direction, the deterministic mode, the
+    reported as untrusted and not run. ``drift_driver`` (default ``driver``): the kernels the
+    drift check judges the reference with, when ``driver`` is another implementation. What
+    does not apply to ``driver`` (its ``applies``: a direction, the deterministic mode, the
     dispatch hooks, a case outside its envelope) is ``n/a``. ``drift_na`` (a reason): the
     drift check is not run (no production kernels here, e.g. on the CPU); it is ``n/a`` and
     the cases run.
 
-    First the known-answer self-tests of the gate's machinery on ``backend.device``
+    First the known-answer self-tests of the gate's machinery on ``driver.device``
     (``selftest.ensure``, once per process): :class:`~csagate.gates.selftest.SelfTestFailed`
     when one gives a wrong answer, and then there is no verdict.
     """
     from csagate.gates import selftest
 
-    tests = selftest.ensure(backend.device)
-    applies = applies_to(backend)
+    tests = selftest.ensure(driver.device)
+    applies = applies_to(driver)
     start = perf_counter()
     cases = contract.all_cases if cases is None else tuple(cases)
     full = set(cases) == set(contract.all_cases)
     total = len(cases) + 2
     _tick(progress, 0, total, f"drift check {contract.drift.name}")
     drift_result = CaseResult(contract.drift, NA, error=drift_na) if drift_na else \
-        run_drift(drift_backend or backend, contract.drift)
+        run_drift(drift_driver or driver, contract.drift)
     trusted = drift_result.ok or drift_result.status == NA
     results = []
     for i, case in enumerate(cases, start=1):
@@ -140,7 +141,7 @@ def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | No
             results.append(CaseResult(case, NA, error=applies.why_not(case)))
             continue
         _tick(progress, i, total, case.name)
-        results.append(run_case(backend, case, contract))
+        results.append(run_case(driver, case, contract))
     results = _compare_scaled(results)
     _tick(progress, total - 1, total, "schedule coverage")
     if not applies.dispatch:
@@ -150,10 +151,10 @@ def run_gate(backend: Backend, contract: Contract, *, cases: Sequence[Case] | No
             status = UNTRUSTED
         else:
             status = None if full else NOT_ASSERTED
-        cov = coverage(backend, contract, results, status=status)
+        cov = coverage(driver, contract, results, status=status)
     _tick(progress, total, total, "done")
     return Verdict(drift=drift_result, cases=tuple(results), coverage=cov, full=full,
-                   env=backend.describe(), seconds=perf_counter() - start,
+                   env=driver.describe(), seconds=perf_counter() - start,
                    ratio=contract.ratio, scope=applies.scope, selftest=tests)
 
 
@@ -187,19 +188,19 @@ def _tick(progress: ProgressFn | None, done: int, total: int, label: str) -> Non
 # --- the drift check -------------------------------------------------------------------------
 
 
-def run_drift(backend: Backend, drift: Case) -> CaseResult:
+def run_drift(driver: Driver, drift: Case) -> CaseResult:
     """Production ratio=4 backward vs the fp32 reference: bitwise dKV/dScore, dAPE within 1e-3."""
     start = perf_counter()
     try:
         pack = make_pack(drift.lens, ratio=drift.ratio, coff=drift.coff, d=drift.d,
                          seed=drift.input_seed, pad_rows=drift.pad_rows,
                          pad_tokens=drift.pad_tokens, pad_seed=drift.pad_seed,
-                         device=backend.device)
-        go = make_grad_out(pack.n_rows, drift.d, seed=drift.grad_seed, device=backend.device)
+                         device=driver.device)
+        go = make_grad_out(pack.n_rows, drift.d, seed=drift.grad_seed, device=driver.device)
         dkv = torch.zeros_like(pack.kv)
         dscore = torch.zeros_like(pack.score)
         dape = torch.zeros_like(pack.ape)
-        sel = backend.backward(*pack.inputs(), go, dkv, dscore, dape, ratio=drift.ratio,
+        sel = driver.backward(*pack.inputs(), go, dkv, dscore, dape, ratio=drift.ratio,
                                coff=drift.coff)
         eager = backward(*pack.inputs(), go, ratio=drift.ratio, coff=drift.coff,
                          precision="fp32")
@@ -208,13 +209,13 @@ def run_drift(backend: Backend, drift: Case) -> CaseResult:
             _gate("drift", "dscore", comparators.bitwise(dscore, eager.dscore)),
             _gate("drift", "dape",
                   comparators.tolerance(dape, eager.dape, bound=limits.DAPE_MAX_ABS, allowed=None)),
-            _oracle_check(drift, backend.device),
+            _oracle_check(drift, driver.device),
         ]
-        _sync(backend.device)
+        _sync(driver.device)
     except Exception as exc:  # a raising drift check is a failed one: nothing is trusted
         return CaseResult(drift, ERROR, seconds=perf_counter() - start, error=one_line(exc))
     finally:
-        _release(backend.device)
+        _release(driver.device)
     status = PASS if all(g.ok for g in gates) else FAIL
     return CaseResult(drift, status, tuple(gates), tuple(s for s in (sel,) if s is not None),
                       seconds=perf_counter() - start)
@@ -239,18 +240,18 @@ def _oracle_check(drift: Case, device) -> GateResult:
 # --- one case --------------------------------------------------------------------------------
 
 
-def run_case(backend: Backend, case: Case, contract: Contract) -> CaseResult:
+def run_case(driver: Driver, case: Case, contract: Contract) -> CaseResult:
     """All gates of one case; an exception becomes an ``error`` row with its one-line text."""
     start = perf_counter()
     selections: list[Selection] = []  # filled as kernels run: kept even if the case raises
     try:
-        gates, recorded = _evaluate(backend, case, contract, selections)
-        _sync(backend.device)
+        gates, recorded = _evaluate(driver, case, contract, selections)
+        _sync(driver.device)
     except Exception as exc:  # out of memory, a launch error: report it, keep going
         return CaseResult(case, ERROR, selections=tuple(selections),
                           seconds=perf_counter() - start, error=one_line(exc))
     finally:
-        _release(backend.device)
+        _release(driver.device)
     return CaseResult(case, case_status(gates), tuple(gates), tuple(selections), recorded,
                       seconds=perf_counter() - start)
 
@@ -292,14 +293,14 @@ def _record(selections: list[Selection], sel: Selection | None) -> None:
         selections.append(sel)
 
 
-def _fused_backward(backend: Backend, case: Case, ins, go, fill: float):
-    dev = backend.device
+def _fused_backward(driver: Driver, case: Case, ins, go, fill: float):
+    dev = driver.device
     n_tokens, width = ins[0].shape
     dkv = torch.full((n_tokens, width), fill, dtype=torch.bfloat16, device=dev)
     dscore = torch.full_like(dkv, fill)
     dape = torch.zeros((case.ratio, width), dtype=torch.float32, device=dev)
-    det = {"deterministic": True} if case.deterministic else {}
-    sel = backend.backward(*ins, go, dkv, dscore, dape, ratio=case.ratio, coff=case.coff, **det)
+    sel = driver.backward(*ins, go, dkv, dscore, dape, ratio=case.ratio, coff=case.coff,
+                          deterministic=case.deterministic)
     return sel, {"dkv": dkv, "dscore": dscore, "dape": dape}
 
 
@@ -307,7 +308,7 @@ def _as_dict(g) -> dict[str, torch.Tensor]:
     return {"out": g.out, "dkv": g.dkv, "dscore": g.dscore, "dape": g.dape}
 
 
-def _through_op(backend: Backend, case: Case, ins, go, n_rows: int,
+def _through_op(driver: Driver, case: Case, ins, go, n_rows: int,
                 first: dict[str, torch.Tensor]) -> list[GateResult]:
     """Gate ``op``: the torch op (forward, then the autograd backward) gives what the direct
     kernel path gave: out, dKV, dScore bitwise (NaN patterns too), dAPE within the fp32
@@ -317,7 +318,7 @@ def _through_op(backend: Backend, case: Case, ins, go, n_rows: int,
     1), and the two must be distinct storage: an op tensor that aliases the direct path's
     buffer, or another op output, would compare a tensor with itself (an op that swapped dKV
     and dScore, say, could then pass), so it fails the gate instead."""
-    out, (dkv, dscore, dape) = backend.through_op(*ins, go, n_rows=n_rows, ratio=case.ratio,
+    out, (dkv, dscore, dape) = driver.through_op(*ins, go, n_rows=n_rows, ratio=case.ratio,
                                                   coff=case.coff)
     via_op = {"out": out, "dkv": dkv, "dscore": dscore, "dape": dape}
     gates = []
@@ -348,20 +349,20 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() > 0
 
 
-def _fused_runs(backend: Backend, case: Case, ins, go, n_rows: int, applies: Applies,
+def _fused_runs(driver: Driver, case: Case, ins, go, n_rows: int, applies: Applies,
                 selections: list[Selection]) -> dict[str, list[torch.Tensor]]:
     """The forward, then (if provided) the backward, ``RUNS`` times each into fresh buffers."""
-    dev = backend.device
+    dev = driver.device
     fused: dict[str, list[torch.Tensor]] = {"out": []}
     for run in range(RUNS):
         out = torch.full((n_rows, case.d), _fill(run), dtype=torch.bfloat16, device=dev)
-        _record(selections, backend.forward(*ins, out, ratio=case.ratio, coff=case.coff))
+        _record(selections, driver.forward(*ins, out, ratio=case.ratio, coff=case.coff))
         fused["out"].append(out)
     if not applies.backward:
         return fused
     fused.update(dkv=[], dscore=[], dape=[])
     for run in range(RUNS):
-        sel, grads = _fused_backward(backend, case, ins, go, _fill(run))
+        sel, grads = _fused_backward(driver, case, ins, go, _fill(run))
         _record(selections, sel)
         for name, t in grads.items():
             fused[name].append(t)
@@ -372,13 +373,13 @@ def _na(gate: str, tensor: str) -> GateResult:
     return GateResult(gate, tensor, NA, {}, "n/a: the implementation provides no backward")
 
 
-def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list[Selection]):
-    dev = backend.device
-    applies = applies_to(backend)
+def _evaluate(driver: Driver, case: Case, contract: Contract, selections: list[Selection]):
+    dev = driver.device
+    applies = applies_to(driver)
     pack, go, clean, slots = _inputs(case, dev)
     ins = pack.inputs()
     n_rows, n_tokens = pack.n_rows, pack.n_tokens
-    fused = _fused_runs(backend, case, ins, go, n_rows, applies, selections)
+    fused = _fused_runs(driver, case, ins, go, n_rows, applies, selections)
 
     eager_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp32"))
     oracle_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff,
@@ -414,7 +415,7 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
         gates.extend(_finite_g2_g3(contract, case, first, eager_t, oracle_t,
                                    claims=applies.bitwise))
     if case.inputs == "pad_nonfinite" and applies.backward:
-        sel, clean_grads = _fused_backward(backend, case, clean.inputs(), go, 0.0)
+        sel, clean_grads = _fused_backward(driver, case, clean.inputs(), go, 0.0)
         _record(selections, sel)
         clean_eager = backward(*clean.inputs(), go, ratio=case.ratio, coff=case.coff,
                                precision="fp32")
@@ -423,7 +424,7 @@ def _evaluate(backend: Backend, case: Case, contract: Contract, selections: list
         gates.extend(_na("isolation", name) for name in GRADS + ("dape",))
 
     if contract.via_op and applies.op:
-        gates.extend(_through_op(backend, case, ins, go, n_rows, first))
+        gates.extend(_through_op(driver, case, ins, go, n_rows, first))
 
     recorded = _recorded(case, pack, go, fused, eager_t, oracle_t, slots)
     where = locate_failures(gates, first, eager_t, oracle_t, pack)
@@ -589,19 +590,19 @@ def _order(sel: Selection):
     return (sel.direction, sel.d, sel.coff, sel.tag)
 
 
-def coverage(backend: Backend, contract: Contract, results: Sequence[CaseResult], *,
+def coverage(driver: Driver, contract: Contract, results: Sequence[CaseResult], *,
              status: str | None = None) -> CoverageResult:
     """Every kernel of every table entry selected by some case, and the bucket edges pinned.
 
-    The expected set is read from the tables (``backend.entries``), not derived from the
+    The expected set is read from the tables (``driver.entries``), not derived from the
     dispatcher's bucket constants; the edges are probed through the dispatcher
-    (``backend.dispatch``) at the contract's declared values. ``status`` overrides the verdict
+    (``driver.dispatch``) at the contract's declared values. ``status`` overrides the verdict
     (``not asserted`` for subset runs, ``untrusted`` when the drift check failed); the numbers
     are reported either way.
     """
     entries: dict[tuple[str, str, tuple[int, int]], Selection] = {}
     for direction in DIRECTIONS:
-        found = backend.entries(contract.ratio, direction, contract.coverage_configs)
+        found = driver.entries(contract.ratio, direction, contract.coverage_configs)
         for (bucket, coff, d), sel in found.items():
             entries[(direction, bucket, (coff, d))] = sel
     selected: dict[str, tuple[Selection, ...]] = {}
@@ -619,7 +620,7 @@ def coverage(backend: Backend, contract: Contract, results: Sequence[CaseResult]
     edges = None
     if contract.edges:
         probes = cov_checks.edge_probes(contract.edges, cov_checks.entry_configs(entries))
-        dispatched = {(direction, config, n): backend.dispatch(contract.ratio, direction,
+        dispatched = {(direction, config, n): driver.dispatch(contract.ratio, direction,
                                                                config[0], config[1], n)
                       for direction, config, n, _ in probes}
         edges = cov_checks.bucket_edges(contract.edges, entries, dispatched)

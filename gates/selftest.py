@@ -27,7 +27,7 @@ import torch
 from csagate.gates import comparators, limits
 from csagate.gates.cases import Case
 from csagate.gates.contracts import CONTRACTS, R128, fwd_fraction
-from csagate.gates.errors import one_line
+from csagate.gates.errors import CannotEvaluate, one_line
 from csagate.gates.plugin import Supports
 from csagate.gates.verdict import (
     FAIL,
@@ -91,7 +91,7 @@ class SelfTests:
                 "failed": [{"name": c.name, "detail": c.detail} for c in self.failed]}
 
 
-class SelfTestFailed(RuntimeError):
+class SelfTestFailed(CannotEvaluate):
     """A self-test gave a wrong answer: no verdict can be trusted (could not evaluate)."""
 
     def __init__(self, tests: SelfTests):
@@ -775,7 +775,8 @@ class _ExitsOnConstruction:
 
 @check("loading: an adapter that exits while loading is refused, not obeyed")
 def _loading(dev):
-    from csagate.gates.implementation import ImplError, _instantiate
+    from csagate.gates.implementation import _instantiate
+    from csagate.gates.plugin import ImplError
 
     try:
         _instantiate(_ExitsOnConstruction, "self-test adapter")

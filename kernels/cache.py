@@ -14,10 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from csagate.kernels.registry import KernelKey, ReduceKey, keys_for, make_key, sort_keys
-
-__all__ = ["CACHE", "BuildRecord", "KernelCache", "KernelKey", "ReduceKey", "compile_key",
-           "keys_for", "make_key"]
+from csagate.kernels.registry import KernelKey, ReduceKey, sort_keys
 
 
 @dataclass(frozen=True)
@@ -206,7 +203,7 @@ def _kernel_sources() -> str:
 
 def default_disk_cache():
     """The per-user disk cache, or None when ``CSAGATE_DISK_CACHE=0`` turns it off."""
-    from csagate.env import disk_cache
+    from csagate.kernels.env import disk_cache
 
     if not disk_cache():
         return None

@@ -240,8 +240,8 @@ class SmallBwdKernel(SmallGeometry):
             raise ValueError(f"ratio={ratio} c{coff}d{d} {sched.tag}: " + "; ".join(problems))
         self.rows, self.threads, self.lanes = sched.rows_per_cta, sched.threads, sched.lanes
         self.vec, self.groups = sched.vec, d // sched.vec
-        self.det, self.ape_regs, self.prefetch = deterministic, sched.ape_regs, sched.prefetch
-        self.stages = sched.stages
+        self.deterministic = deterministic
+        self.ape_regs, self.prefetch, self.stages = sched.ape_regs, sched.prefetch, sched.stages
         self.seeded = not sched.ieee_div
         self.sched = sched
 
@@ -255,7 +255,7 @@ class SmallBwdKernel(SmallGeometry):
         n_tok = mKV.shape[0]
         n_rows = mGo.shape[0]
         n_seq = mCu.shape[0] - 1
-        if cutlass.const_expr(not self.det):
+        if cutlass.const_expr(not self.deterministic):
             if zero_dape != 0:
                 launch_zero_f32(mDApe, stream)
         # The default mode launches as a programmatic dependent (PDL), as the r128 backward.
@@ -265,7 +265,7 @@ class SmallBwdKernel(SmallGeometry):
         self.kernel((mKV, mS, mApe), (mCu, mCuc), mGo, (mDKV, mDS), mDApe, n_tok, n_rows, n_seq,
                     seg_bits, rows_per_cta, zero_dape).launch(
             grid=(gx, -(-self.groups // self.threads), 1),
-            block=(self.threads, self.lanes, 1), stream=stream, use_pdl=not self.det)
+            block=(self.threads, self.lanes, 1), stream=stream, use_pdl=not self.deterministic)
 
     @cute.kernel
     def kernel(self, ins: tuple, cu: tuple, mGo: cute.Tensor, outs: tuple, mDApe: cute.Tensor,
@@ -273,11 +273,11 @@ class SmallBwdKernel(SmallGeometry):
         # ins = (kv, score, ape), cu = (cu_seqlens, cu_compressed), outs = (dkv, dscore).
         (_, _, mApe), (mCu, mCuc), (mDKV, mDS) = ins, cu, outs
         COFF, WIN, VEC, LANES = self.coff, self.win, self.vec, self.lanes
-        if cutlass.const_expr(not self.det):
+        if cutlass.const_expr(not self.deterministic):
             # PDL: behind the launch's dAPE zeroing it waits before its atomics, else here.
             if zero_dape == 0:
                 cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(self.det):  # the dAPE reduction may be scheduled (PDL, reduce.py)
+        if cutlass.const_expr(self.deterministic):  # the dAPE reduction may be scheduled (PDL)
             cute.arch.griddepcontrol_launch_dependents()
         tx, ty, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
@@ -625,12 +625,12 @@ class SmallBwdKernel(SmallGeometry):
         deterministic: the same values stored into CTA bx's partials slice (every slot written
         once)."""
         VEC = self.vec
-        if cutlass.const_expr(not self.det):
+        if cutlass.const_expr(not self.deterministic):
             cute.arch.griddepcontrol_wait()  # the zeros land first (else already waited)
         for k in cutlass.range_constexpr(self.win):
             _, col_off, ape_row = self.window_slot(k)
             j0 = col * VEC + col_off
-            if cutlass.const_expr(self.det):
+            if cutlass.const_expr(self.deterministic):
                 for e in cutlass.range_constexpr(VEC):
                     store_partial_f32(mDApe, bx, (ape_row, j0 + e), rG, (k, e))
             else:

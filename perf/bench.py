@@ -595,7 +595,7 @@ def probe_problem(direction: str, coff: int, d: int, sched, arch: str, ptx_dir, 
     """Why ptxas refuses a sweep candidate ("" when it is clean: 0 spill, 0 stack). A backward
     entry ships its deterministic form too (the api derives it from the table's entry), so that
     form must be clean as well."""
-    from csagate.kernels.cache import make_key
+    from csagate.kernels.registry import make_key
     from csagate.perf import probe
 
     row = probe.probe_one(make_key(direction, 128, coff, d, sched, arch), ptx_dir, ptxas)

@@ -147,7 +147,7 @@ class FunctionOverOps(torch.autograd.Function):
 
 class FunctionApiOrOps(torch.autograd.Function):
     """flash-attention's form: one Function, the api when not compiling, the ops when
-    dynamo traces it (the op routes before the Function instead, csagate/ops.py)."""
+    dynamo traces it (the op routes before the Function instead, kernels/ops.py)."""
 
     @staticmethod
     def forward(ctx, kv, score, ape, cu, cuc, ratio, coff, n_rows):
@@ -170,7 +170,7 @@ class FunctionApiOrOps(torch.autograd.Function):
 
 # variant -> what it is (the table's row label)
 VARIANTS: dict[str, str] = {
-    "op": "csagate.ops.csa_compress (shipped)",
+    "op": "csagate.kernels.ops.csa_compress (shipped)",
     "op-before": "custom ops + register_autograd, both dispatched (the op before)",
     "op-register-autograd": "the forward custom op called directly (its register_autograd)",
     "function-over-ops": "autograd.Function calling the custom ops",
@@ -183,7 +183,7 @@ VARIANTS: dict[str, str] = {
 
 def _forward_of(variant: str, ratio: int, coff: int, n_rows: int) -> Callable:
     """``f(kv, score, ape, cu, cuc) -> out`` for an autograd variant."""
-    from csagate import ops
+    from csagate.kernels import ops
 
     functions = {"function-over-ops": FunctionOverOps, "function-api-or-ops": FunctionApiOrOps,
                  "function-over-api": FunctionOverApi}
@@ -349,7 +349,7 @@ def host_task(variants, shapes, *, calls: int = 1000, warm: int = 100,
 def backward_spread(shape: HostShape, *, calls: int = 60, warm: int = 10) -> dict:
     """The op's backward (``out.backward``) and api.backward, ``calls`` times each with the
     GPU idle before: CUDA-event us (host stalls show) and host us, p10/p50/p90."""
-    from csagate import ops
+    from csagate.kernels import ops
 
     api = _api()
     inputs, go = _pack(shape)
@@ -435,7 +435,7 @@ def host_us(call, *, calls: int = 1000, warm: int = 100, reps: int = 5) -> tuple
 def calls_task(*, tokens: int = 1024, coff: int = 1, d: int = 128) -> list[dict]:
     """One call of each path, no autograd (ratio=128): the api, the op's custom ops, the
     do-nothing ops."""
-    from csagate import ops
+    from csagate.kernels import ops
 
     api = _api()
     (kv, score, ape, cu, cuc), go = _pack(HostShape(128, coff, d, tokens), grad=False)

@@ -26,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from csagate.kernels.cache import CACHE, KernelCache, KernelKey
+from csagate.kernels.cache import CACHE, KernelCache
+from csagate.kernels.registry import KernelKey
 
 _REGS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")

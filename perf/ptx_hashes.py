@@ -1,7 +1,9 @@
-"""The PTX hash of every kernel: ``python -m csagate.perf.ptx_hashes OUT.json [PTX_DIR]``.
+"""The PTX hash of every kernel: ``python -m csagate.perf.ptx_hashes [--arch A,B] OUT.json
+[PTX_DIR]``.
 
-Compiles (no GPU needed) every table kernel of every build target (``schedule.ARCHES``), ratio
-4 and 128, and writes
+Compiles (no GPU needed) every kernel the dispatch can select at every ratio of the registry,
+the deterministic backwards too, for every build target (``schedule.ARCHES``, or those named
+with ``--arch``), and writes
 ``{"<kind>_c<coff>d<d>_<tag>@<arch>": sha256[:16]}``. Before hashing, comment lines (paths,
 tool versions) are dropped and the entry symbols are renamed by position: a symbol embeds the
 Python module path and the kernel function's name, which say nothing about the code. A
@@ -26,14 +28,19 @@ def normalize(ptx: str) -> str:
 
 
 def kernel_keys(arch: str) -> list:
-    """The table kernels of both ratios (what the dispatch can select on ``arch``)."""
-    from csagate.kernels.cache import keys_for
+    """Every kernel the dispatch can select on ``arch``, at every ratio, and the deterministic
+    form of each backward."""
+    from dataclasses import replace
 
-    return keys_for(128, arch) + keys_for(4, arch)
+    from csagate.kernels.registry import RATIOS, keys_for
+
+    keys = [key for ratio in RATIOS for key in keys_for(ratio, arch)]
+    return keys + [replace(key, deterministic=True) for key in keys if key.direction == "bwd"]
 
 
 def name_of(key) -> str:
-    return f"{key.kind}_{key.config}_{key.schedule.tag}@{key.arch}"
+    mode = "_deterministic" if key.deterministic else ""
+    return f"{key.kind}_{key.config}_{key.schedule.tag}{mode}@{key.arch}"
 
 
 def hashes(arches=None, ptx_dir: Path | None = None) -> dict[str, str]:
@@ -56,14 +63,19 @@ def hashes(arches=None, ptx_dir: Path | None = None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    arches = None
+    if "--arch" in args:
+        i = args.index("--arch")
+        arches = args[i + 1].split(",")
+        del args[i:i + 2]
     if len(args) not in (1, 2):
         print(__doc__.splitlines()[0], file=sys.stderr)
         return 2
     ptx_dir = Path(args[1]) if len(args) == 2 else None
     if ptx_dir is not None:
         ptx_dir.mkdir(parents=True, exist_ok=True)
-    result = hashes(ptx_dir=ptx_dir)
+    result = hashes(arches, ptx_dir=ptx_dir)
     Path(args[0]).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return 0
 

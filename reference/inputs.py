@@ -13,12 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from csagate.reference.seeds import (  # noqa: F401  (re-exported: the inputs' default seeds)
-    GRAD_SEED,
-    INPUT_SEED,
-    PAD_GRAD_SEED,
-    PAD_TOKEN_SEED,
-)
+from csagate.reference.seeds import GRAD_SEED, INPUT_SEED, PAD_TOKEN_SEED
 
 
 @dataclass(frozen=True)

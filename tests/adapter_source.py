@@ -10,7 +10,7 @@ def reference_adapter(supports: str = "Supports()") -> str:
     protocol (it passes the contract), declaring ``supports``."""
     return f'''
 import torch
-from csagate.gates.implementation import Supports
+from csagate.gates.plugin import Supports
 from csagate.reference import backward, forward
 
 

@@ -20,15 +20,15 @@ from dataclasses import replace
 
 import torch
 from csagate.gates import contracts
-from csagate.gates.backend import BuildError
 from csagate.gates.cases import Case
 from csagate.gates.driver import Driver
+from csagate.gates.errors import BuildError
 from csagate.gates.limits import BucketEdge
 from csagate.gates.plugin import Supports
 from csagate.gates.verdict import Selection
 from csagate.reference import backward, forward, never_consumed_mask
 from csagate.reference.compressor import _row_geometry, _torch_eager
-from csagate.reference.inputs import PAD_GRAD_SEED
+from csagate.reference.seeds import PAD_GRAD_SEED
 
 RATIO = 8
 RAGGED = (23, 40, 9)                 # tails in every segment
@@ -77,7 +77,7 @@ SMALL_EDGES = (BucketEdge("fwd", "small", FWD_SMALL_MAX, upper=True),
                BucketEdge("bwd", "small", BWD_SMALL_MAX, upper=True))
 
 SMALL_CONTRACT = replace(contracts.R128, ratio=RATIO, drift=SMALL_DRIFT, cases=SMALL_CASES,
-                         hardening=SMALL_HARDENING, edges=SMALL_EDGES, deterministic=())
+                         hardening=SMALL_HARDENING, edges=SMALL_EDGES, deterministic_cases=())
 
 # The deterministic-mode cases (CONTRACT.md 2.5): run with deterministic=True, G1 on dAPE too.
 SMALL_DETERMINISTIC: tuple[Case, ...] = (
@@ -85,7 +85,7 @@ SMALL_DETERMINISTIC: tuple[Case, ...] = (
     _case("c2d32/ragged+pad2r3t/deterministic", 2, 32, RAGGED, "deterministic",
           grad_seed=PAD_GRAD_SEED, pad_rows=2, pad_tokens=3, deterministic=True),
 )
-SMALL_DET_CONTRACT = replace(SMALL_CONTRACT, deterministic=SMALL_DETERMINISTIC)
+SMALL_DET_CONTRACT = replace(SMALL_CONTRACT, deterministic_cases=SMALL_DETERMINISTIC)
 
 
 def _r4(name, coff, d, lens, kind="union", **kw) -> Case:
@@ -105,7 +105,7 @@ SMALL_R4_CASES: tuple[Case, ...] = (
         inputs="partial_overflow"),
 )
 SMALL_R4_CONTRACT = replace(contracts.R4, drift=SMALL_DRIFT, cases=SMALL_R4_CASES,
-                            coverage_configs=CONFIGS, deterministic=())
+                            coverage_configs=CONFIGS, deterministic_cases=())
 
 
 def fwd_schedule(coff: int, d: int, n: int) -> str:
@@ -389,13 +389,11 @@ def use_stand_in(monkeypatch, impl=None) -> dict:
     """Make ``impl`` (default: a fresh ``RefImpl``) the gate's own kernels of the CLI, judged
     on the CPU in place of a GPU (the preflight says the CPU). Assigning
     ``STAND_IN["backend"]`` (the dict returned) swaps it."""
-    from csagate.gates import implementation
-
-    from csagate import impl_choice
+    from csagate.gates import implementation, judging
 
     STAND_IN["backend"] = impl if impl is not None else RefImpl()
     monkeypatch.setitem(implementation.BUILTINS, "csagate", "gate_backends:stand_in")
-    monkeypatch.setattr(impl_choice, "preflight", lambda device, kernels: torch.device("cpu"))
+    monkeypatch.setattr(judging, "preflight", lambda device, kernels: torch.device("cpu"))
     return STAND_IN
 
 
@@ -406,7 +404,9 @@ SMALL_FAMILIES = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
 def small_gate(monkeypatch) -> dict:
     """``csagate run`` on the small contracts (``--ratio 128|4|all``) with the reference stand-in
     of the gate's kernels on the CPU; the returned dict counts the preflights."""
-    from csagate import family_choice, impl_choice
+    from csagate.gates import judging
+
+    from csagate import options
 
     state = {"preflights": 0}
 
@@ -414,7 +414,7 @@ def small_gate(monkeypatch) -> dict:
         state["preflights"] += 1
         return torch.device("cpu")
 
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
+    monkeypatch.setattr(options, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
     use_stand_in(monkeypatch)
-    monkeypatch.setattr(impl_choice, "preflight", preflight)
+    monkeypatch.setattr(judging, "preflight", preflight)
     return state

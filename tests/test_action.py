@@ -19,8 +19,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is in the dev extra: pip insta
 
 from csagate.commands import fuzz as fuzz_cmd  # noqa: E402
 from csagate.commands import run as run_cmd  # noqa: E402
-from csagate.device_choice import DeviceType  # noqa: E402
-from csagate.family_choice import RATIOS  # noqa: E402
+from csagate.options import RATIOS, DeviceType  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTION = ROOT / "action.yml"
@@ -221,7 +220,7 @@ def test_actionlint_passes_the_example_workflow(tmp_path):
 
 
 NAN_TO_ZERO = '''
-from csagate.gates.implementation import Supports
+from csagate.gates.plugin import Supports
 from csagate.reference import backward, forward
 
 
@@ -284,7 +283,7 @@ def test_a_bad_impl_is_a_usage_error_verdict(action, tmp_path):
 
 
 FORWARD_ONLY = """
-from csagate.gates.implementation import Supports
+from csagate.gates.plugin import Supports
 from csagate.reference import forward
 
 

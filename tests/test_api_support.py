@@ -525,7 +525,7 @@ def _op_error(call) -> str:
 @pytest.mark.parametrize("bad", ["ratio", "dtype", "shape"])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_api_validates_arguments_before_the_device_as_the_op_does(bad, direction):
-    from csagate import ops
+    from csagate.kernels import ops
 
     ratio = 5 if bad == "ratio" else 128
     override = {}
@@ -563,7 +563,7 @@ def test_ratio_and_coff_lists_are_sorted():
 
 
 def test_meta_op_without_n_rows_is_one_clear_line():
-    from csagate import ops
+    from csagate.kernels import ops
 
     t = tensors(ratio=128, coff=1, T=256)
     with pytest.raises(ValueError, match="^meta tensors need n_rows") as e:
@@ -572,7 +572,7 @@ def test_meta_op_without_n_rows_is_one_clear_line():
 
 
 def test_meta_op_refuses_t_below_ratio_as_check_support_does():
-    from csagate import ops
+    from csagate.kernels import ops
 
     t = tensors(ratio=128, coff=1, T=100, N=2)
     with pytest.raises(ValueError) as api_err:

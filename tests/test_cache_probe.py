@@ -16,7 +16,8 @@ import pytest
 from csagate.kernels import cache as C
 from csagate.kernels import schedule as S
 from csagate.kernels import small_schedule as SS
-from csagate.kernels.cache import KernelCache, keys_for
+from csagate.kernels.cache import KernelCache
+from csagate.kernels.registry import keys_for, make_key
 from csagate.kernels.small_schedule import small_schedule as _small_schedule
 
 
@@ -99,8 +100,8 @@ def test_r4_keys():
 
 # --- cache behaviour (fake compiler: no DSL needed) -------------------------------------
 
-KEY = C.make_key("fwd", 4, 2, 128, SS.SmallSchedule(2, 64, 1), "sm_90a")
-OTHER = C.make_key("bwd", 4, 2, 128, SS.SmallSchedule(1, 128, 8), "sm_90a")
+KEY = make_key("fwd", 4, 2, 128, SS.SmallSchedule(2, 64, 1), "sm_90a")
+OTHER = make_key("bwd", 4, 2, 128, SS.SmallSchedule(1, 128, 8), "sm_90a")
 
 
 class SlowCompiler:

@@ -166,7 +166,7 @@ def test_small_ratio_cases_hold_every_edge():
                 (scaled[0].coff, scaled[0].d, scaled[0].lens)]
         assert twin, "the scaled case needs a unit-scale twin"
         det = [c for c in k.all_cases if c.deterministic]
-        assert {c.coff for c in det} == {1, 2} and det == list(k.deterministic)
+        assert {c.coff for c in det} == {1, 2} and det == list(k.deterministic_cases)
         assert len({c.name for c in k.all_cases}) == len(k.all_cases)
 
 

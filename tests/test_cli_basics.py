@@ -67,7 +67,7 @@ def test_cases_table_ratio4_and_all():
     assert r.exit_code == 0, r.output
     lines = _rows(r.output)
     assert [_names(line) for line in lines] == [c.name for c in (R4.drift, *R4.all_cases)]
-    counts = f"drift check + {len(R4.cases)} + {len(R4.deterministic)} deterministic cases"
+    counts = f"drift check + {len(R4.cases)} + {len(R4.deterministic_cases)} deterministic cases"
     assert counts in " ".join(r.output.split())
     wide = CliRunner().invoke(cli, ["cases", "--ratio", "4"], env={"COLUMNS": "200"}).output
     assert "r4/c2d512/1x65536" in wide and "r4/c1d512/short4+pad8r37t" in wide
@@ -133,9 +133,9 @@ def test_color_flag_forces_or_forbids_colour():
 
 def test_unexpected_error_is_one_line_and_exit_3(monkeypatch, capsys):
     from csagate import cli as cli_mod
-    from csagate import family_choice
+    from csagate import options
 
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: (object(),))
+    monkeypatch.setattr(options, "contracts", lambda ratio: (object(),))
     monkeypatch.setattr(sys, "argv", ["csagate", "cases"])
     monkeypatch.delenv("CSAGATE_DEBUG", raising=False)
     try:
@@ -165,13 +165,13 @@ def _main_exit(monkeypatch, *argv) -> int:
 def test_ctrl_c_in_a_command_is_one_line_and_exit_130(monkeypatch, capsys):
     """KeyboardInterrupt anywhere in a command: ``csagate: interrupted``, exit 130 (not click's
     "Aborted!" and exit 1), no traceback, even under CSAGATE_DEBUG."""
-    from csagate import family_choice
+    from csagate import options
     from csagate.exitcodes import ExitCode
 
     def interrupted(ratio):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(family_choice, "contracts", interrupted)
+    monkeypatch.setattr(options, "contracts", interrupted)
     for debug in ("", "1"):
         monkeypatch.setenv("CSAGATE_DEBUG", debug)
         assert _main_exit(monkeypatch, "cases") == ExitCode.INTERRUPTED == 130

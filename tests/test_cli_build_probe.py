@@ -71,13 +71,13 @@ def test_build_again_hits_the_cache_json(dsl):
 
 
 def test_build_and_probe_choose_the_default_arch_the_same_way(monkeypatch):
-    from csagate import kernel_choice
+    from csagate import options
 
-    monkeypatch.setattr(kernel_choice, "gpu_arch", lambda: "sm_90a")
-    assert kernel_choice.resolve_arch(None) == "sm_90a"
-    assert kernel_choice.resolve_arch("sm_100a") == "sm_100a"
-    monkeypatch.setattr(kernel_choice, "gpu_arch", lambda: None)
-    assert kernel_choice.resolve_arch(None) == "sm_100a"
+    monkeypatch.setattr(options, "gpu_arch", lambda: "sm_90a")
+    assert options.resolve_arch(None) == "sm_90a"
+    assert options.resolve_arch("sm_100a") == "sm_100a"
+    monkeypatch.setattr(options, "gpu_arch", lambda: None)
+    assert options.resolve_arch(None) == "sm_100a"
     for command in ("build", "probe"):
         r = run(command, "--help")
         assert "this machine's GPU" in " ".join(r.stdout.split()), r.stdout

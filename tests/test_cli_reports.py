@@ -9,12 +9,13 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from click.testing import CliRunner
+from csagate.gates import judging
 from csagate.gates.contracts import CONTRACT_VERSION
+from csagate.gates.errors import short_error
 from gate_backends import SMALL_FAMILIES, small_gate
 
-from csagate import __version__, console, family_choice, impl_choice, render
+from csagate import __version__, console, options, render
 from csagate.cli import cli
-from csagate.console import short_error
 from csagate.exitcodes import ExitCode
 
 
@@ -113,8 +114,8 @@ def test_could_not_evaluate_junit_names_its_family(ratio, tmp_path):
 
 
 def test_ratio_all_without_a_gpu_writes_each_family_its_suite(monkeypatch, tmp_path):
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
-    monkeypatch.setattr(impl_choice, "preflight", lambda device, kernels: console.abort(
+    monkeypatch.setattr(options, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
+    monkeypatch.setattr(judging, "preflight", lambda device, kernels: console.abort(
         "no GPU here", ExitCode.COULD_NOT_EVALUATE))
     result = invoke("run", "--ratio", "all", "--junit-xml", str(tmp_path / "j.xml"))
     assert result.exit_code == 3

@@ -1,7 +1,7 @@
 """``csagate run`` and ``csagate reference`` on a CPU machine.
 
 The exit-3 paths are real (this machine has no GPU). For the paths that need a verdict, the
-command's seams (``run.contracts``, ``impl_choice.preflight`` and the built-in ``csagate``)
+command's seams (``run.contracts``, ``judging.preflight`` and the built-in ``csagate``)
 are replaced with the small cases and the reference-backed stand-in of the kernels
 (``gate_backends.use_stand_in``): that is a test double, not an option of the CLI.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from csagate.gates import judging
 from gate_backends import (
     SMALL_CASES,
     SMALL_CONTRACT,
@@ -31,7 +32,7 @@ from gate_backends import (
     use_stand_in,
 )
 
-from csagate import family_choice, impl_choice
+from csagate import options
 from csagate.cli import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def invoke(*args, env=None):
 @pytest.fixture
 def cpu_gate(monkeypatch):
     """Route the run command to the small cases and a reference backend (test double)."""
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: SMALL[ratio])
+    monkeypatch.setattr(options, "contracts", lambda ratio: SMALL[ratio])
     return use_stand_in(monkeypatch)
 
 
@@ -458,7 +459,7 @@ def test_missing_dsl_still_writes_both_reports(monkeypatch, tmp_path):
         console.abort("nvidia-cutlass-dsl is not importable (ImportError: x)",
                       ExitCode.COULD_NOT_EVALUATE)
 
-    monkeypatch.setattr(impl_choice, "preflight", no_dsl)
+    monkeypatch.setattr(judging, "preflight", no_dsl)
     paths, args = _reports(tmp_path)
     doc = _assert_could_not_evaluate(invoke("run", "--quick", *args), paths,
                                      "nvidia-cutlass-dsl is not importable")
@@ -487,7 +488,7 @@ def test_unexpected_error_is_exit_3_with_reports(cpu_gate, monkeypatch, tmp_path
     def broken(device, kernels):
         raise OSError("libcuda.so: cannot open shared object file\nsecond line")
 
-    monkeypatch.setattr(impl_choice, "preflight", broken)
+    monkeypatch.setattr(judging, "preflight", broken)
     paths, args = _reports(tmp_path)
     result = invoke("run", *args)
     doc = _assert_could_not_evaluate(result, paths, "OSError: libcuda.so: cannot open")

@@ -10,15 +10,14 @@ import re
 import sys
 
 import pytest
-import torch
 from click.testing import CliRunner
+from csagate.gates import judging
 from csagate.gates.contracts import CONTRACTS
 from csagate.kernels import diskcache as D
 from gate_backends import SMALL_FAMILIES, small_gate
 
-from csagate import family_choice, impl_choice
+from csagate import options
 from csagate.cli import cli
-from csagate.commands import compare as compare_cmd
 from csagate.exitcodes import ExitCode
 
 
@@ -48,7 +47,7 @@ def test_a_bad_environment_value_is_one_usage_line(name, value):
                                             ("1", True), (" TRUE ", True), ("on", True),
                                             ("", False)])
 def test_booleans_are_parsed_strictly(monkeypatch, value, expected):
-    from csagate import env
+    from csagate.kernels import env
 
     monkeypatch.setenv("CSAGATE_DEBUG", value)
     assert env.debug() is expected
@@ -57,7 +56,7 @@ def test_booleans_are_parsed_strictly(monkeypatch, value, expected):
 
 
 def test_one_env_helper():
-    """The variables are read through csagate/env.py only (no second parser)."""
+    """The variables are read through kernels/env.py only (no second parser)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -74,7 +73,7 @@ def test_one_env_helper():
 def test_debug_keeps_exit_3(monkeypatch, capsys, debug):
     from csagate import cli as cli_mod
 
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: (object(),))
+    monkeypatch.setattr(options, "contracts", lambda ratio: (object(),))
     monkeypatch.setattr(sys, "argv", ["csagate", "cases"])
     monkeypatch.setenv("CSAGATE_DEBUG", debug)
     with pytest.raises(SystemExit) as exc:
@@ -122,10 +121,9 @@ def test_compare_help_lists_exactly_its_exits():
                                          "--bound", "dkv=1", "--bound", "dscore=1",
                                          "--bound", "dape=1"), 0)])
 def test_compare_exits_1_beyond_a_bound(gate, monkeypatch, tmp_path, args, code):
-    monkeypatch.setattr(compare_cmd, "compare_device", lambda index: torch.device("cpu"))
     out = tmp_path / "cmp.json"
     r = invoke("compare", "--impl", "eager-bf16w", "--impl", "eager-bf16ape", "--case",
-               "c1d16/ragged", "--json", str(out), *args)
+               "c1d16/ragged", "--json", str(out), "--device", "cpu", *args)
     assert r.exit_code == code, r.output
     doc = json.loads(out.read_text())
     assert bool(doc["beyond"]) == (code == 1)
@@ -174,8 +172,8 @@ def test_exit_3_still_writes_the_report_dir(monkeypatch, tmp_path):
     def no_gpu(device, kernels):
         console.abort("no CUDA GPU visible (test)", ExitCode.COULD_NOT_EVALUATE)
 
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
-    monkeypatch.setattr(impl_choice, "preflight", no_gpu)
+    monkeypatch.setattr(options, "contracts", lambda ratio: SMALL_FAMILIES[ratio])
+    monkeypatch.setattr(judging, "preflight", no_gpu)
     rep = tmp_path / "rep"
     r = invoke("run", "--report", str(rep))
     assert r.exit_code == 3
@@ -238,7 +236,8 @@ def _whole_words(text: str, tag: str) -> bool:
 def test_kernel_names_never_break_mid_word(width):
     import io
 
-    from csagate.kernels.cache import BuildRecord, keys_for
+    from csagate.kernels.cache import BuildRecord
+    from csagate.kernels.registry import keys_for
     from csagate.perf.probe import ProbeRow
     from rich.console import Console
 

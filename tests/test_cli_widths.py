@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from csagate.gates.cases import DRIFT
 from csagate.gates.contracts import CONTRACTS, R128
+from csagate.gates.errors import short_error
 from csagate.gates.verdict import (
     ERROR,
     FAIL,
@@ -163,7 +164,7 @@ def test_compact_verdict_fits_and_keeps_every_mark_and_name(width, contract):
     # every failure's detail below the table, each reason whole once unwrapped
     flat = " ".join(text.split())
     for reason in verdict.reasons:
-        assert " ".join(_console.short_error(reason).split()) in flat, reason
+        assert " ".join(short_error(reason).split()) in flat, reason
     assert "CUDA out of memory" in flat and "coverage (table entries): no case selects" in flat
 
 
@@ -216,9 +217,9 @@ def test_run_at_columns_80_shows_every_result(monkeypatch):
         use_stand_in,
     )
 
-    from csagate import family_choice
+    from csagate import options
 
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: (SMALL_CONTRACT,))
+    monkeypatch.setattr(options, "contracts", lambda ratio: (SMALL_CONTRACT,))
     use_stand_in(monkeypatch, FaultyImpl("dape", "c1d16/edge"))
     result = CliRunner().invoke(cli, ["run"], env={"COLUMNS": "80", "NO_COLOR": "1"})
     assert result.exit_code == 1, result.output
@@ -306,7 +307,8 @@ def test_bench_tables_fit(width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_build_and_probe_tables_fit(width):
-    from csagate.kernels.cache import BuildRecord, keys_for
+    from csagate.kernels.cache import BuildRecord
+    from csagate.kernels.registry import keys_for
     from csagate.perf.probe import ProbeRow
 
     from csagate.commands import build, probe

@@ -17,7 +17,8 @@ import pytest
 from csagate.kernels import schedule as S
 from csagate.kernels import small_schedule as SS
 from csagate.kernels._dsl import dsl_available
-from csagate.kernels.cache import CACHE, make_key
+from csagate.kernels.cache import CACHE
+from csagate.kernels.registry import make_key
 
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY)

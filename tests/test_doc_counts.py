@@ -15,7 +15,7 @@ DOCS = ("README.md", "docs/CONTRACT.md")
 
 # every "N cases" the docs may state: a case list of the code, or a part of one
 CASE_COUNTS = {len(R128.cases), len(R128.all_cases), len(R4.cases), len(R4.all_cases),
-               len(R128.hardening), len(R128.deterministic), len(R4.deterministic)}
+               len(R128.hardening), len(R128.deterministic_cases), len(R4.deterministic_cases)}
 CASE_COUNT = re.compile(r"(?<![=\w.])(\d+) (?:named |upstream |hardening |deterministic )?cases\b")
 HEADLINE = re.compile(r"GATE PASS (\d+)/(\d+)(?: \+ (\d+)/(\d+) hardening)?"
                       r"(?: \+ (\d+)/(\d+)\s+deterministic)?")
@@ -45,7 +45,7 @@ def test_every_headline_is_the_codes(name):
         if ht:
             assert hp == ht and int(ht) == len(family.hardening)
         if dt:
-            assert dp == dt and int(dt) == len(family.deterministic)
+            assert dp == dt and int(dt) == len(family.deterministic_cases)
 
 
 def test_the_contract_states_its_version():
@@ -60,7 +60,7 @@ def test_readme_sample_verdict_is_the_current_case_list():
             and line.split()[0].isdigit()]
     assert [r[1] for r in rows] == [c.name for c in (R128.drift, *R128.all_cases)]
     assert [r[0] for r in rows] == [str(i) for i in range(len(rows))]
-    n, h, d = len(R128.cases), len(R128.hardening), len(R128.deterministic)
+    n, h, d = len(R128.cases), len(R128.hardening), len(R128.deterministic_cases)
     assert f"GATE PASS {n}/{n} + {h}/{h} hardening + {d}/{d} deterministic" in block
     assert all(len(line) <= 80 for line in block.splitlines())
 

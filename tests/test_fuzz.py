@@ -21,7 +21,7 @@ from csagate.gates.builtin_impls import CSAGATE_SUPPORTS
 from csagate.gates.casefile import load
 from csagate.gates.cases import Case
 from csagate.gates.driver import Driver
-from csagate.gates.implementation import Supports
+from csagate.gates.plugin import Supports
 from csagate.gates.verdict import FAIL
 
 from csagate.cli import cli

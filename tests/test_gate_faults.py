@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 from csagate.gates import limits
+from csagate.gates.driver import Driver
 from csagate.gates.runner import run_gate
 from csagate.gates.verdict import ERROR, FAIL, NOT_ASSERTED, PASS, RECORDED, SKIP, Selection
 from gate_backends import (
@@ -398,13 +399,13 @@ def test_reference_ignores_padding_row_grad_out():
 # --- the real backend's plumbing and the real contract's coverage (no GPU needed) ---------------
 
 
-def kernel_backend_without_gpu(arch: str = "sm_90a"):
-    from csagate.gates.backend import KernelBackend
+def kernel_backend_without_gpu(monkeypatch, arch: str = "sm_90a"):
+    """The built-in ``csagate`` behind the gate's driver, its device's arch ``arch`` (no CUDA
+    device is asked)."""
+    from csagate.gates import builtin_impls
 
-    backend = KernelBackend.__new__(KernelBackend)  # skip the CUDA device query
-    backend.device = torch.device("cpu")
-    backend.arch = arch
-    return backend
+    monkeypatch.setattr(builtin_impls, "_arch", lambda: arch)
+    return Driver(builtin_impls.Csagate(), torch.device("cpu"))
 
 
 def _routed(backend, contract):
@@ -431,13 +432,14 @@ def _verdict(backend, contract, results):
     # on the H200 the c1d512 default and large buckets select one kernel: 9 forward kernels
     ("sm_90a", "fwd 9/9, bwd 6/6, edges 36/36", {"c1d128", "c2d512"}),
 ])
-def test_the_21_cases_select_every_kernel_the_tables_can_select(arch, summary, large_only):
+def test_the_21_cases_select_every_kernel_the_tables_can_select(monkeypatch, arch, summary,
+                                                                large_only):
     """The contract's cases, routed through each arch's dispatcher, cover every kernel of
     every table entry, and the dispatcher's edges are the declared ones."""
     from csagate.gates.contracts import R128
     from csagate.gates.runner import coverage
 
-    backend = kernel_backend_without_gpu(arch)
+    backend = kernel_backend_without_gpu(monkeypatch, arch)
     results = _routed(backend, R128)
     cov = coverage(backend, R128, results)
     assert cov.status == PASS, cov.reasons
@@ -467,7 +469,7 @@ def test_a_moved_edge_in_the_real_dispatcher_fails_the_gate(monkeypatch, how):
             return "default"
 
         monkeypatch.setattr(S, "fwd_bucket", fwd_bucket)
-    backend = kernel_backend_without_gpu("sm_90a")
+    backend = kernel_backend_without_gpu(monkeypatch, "sm_90a")
     v = _verdict(backend, R128, _routed(backend, R128))
     assert not v.ok and v.coverage.status == FAIL
     edges = v.coverage.edges
@@ -491,7 +493,7 @@ def test_a_table_entry_the_dispatcher_cannot_reach_fails_the_gate(monkeypatch):
     extra = S.FwdSchedule(2, 8, 32, fastexp=True)
     small = {**S.FWD_TABLES["sm_90a"]["small"], (1, 512): extra}
     monkeypatch.setitem(S.FWD_TABLES["sm_90a"], "small", small)
-    backend = kernel_backend_without_gpu("sm_90a")
+    backend = kernel_backend_without_gpu(monkeypatch, "sm_90a")
     v = _verdict(backend, R128, _routed(backend, R128))
     assert not v.ok
     assert v.coverage.table["fwd"].missing == (f"fwd c1d512 {extra.tag}",)
@@ -500,10 +502,10 @@ def test_a_table_entry_the_dispatcher_cannot_reach_fails_the_gate(monkeypatch):
     assert v.coverage.edges.first.config == "c1d512"
 
 
-def test_r4_coverage_is_over_the_ratio4_schedules_of_the_four_configs():
+def test_r4_coverage_is_over_the_ratio4_schedules_of_the_four_configs(monkeypatch):
     from csagate.gates.contracts import R4
 
-    backend = kernel_backend_without_gpu("sm_90a")
+    backend = kernel_backend_without_gpu(monkeypatch, "sm_90a")
     v = _verdict(backend, R4, _routed(backend, R4))
     assert v.coverage.status == PASS, v.reasons
     assert v.coverage.summary == "fwd 4/4, bwd 4/4" and v.coverage.edges is None
@@ -519,10 +521,10 @@ def test_r4_coverage_is_over_the_ratio4_schedules_of_the_four_configs():
 
 def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
     from csagate.kernels import api
-    from csagate.kernels.cache import make_key
+    from csagate.kernels.registry import make_key
     from csagate.kernels.schedule import select_bwd, select_fwd
 
-    backend = kernel_backend_without_gpu()
+    backend = kernel_backend_without_gpu(monkeypatch)
     seen = {}
 
     def run_forward(kv, score, ape, cu, cuc, out, *, ratio, coff, stream=None, check=False):
@@ -561,10 +563,10 @@ def test_kernel_backend_reports_the_launched_kernel(monkeypatch):
 
 
 def test_kernel_backend_build_failure_is_a_build_error(monkeypatch):
-    from csagate.gates.backend import BuildError
+    from csagate.gates.errors import BuildError
     from csagate.kernels import api
 
-    backend = kernel_backend_without_gpu()
+    backend = kernel_backend_without_gpu(monkeypatch)
 
     def broken(ratio, **kw):
         raise RuntimeError("ptxas fatal: Unresolved extern function\nmore")
@@ -578,9 +580,10 @@ def test_kernel_backend_build_failure_is_a_build_error(monkeypatch):
 
 def test_kernel_backend_build_counts_kernels(monkeypatch):
     from csagate.kernels import api
-    from csagate.kernels.cache import BuildRecord, keys_for
+    from csagate.kernels.cache import BuildRecord
+    from csagate.kernels.registry import keys_for
 
-    backend = kernel_backend_without_gpu()
+    backend = kernel_backend_without_gpu(monkeypatch)
 
     def fake_build(ratio, *, arch, coff, d, progress=None, **kw):
         keys = keys_for(ratio, arch, coff=coff, d=d)

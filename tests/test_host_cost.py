@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import csagate.reference as REF
 import pytest
 import torch
+from csagate.kernels import ops
 from csagate.perf import host_cost as H
 from rich.console import Console
 
-from csagate import console, ops
+from csagate import console
 from csagate.commands.bench import host_tables
 
 

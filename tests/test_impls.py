@@ -15,7 +15,8 @@ from adapter_source import reference_adapter
 from click.testing import CliRunner
 from csagate.gates import builtin_impls
 from csagate.gates.driver import Driver
-from csagate.gates.implementation import ImplError, load, resolve
+from csagate.gates.implementation import load, resolve
+from csagate.gates.plugin import ImplError
 from csagate.gates.runner import run_gate
 from csagate.gates.verdict import FAIL, INCONCLUSIVE, NA, PASS
 from csagate.reference import backward, make_grad_out, make_pack
@@ -29,9 +30,8 @@ from gate_backends import (
     use_stand_in,
 )
 
-from csagate import family_choice
+from csagate import options
 from csagate.cli import cli
-from csagate.commands import compare as compare_cmd
 
 ADAPTER = reference_adapter('Supports()') + '''
 
@@ -68,7 +68,7 @@ def cpu_run(monkeypatch):
     implementation on CPU tensors (test double of the GPU)."""
     small = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
              "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: small[ratio])
+    monkeypatch.setattr(options, "contracts", lambda ratio: small[ratio])
     use_stand_in(monkeypatch)
 
 
@@ -78,7 +78,7 @@ def invoke(*args):
 
 def gate(impl, cases=None):
     return run_gate(Driver(impl, torch.device("cpu")), SMALL_CONTRACT, cases=cases,
-                    drift_backend=driven(RefImpl()))
+                    drift_driver=driven(RefImpl()))
 
 
 # --- discovery ---------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_cudnn_missing_is_could_not_evaluate_exit_3(cpu_run, monkeypatch):
 
 EXITING = """
 import sys
-from csagate.gates.implementation import Supports
+from csagate.gates.plugin import Supports
 from csagate.reference import forward
 
 
@@ -368,11 +368,10 @@ def test_an_adapter_whose_forward_exits_fails_its_cases_and_the_run_goes_on(exit
 
 
 def test_compare_table_fits_80_columns_and_json(adapter, cpu_run, monkeypatch, tmp_path):
-    monkeypatch.setattr(compare_cmd, "compare_device", lambda index: torch.device("cpu"))
     out = tmp_path / "cmp.json"
     names = ("c1d16/ragged", "c2d32/ragged+pad2r3t")
     args = ["compare", "--impl", f"{adapter}:Reference", "--impl", "eager-bf16w",
-            "--json", str(out)]
+            "--json", str(out), "--device", "cpu"]
     for name in names:
         args += ["--case", name]
     result = CliRunner().invoke(cli, args, env={"COLUMNS": "80"}, catch_exceptions=False)
@@ -437,7 +436,7 @@ def test_resolve_builtins_and_errors():
 # --- csagate impls --impl: one adapter checked in one line ----------------------------------
 
 CHECKED = '''
-from csagate.gates.implementation import Supports
+from csagate.gates.plugin import Supports
 from csagate.reference import forward
 
 
@@ -532,3 +531,17 @@ def test_impls_impl_checks_the_builtins_and_the_readme_adapter(adapter):
         result = invoke("impls", "--impl", value)
         assert result.exit_code == 0, (value, result.output)
     assert invoke("impls", "--impl", "nope").exit_code == 2
+
+
+def test_an_adapter_subclassing_a_builtin_without_a_docstring_describes_itself(tmp_path):
+    """``describe`` of the eager built-ins reads the class's docstring, inherited where a
+    subclass has none (it raised AttributeError on ``None.strip()``)."""
+    path = tmp_path / "sub_adapter.py"
+    path.write_text("from csagate.gates.builtin_impls import EagerBf16Weights\n\n\n"
+                    "class Sub(EagerBf16Weights):\n    name = 'sub'\n")
+    impl = load(resolve(f"{path}:Sub"))
+    described = Driver(impl, torch.device("cpu")).describe()
+    assert described["formulation"].startswith("The reference's upstream formulation")
+    result = invoke("run", "--impl", f"{path}:Sub", "--device", "cpu", "--ratio", "4",
+                    "--case", "r4/c1d128/overflow")
+    assert result.exit_code == 0, result.output

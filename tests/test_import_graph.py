@@ -168,3 +168,34 @@ def test_no_command_module_imports_another():
     assert {"csagate.commands.run", "csagate.commands.probe"} <= set(found)
     offenders = {name: sorted(others) for name, others in found.items() if others}
     assert not offenders, f"command modules importing other command modules: {offenders}"
+
+
+# The layers of the installed layout, lowest first: a module may import its own layer and the
+# ones below. The package root (``csagate/__init__.py``: the version) is everyone's parent.
+LAYERS = ("csagate.reference", "csagate.kernels", "csagate.gates", "csagate.perf", "csagate")
+
+
+def layer(name: str) -> int:
+    return next(i for i, top in enumerate(LAYERS) if name == top or name.startswith(top + "."))
+
+
+def test_no_layer_imports_a_higher_one():
+    """Anywhere in a module (functions too): the kernels never reach up into the gate or the
+    CLI, the gate never into the CLI or perf, the reference into nothing of csagate."""
+    found = modules()
+    up = []
+    for name, path in found.items():
+        for other in imports(name, path, set(found), anywhere=True):
+            if other != "csagate" and layer(other) > layer(name):
+                up.append(f"{name} -> {other}")
+    assert not up, up
+
+
+def test_the_cli_package_holds_the_cli_and_its_presentation():
+    """The op and the environment reader sit beside the kernels, the judging of an
+    implementation in the gate: what ``csagate/`` holds is commands, options and renderers."""
+    names = {n for n in modules() if layer(n) == len(LAYERS) - 1}
+    assert "csagate.kernels.ops" in modules() and "csagate.kernels.env" in modules()
+    assert not {"csagate.ops", "csagate.env"} & names
+    assert "csagate.gates.judging" in modules()
+    assert not [n for n in names if n.endswith("_choice")]

@@ -37,7 +37,7 @@ from csagate.gates.verdict import (
 )
 from gate_backends import SMALL_CONTRACT, SMALL_R4_CONTRACT
 
-from csagate import family_choice
+from csagate import options
 from csagate.cli import cli
 from csagate.pytest_plugin import check
 
@@ -145,7 +145,7 @@ def test_an_na_case_is_refused_before_any_work():
 def small_families(monkeypatch):
     small = {"128": (SMALL_CONTRACT,), "4": (SMALL_R4_CONTRACT,),
              "all": (SMALL_CONTRACT, SMALL_R4_CONTRACT)}
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: small[ratio])
+    monkeypatch.setattr(options, "contracts", lambda ratio: small[ratio])
 
 
 def test_a_full_run_of_a_family_the_adapter_does_not_support_is_refused(small_families,
@@ -177,8 +177,8 @@ ROWS = Case("r4/c1d4/9", 1, 4, (9,), "union", "two blocks and a tail", ratio=4)
                                          ((ROWS, NO_ROWS), "INCONCLUSIVE")])
 def test_a_run_that_judged_nothing_is_exit_3_with_its_own_headline(monkeypatch, adapter,
                                                                    tmp_path, cases, word):
-    contract = replace(CONTRACTS[4], cases=cases, deterministic=(), coverage_configs=())
-    monkeypatch.setattr(family_choice, "contracts", lambda ratio: (contract,))
+    contract = replace(CONTRACTS[4], cases=cases, deterministic_cases=(), coverage_configs=())
+    monkeypatch.setattr(options, "contracts", lambda ratio: (contract,))
     report, junit = tmp_path / "v.json", tmp_path / "v.xml"
     result = invoke("run", "--impl", f"{adapter}:ForwardOnly", "--device", "cpu", "--ratio",
                     "4", "--json", report, "--junit-xml", junit)
@@ -264,7 +264,8 @@ def test_compare_where_every_case_raised_is_exit_3(tmp_path):
 def test_the_plugin_refuses_a_call_that_judges_nothing(adapter):
     with pytest.raises(pytest.fail.Exception, match="nothing to judge: no case and no fuzz"):
         check(f"{adapter}:Reference", ratio=4, cases=())
-    with pytest.raises(pytest.fail.Exception, match="every chosen case is n/a"):
+    with pytest.raises(pytest.fail.Exception, match="nothing to judge: r4/c1d128/edgepack/"
+                                                    "deterministic is n/a for decode"):
         check("decode", ratio=4, cases=["r4/c1d128/edgepack/deterministic"])
 
 

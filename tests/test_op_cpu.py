@@ -22,11 +22,10 @@ import csagate.reference as REF
 import pytest
 import torch
 from csagate.kernels import api as real_api
+from csagate.kernels import ops
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
-
-from csagate import ops
 
 FWD = torch.ops.csagate.csa_compress_fwd.default
 BWD = torch.ops.csagate.csa_compress_bwd.default

@@ -16,7 +16,6 @@ from gate_backends import small_gate
 
 from csagate import pair_report
 from csagate.cli import cli
-from csagate.commands import compare as compare_cmd
 from csagate.report import NO_MATPLOTLIB
 
 DIFFERS = "r4/c2d16/ragged+pad3r5t"     # every output differs; capacity padding rows
@@ -93,7 +92,9 @@ def _refuse(directory):
 def test_a_bad_report_dir_is_one_usage_line_before_anything_runs(gate, tmp_path, monkeypatch,
                                                                  bad):
     ran = []
-    monkeypatch.setattr(compare_cmd, "compare_device", lambda device: ran.append(device))
+    from csagate.gates import judging
+
+    monkeypatch.setattr(judging, "judging", lambda impl, device: ran.append(device))
     a_file = tmp_path / "f"
     a_file.write_text("x")
     target = {"a file": a_file, "under a file": a_file / "rep",

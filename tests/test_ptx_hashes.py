@@ -22,14 +22,18 @@ def test_normalize_drops_comments_and_names_entries_by_position():
     assert H.normalize(PTX.replace("csagatekernels", "csagateperf")) == text
 
 
-def test_kernel_keys_are_the_table_kernels_and_names_are_injective():
-    from csagate.kernels.cache import keys_for
+def test_kernel_keys_are_every_selectable_kernel_in_both_modes_and_names_are_injective():
+    from csagate.kernels.registry import RATIOS, keys_for
     from csagate.kernels.schedule import ARCHES
 
     for arch in ARCHES:
         keys = H.kernel_keys(arch)
         assert len(keys) == len(set(keys)), "a kernel listed twice"
-        assert set(keys) == set(keys_for(128, arch) + keys_for(4, arch))
+        default = {k for r in RATIOS for k in keys_for(r, arch)}
+        assert {k for k in keys if not k.deterministic} == default
+        assert {k for k in keys if k.deterministic} == {
+            k.__class__(**{**k.__dict__, "deterministic": True}) for k in default
+            if k.direction == "bwd"}
         names = [H.name_of(k) for k in keys]
         assert len(set(names)) == len(keys), "two kernels under one hash-file name"
         assert all(n.endswith(f"@{arch}") for n in names)

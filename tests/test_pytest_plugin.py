@@ -21,11 +21,9 @@ import csagate.reference  # noqa: F401
 import pytest
 import torch
 from adapter_source import reference_adapter
-from csagate.gates.driver import Driver
-from gate_backends import FailingBuildImpl, RefImpl, driven
+from gate_backends import FailingBuildImpl, RefImpl
 
-import csagate.device_choice  # noqa: F401
-from csagate import pytest_plugin as plugin
+import csagate.options  # noqa: F401
 from csagate.pytest_plugin import check
 
 pytest_plugins = ["pytester"]
@@ -148,7 +146,8 @@ def test_gpu_only(csagate_contract):
 ''')
     result = suite.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(passed=7, skipped=1)
-    result.stdout.fnmatch_lines(["*csagate: needs-a-gpu cannot be judged on cpu: no CUDA GPU*"])
+    result.stdout.fnmatch_lines(["*csagate: needs-a-gpu cannot be judged on cpu: needs-a-gpu "
+                                 "cannot run on the CPU: no CUDA GPU*"])
 
 
 # --- the GPU path, with the reference as the stand-in of the gate's kernels ---------------------
@@ -157,13 +156,15 @@ def test_gpu_only(csagate_contract):
 @pytest.fixture
 def gpu_stand_in(monkeypatch, tmp_path):
     """``device="cuda"`` judged on the CPU: the adapter on CPU tensors, the drift check on
-    ``drift_backend`` (the reference stand-in of tests/gate_backends.py, or a broken one)."""
+    ``used["drift"]`` (the reference stand-in of tests/gate_backends.py, or a broken one) as
+    the gate's own kernels, the preflight saying the CPU (``gates.judging``'s seams)."""
+    from csagate.gates import judging
+
     (tmp_path / "plugin_adapters.py").write_text(ADAPTERS)
     monkeypatch.syspath_prepend(str(tmp_path))
     used = {"drift": RefImpl()}
-    monkeypatch.setattr(plugin, "_unavailable_here", lambda impl, device: None)
-    monkeypatch.setattr(plugin, "_backends", lambda impl, device: (
-        Driver(impl, torch.device("cpu")), driven(used["drift"]), None))
+    monkeypatch.setattr(judging, "load_builtin", lambda: used["drift"])
+    monkeypatch.setattr(judging, "preflight", lambda device, kernels: torch.device("cpu"))
     return used
 
 

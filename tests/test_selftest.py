@@ -45,7 +45,7 @@ def test_names_are_unique_and_say_what_they_check():
 
 
 def _values_not_bits(fused, ref, *, mask=None):
-    """``bitwise`` comparing values: -0 == +0 again (the first planted fault of issue 49)."""
+    """``bitwise`` comparing values: -0 == +0 again (a planted fault of the gate's own logic)."""
     judged = torch.ones(fused.shape, dtype=torch.bool) if mask is None else mask
     differs = (fused != ref) & ~(torch.isnan(fused) & torch.isnan(ref)) & judged
     flat = comparators._flat_index(differs)

@@ -6,9 +6,8 @@ import json
 import click
 from rich.table import Table
 
-from csagate import console
+from csagate import console, options
 from csagate.exitcodes import ExitCode
-from csagate.family_choice import RATIOS
 from csagate.kernels import schedule as S
 from csagate.kernels.registry import SMALL_RATIOS, TABLE_RATIO, has_tables, parse_shape
 from csagate.report_files import checked_file
@@ -360,10 +359,8 @@ def _parse_shapes(shapes, ratio: str) -> list[tuple[int, int, int]]:
 
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
                              "measured copy bandwidth; --ab FIELD for measured schedule choices.")
-@click.option("--ratio", type=click.Choice(RATIOS),
-              default=TABLE, show_default=True,
-              help="The family: 128 (its shape table, A/B and sweep), a small ratio (every "
-                   "config at 8192 and 131072 tokens), or all.")
+@options.ratio_option(TABLE, "The family: 128 (its shape table, A/B and sweep), a small ratio "
+                            "(every config at 8192 and 131072 tokens), or all.")
 @click.option("--ab", "ab_fields", multiple=True,
               type=click.Choice(sorted({*S.option_names("fwd"), *S.option_names("bwd"),
                                         "regwin"})),
@@ -385,8 +382,8 @@ def _parse_shapes(shapes, ratio: str) -> list[tuple[int, int, int]]:
               help="Also time a released implementation's kernels against ours on the same "
                    "inputs, cold, in both orders (cudnn: nvidia-cudnn-frontend; ratios 2, 4, "
                    "128).")
-@click.option("--json", "json_path", metavar="PATH", default=None, callback=checked_file,
-              help="Also write every number to this JSON file (checked before anything runs).")
+@options.json_option("Also write every number to this JSON file (checked before anything "
+                     "runs; '-' is not taken).", callback=checked_file)
 def command(ratio, ab_fields, sweep_dirs, host, shapes, iters, warmup, peer_name,
             json_path) -> None:
     from csagate.perf import bench

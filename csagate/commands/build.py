@@ -2,20 +2,11 @@ from __future__ import annotations
 
 import click
 
-from csagate import console
-from csagate.console import one_line
+from csagate import console, options
 from csagate.exitcodes import ExitCode
-from csagate.kernel_choice import (
-    arch_option,
-    kernel_json,
-    kernels_doc,
-    keys_of,
-    ratio_option,
-    ratios_of,
-    require_dsl,
-    resolve_arch,
-)
+from csagate.gates.errors import one_line
 from csagate.progress import progress_bar
+from csagate.render import kernel_json, kernels_doc
 
 
 def build_table(records, arch: str):
@@ -34,16 +25,15 @@ def build_table(records, arch: str):
                "and show each kernel's schedule, whether it was a cache hit, and its compile "
                "(or load) time. Compiled kernels are kept in the per-user disk cache "
                "(`csagate cache info`).")
-@ratio_option
-@arch_option
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the kernels as JSON on stdout (the shape of `probe --json`).")
+@options.ratio_option("all", options.KERNEL_RATIO_HELP)
+@options.arch_option
+@options.json_flag("Print the kernels as JSON on stdout (the shape of `probe --json`).")
 def command(ratio: str, arch: str | None, as_json: bool) -> None:
-    require_dsl()
-    arch = resolve_arch(arch)
+    options.require_dsl()
+    arch = options.resolve_arch(arch)
     from csagate.kernels import api
 
-    keys = keys_of(ratio, arch)
+    keys = options.keys_of(ratio, arch)
     records = []
     with progress_bar(len(keys), f"compiling for {arch}") as bar:
         task = bar.add_task(f"compiling ({arch})", total=len(keys), tag="")
@@ -52,7 +42,7 @@ def command(ratio: str, arch: str | None, as_json: bool) -> None:
             bar.update(task, advance=1, tag=record.key.tag)
 
         try:
-            for r in ratios_of(ratio):
+            for r in options.ratios_of(ratio):
                 records += api.build(r, arch=arch, progress=advance)
         except Exception as exc:  # a compile error: nothing was built to judge
             console.abort(f"build failed: {one_line(exc)}", ExitCode.COULD_NOT_EVALUATE)

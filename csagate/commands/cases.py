@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import click
 
-from csagate import console, family_choice
-from csagate.family_choice import case_counts, ratio_option
+from csagate import console, options
 
 COLUMNS = ("#", "case", "tokens", "rows", "kind")
 
@@ -41,10 +40,9 @@ def case_json(case) -> dict:
 @click.command("cases", help="List the drift check and the named gate cases (hardening and "
                "deterministic-mode cases after the upstream ones), in order; -v adds why each "
                "case exists.")
-@ratio_option("The contract family, or all.")
+@options.ratio_option("128", "The contract family, or all.")
 @click.option("-v", "--verbose", is_flag=True, help="Show each case's reason (its `why`).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the families and their cases (with each why) as JSON on stdout.")
+@options.json_flag("Print the families and their cases (with each why) as JSON on stdout.")
 def command(ratio: str, verbose: bool, as_json: bool) -> None:
     if as_json:
         import json
@@ -53,12 +51,12 @@ def command(ratio: str, verbose: bool, as_json: bool) -> None:
             {"ratio": k.ratio, "drift": case_json(k.drift),
              "cases": [case_json(c) for c in k.cases],
              "hardening": [case_json(c) for c in k.hardening],
-             "deterministic": [case_json(c) for c in k.deterministic]}
-            for k in family_choice.contracts(ratio)]}, indent=2))
+             "deterministic": [case_json(c) for c in k.deterministic_cases]}
+            for k in options.contracts(ratio)]}, indent=2))
         return
-    for contract in family_choice.contracts(ratio):  # a module attribute: the tests' seam
+    for contract in options.contracts(ratio):  # a module attribute: the tests' seam
         table = console.new_table(f"csagate ratio={contract.ratio} gate: drift check + "
-                                  f"{case_counts(contract)}", COLUMNS,
+                                  f"{options.case_counts(contract)}", COLUMNS,
                                   marks=("#", "tokens", "rows", "kind"), names=("case",),
                                   right=("#", "tokens", "rows"), compact=True)
         for i, case in enumerate((contract.drift, *contract.all_cases)):

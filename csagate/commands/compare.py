@@ -21,12 +21,9 @@ from pathlib import Path
 
 import click
 
-from csagate import console, family_choice
-from csagate.device_choice import device_option
+from csagate import console, options
 from csagate.exitcodes import ExitCode
-from csagate.family_choice import RATIOS
-from csagate.impl_choice import NEEDS_MATPLOTLIB, load_impl, report_dir_option
-from csagate.options import FiniteFloat
+from csagate.options import NEEDS_MATPLOTLIB, FiniteFloat
 from csagate.pair_report import abs_text, steps_text, write_report
 from csagate.render import STDOUT
 from csagate.report_files import check_report_paths
@@ -136,9 +133,9 @@ def where_table(diffs, a: str, b: str):
 
 
 def _cases(ratio: str, names, a, b):
-    cases = [c for k in family_choice.contracts(ratio) for c in k.cases + k.hardening]
+    cases = [c for k in options.contracts(ratio) for c in k.cases + k.hardening]
     if names:
-        family_choice.check_case_names(names, ratio, param_hint="--case")
+        options.check_case_names(names, ratio, param_hint="--case")
         cases = [c for c in cases if c.name in set(names)]
     return [c for c in cases if a.supports.covers(c.ratio, c.coff, c.d)
             and b.supports.covers(c.ratio, c.coff, c.d)]
@@ -150,14 +147,21 @@ def _check(impls):
     return impls
 
 
-def _ready(impl, device):
-    """Exit 3 with one line unless ``impl`` runs here (2 when its check exits)."""
-    from csagate.impl_choice import checked_unavailable
+def _drivers(impls, device):
+    """The drivers of both implementations on ``device`` (``gates.judging``), after the
+    self-tests there: exit 3 with one line when either cannot run here (2 when a check exits
+    or the device does not exist)."""
+    from csagate.gates.errors import CannotEvaluate, Unusable
+    from csagate.gates.judging import judging
 
-    why = checked_unavailable(impl, device)
-    if why:
-        console.abort(f"{impl.name}: {why} (nothing was compared)",
-                      ExitCode.COULD_NOT_EVALUATE)
+    try:
+        judged = [judging(impl, device) for impl in impls]
+        tests = judged[0].selftests()
+    except (Unusable, CannotEvaluate) as exc:
+        console.stop(exc, " (nothing was compared)")
+    console.err().print(f"self-test {tests.summary} passed on {tests.device} "
+                        f"({tests.seconds:.2f} s)", soft_wrap=True)
+    return judged
 
 
 @click.command("compare", help="Run the same inputs (the gate's cases) through two "
@@ -167,18 +171,15 @@ def _ready(impl, device):
                "--max-abs / --bound turn it into a check (exit 1 beyond); --report DIR adds "
                "pictures.",
                epilog=EXITS)
-@click.option("--impl", "impls", multiple=True, required=True, metavar="NAME",
-              callback=lambda ctx, p, v: tuple(load_impl(x) for x in v),
-              help="An implementation (twice: A, then B); as for `csagate run --impl`.")
-@click.option("--ratio", type=click.Choice(RATIOS), default="128",
-              show_default=True, help="The contract family whose cases are compared.")
+@options.impl_option(multiple=True, help_="An implementation (twice: A, then B); as for "
+                                           "`csagate run --impl`.")
+@options.ratio_option("128", "The contract family whose cases are compared.")
 @click.option("--case", "names", multiple=True, metavar="NAME",
               help="Only this case (repeatable).")
-@device_option()
-@click.option("--json", "json_path", metavar="PATH",
-              help="Write every number to PATH ('-': stdout, the table then goes to stderr); "
-                   "checked before anything runs.")
-@report_dir_option(
+@options.device_option()
+@options.json_option("Write every number to PATH ('-': stdout, the table then goes to "
+                     "stderr); checked before anything runs.")
+@options.report_option(
     "Write DIR/compare.json (the --json document), one PNG per case that differs: the "
     "quantiles of |A - B| in bf16 steps per output and where out differs "
     f"({NEEDS_MATPLOTLIB}), and DIR/index.html listing every case; checked before anything "
@@ -188,8 +189,8 @@ def _ready(impl, device):
 @click.option("--bound", "per_tensor", multiple=True, metavar="TENSOR=VALUE", callback=_bound,
               help=f"Exit 1 when max |A - B| of TENSOR ({', '.join(TENSORS)}) exceeds VALUE "
                    "(repeatable; wins over --max-abs for that output).")
-def command(impls, ratio, names, device, json_path, report_dir, max_abs, per_tensor) -> None:
-    a, b = _check(impls)
+def command(impl, ratio, names, device, json_path, report_dir, max_abs, per_tensor) -> None:
+    a, b = _check(impl)
     check_report_paths({"--json": json_path, "--report": report_dir}, [0])
     bounds = bounds_of(max_abs, per_tensor)
     cases = _cases(ratio, names, a, b)
@@ -197,26 +198,19 @@ def command(impls, ratio, names, device, json_path, report_dir, max_abs, per_ten
         raise click.UsageError(f"nothing to compare: no selected case of --ratio {ratio} is in "
                                f"both envelopes ({a.name}: {a.supports.text()}; {b.name}: "
                                f"{b.supports.text()})")
-    device = compare_device(device)
-    for impl in (a, b):
-        _ready(impl, device)
-    from csagate.impl_choice import require_memory, require_selftests
-
-    require_selftests(device)
-    require_memory(cases, device)
+    judged = _drivers((a, b), device)
+    from csagate.gates.errors import CannotEvaluate
     from csagate.gates.pair_diff import compare
     from csagate.gates.runner import build_targets
 
     targets = build_targets(cases, None)
-    for impl in (a, b):
-        prepare = getattr(impl, "prepare", None)
-        if callable(prepare):
-            try:
-                prepare(targets, None)
-            except Exception as exc:
-                console.abort(f"{impl.name}: preparing it failed: {console.one_line(exc)}",
-                              ExitCode.COULD_NOT_EVALUATE)
-    diffs = compare(a, b, cases, device)
+    try:
+        judged[0].memory(cases)
+        for j in judged:
+            j.driver.build(targets)
+    except CannotEvaluate as exc:    # the memory, or a build (BuildError)
+        console.stop(exc, " (nothing was compared)")
+    diffs = compare(judged[0].driver, judged[1].driver, cases)
     to_stdout = json_path == STDOUT
     shown = console.err() if to_stdout else console.out()
     for make in (table, steps_table, where_table):
@@ -269,16 +263,3 @@ def document(a: str, b: str, ratio: str, bounds: dict[str, float], beyond: list[
            "cases": [{"name": d.case.name, "error": d.error,
                       "tensors": [dataclasses.asdict(x) for x in d.tensors]} for d in diffs]}
     return json.dumps(_jsonable(doc), indent=2) + "\n"
-
-
-def compare_device(device):
-    """The torch device both run on (``--device cpu`` for CPU-capable implementations; exit 3
-    without a GPU otherwise); a seam the CPU tests replace."""
-    import torch
-
-    if device.cpu:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        console.abort("no CUDA GPU visible: nothing can be compared",
-                      ExitCode.COULD_NOT_EVALUATE)
-    return torch.device("cuda", device.index)

@@ -2,7 +2,7 @@
 per trial, failures shrunk and written as replayable case files.
 
 The generator, the shrinker and the loop are ``csagate.gates.fuzz``; this module checks the
-options (before any work), picks the backend, shows progress and the summary, and writes the
+options (before any work), picks the driver, shows progress and the summary, and writes the
 case files and reports. Exit codes as ``csagate run``: 0 every trial passed, 1 a trial failed
 (or, on a GPU, the reference drift check did), 2 usage error, 3 could not evaluate.
 """
@@ -17,12 +17,9 @@ from time import perf_counter
 
 import click
 
-from csagate import __version__, console
-from csagate.device_choice import DeviceType
+from csagate import __version__, console, options
 from csagate.exitcodes import ExitCode
-from csagate.family_choice import RATIOS
 from csagate.gates.contracts import CONTRACT_VERSION
-from csagate.impl_choice import IMPL_HELP, load_impl
 from csagate.options import FiniteFloat
 from csagate.progress import StderrProgress
 from csagate.render import STDOUT
@@ -56,11 +53,9 @@ def _out_dir(ctx, param, value: Path | None):
                "written as a case file that `csagate run --case-file FILE` replays. Trial i of "
                "seed S is the same pack on every machine.",
                epilog=ExitCode.help_text() + " Exit 1: some trial failed.")
-@click.option("--impl", "impl_spec", default="csagate", show_default=True, metavar="NAME",
-              help=IMPL_HELP)
-@click.option("--ratio", type=click.Choice(RATIOS), default="all", show_default=True,
-              help="Draw from this contract family's ratio only (all: every ratio the "
-                   "implementation and the kernels share).")
+@options.impl_option()
+@options.ratio_option("all", "Draw from this contract family's ratio only (all: every ratio the "
+                      "implementation and the kernels share).")
 @click.option("--trials", type=click.IntRange(min=1), metavar="N",
               help="Run exactly N trials (exclusive with --budget).")
 @click.option("--budget", type=FiniteFloat(0, low_open=True), metavar="SECONDS",
@@ -68,26 +63,23 @@ def _out_dir(ctx, param, value: Path | None):
                    "shrink that started finishes).")
 @click.option("--seed", type=click.IntRange(min=0), metavar="S",
               help="The seed (default: a fresh one, printed and recorded).")
-@click.option("--device", "device", type=DeviceType(), default="cuda:0", show_default=True,
-              help="cuda, cuda:N or N: on a CUDA device (the drift check first); cpu: a "
-                   "CPU-capable implementation against the references, no drift check.")
+@options.device_option()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               callback=_out_dir, metavar="DIR",
               help="Write each distinct shrunk failure to DIR as a case file (created).")
 @click.option("--shrink-calls", type=click.IntRange(min=0), default=200, show_default=True,
               metavar="N", help="At most N judge calls per shrink (0: no shrinking).")
-@click.option("--json", "json_path", metavar="PATH",
-              help="Write the trials, the failures and what was covered as JSON ('-': stdout).")
-@click.option("--junit-xml", "junit_path", metavar="PATH",
-              help="Write a JUnit XML report, one testcase per trial ('-': stdout).")
-def command(impl_spec: str, ratio: str, trials: int | None, budget: float | None,
+@options.json_option("Write the trials, the failures and what was covered as JSON ('-': "
+                     "stdout).")
+@options.junit_option("Write a JUnit XML report, one testcase per trial ('-': stdout).")
+def command(impl, ratio: str, trials: int | None, budget: float | None,
             seed: int | None, device, out_dir: Path | None, shrink_calls: int,
             json_path: str | None, junit_path: str | None) -> None:
     if trials is not None and budget is not None:
         raise click.UsageError("--trials and --budget are exclusive: give one (default: "
                                f"--budget {DEFAULT_BUDGET:g})")
     check_report_paths({"--json": json_path, "--junit-xml": junit_path}, [0])
-    impl = load_impl(impl_spec)
+    impl_spec = options.impl_spec()
     if trials is None and budget is None:
         budget = DEFAULT_BUDGET
     seed = secrets.randbelow(2**31) if seed is None else seed
@@ -106,39 +98,31 @@ def command(impl_spec: str, ratio: str, trials: int | None, budget: float | None
 
 
 def _envelope(impl, ratio: str):
-    from csagate.gates import fuzz
-    from csagate.gates.plugin import applies_of
+    from csagate.gates.errors import NothingToJudge
+    from csagate.gates.judging import envelope
 
-    applies = applies_of(impl)
-    ratios = None if ratio == "all" else (int(ratio),)
-    env = fuzz.envelope(impl.supports, ratios=ratios,
-                        deterministic=applies.deterministic and applies.backward)
-    if not env.dims:
-        where = "any ratio" if ratios is None else f"ratio {ratio}"
-        raise click.UsageError(f"nothing to fuzz: {impl.name} ({impl.supports.text()}) and the "
-                               f"kernels' envelope share no config at {where}")
-    return env
-
-
-def _backend(impl, device):
-    """The driver ``impl`` is fuzzed with; on a GPU the drift check runs first (exit 1 if it
-    fails)."""
-    from csagate.gates.backend import BuildError
-    from csagate.gates.contracts import R4
-    from csagate.gates.runner import run_drift
-    from csagate.impl_choice import drivers, require_selftests
-
-    judged = drivers(impl, device)
-    require_selftests(judged.driver.device)
-    if judged.drift is None:
-        return judged.driver
-    drift = R4.drift
     try:
-        judged.drift.build(((drift.ratio, drift.coff, drift.d),))
-    except BuildError as exc:
-        console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
-    result = run_drift(judged.drift, drift)
-    if not result.ok:
+        return envelope(impl, None if ratio == "all" else (int(ratio),))
+    except NothingToJudge as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _driver(impl, device):
+    """The driver ``impl`` is fuzzed with (``gates.judging``), after the self-tests; on a GPU
+    the drift check runs first (exit 1 if it fails)."""
+    from csagate.gates.contracts import R4
+    from csagate.gates.errors import CannotEvaluate, Unusable
+    from csagate.gates.judging import judging
+
+    try:
+        judged = judging(impl, device)
+        tests = judged.selftests()
+        console.err().print(f"self-test {tests.summary} passed on {tests.device} "
+                            f"({tests.seconds:.2f} s)", soft_wrap=True)
+        result = judged.drift_check(R4)
+    except (Unusable, CannotEvaluate) as exc:
+        console.stop(exc, " (nothing was judged)")
+    if result is not None and not result.ok:
         console.abort(f"the reference drift check failed ({result.status}"
                       f"{': ' + result.error if result.error else ''}): nothing the fuzz "
                       "could say would be trusted", ExitCode.CONTRACT_FAILURE)
@@ -148,14 +132,14 @@ def _backend(impl, device):
 def _run(impl, impl_spec, env, device, seed, trials, budget, out_dir, shrink_calls, reports,
          to_stdout) -> ExitCode:
     from csagate.gates import fuzz
-    from csagate.gates.backend import BuildError
+    from csagate.gates.errors import BuildError
 
     err = console.err()
-    backend = _backend(impl, device)
+    driver = _driver(impl, device)
     mode = f"{trials} trials" if trials is not None else f"budget {budget:g} s"
     console.print_wrapped(err, f"csagate fuzz {__version__}: {impl.name} on {device}, seed "
                                f"{seed}, {mode}; envelope: {env.text()}")
-    judge = fuzz.Judge(backend)
+    judge = fuzz.Judge(driver)
     sizes = fuzz.CPU_SIZES if device.cpu else fuzz.CUDA_SIZES
     try:
         with StderrProgress("fuzz") as progress:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from csagate import console
+from csagate.gates.errors import one_line
 
 
 def _device():
@@ -19,7 +20,8 @@ def _device():
 
 def rows() -> list[tuple[str, str, str, str, str]]:
     """(name, origin, directions, envelope, status) per implementation found by name."""
-    from csagate.gates.implementation import ImplError, known, load
+    from csagate.gates.implementation import known, load
+    from csagate.gates.plugin import ImplError
 
     device = _device()
     found = []
@@ -59,7 +61,7 @@ def _here(impl, device) -> str:
     except ImplError as exc:
         why = str(exc)
     except Exception as exc:   # an adapter's own check that raised: say so, go on
-        why = f"its availability check raised {console.one_line(exc)}"
+        why = f"its availability check raised {one_line(exc)}"
     return "available" if why is None else why
 
 
@@ -67,8 +69,8 @@ def check(value: str) -> str:
     """One line on the adapter ``value`` names when it keeps the protocol; exit 2 with the
     reason when it does not load or does not keep it."""
     from csagate.exitcodes import ExitCode
-    from csagate.gates.implementation import ImplError, load, resolve
-    from csagate.gates.plugin import conformance
+    from csagate.gates.implementation import load, resolve
+    from csagate.gates.plugin import ImplError, conformance
 
     try:
         impl = load(resolve(value))

@@ -4,18 +4,11 @@ from pathlib import Path
 
 import click
 
-from csagate import console
+from csagate import console, options
 from csagate.exitcodes import ExitCode
-from csagate.kernel_choice import (
-    arch_option,
-    kernel_json,
-    kernels_doc,
-    keys_of,
-    ratio_option,
-    require_dsl,
-    resolve_arch,
-)
+from csagate.gates.errors import one_line
 from csagate.progress import progress_bar
+from csagate.render import kernel_json, kernels_doc
 
 
 def existing_parent(ctx, param, value):
@@ -45,24 +38,23 @@ def probe_table(rows, arch: str):
                "on its PTX and report registers, spills, stack and ex2.approx. Exit 0 only if "
                "every kernel has 0 spill / 0 stack and none was skipped. ptxas: the "
                "nvidia-cuda-nvcc-cu12 wheel's (dev extra), else PATH, else $CUDA_HOME/bin.")
-@ratio_option
-@arch_option
+@options.ratio_option("all", options.KERNEL_RATIO_HELP)
+@options.arch_option
 @click.option("--keep-ptx", "keep_ptx", metavar="DIR", callback=existing_parent,
               type=click.Path(file_okay=False, writable=True),
               default=None, help="Keep the PTX files in DIR (its parent must exist; default: "
                                  "a temp dir, removed).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the kernels as JSON on stdout (the shape of `build --json`).")
+@options.json_flag("Print the kernels as JSON on stdout (the shape of `build --json`).")
 def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -> None:
-    require_dsl()
+    options.require_dsl()
     from csagate.perf.probe import PtxasNotFound, find_ptxas, probe, summary
 
     try:
         find_ptxas()
     except PtxasNotFound as exc:
         console.abort(str(exc), ExitCode.COULD_NOT_EVALUATE)
-    arch = resolve_arch(arch)
-    keys = keys_of(ratio, arch)
+    arch = options.resolve_arch(arch)
+    keys = options.keys_of(ratio, arch)
     with progress_bar(len(keys), f"probing for {arch}") as bar:
         task = bar.add_task(f"probing ({arch})", total=len(keys), tag="")
         try:
@@ -71,7 +63,7 @@ def command(ratio: str, arch: str | None, keep_ptx: str | None, as_json: bool) -
         except PtxasNotFound as exc:
             console.abort(str(exc), ExitCode.COULD_NOT_EVALUATE)
         except Exception as exc:  # a compile error: nothing was probed to judge
-            console.abort(f"build failed: {console.one_line(exc)}", ExitCode.COULD_NOT_EVALUATE)
+            console.abort(f"build failed: {one_line(exc)}", ExitCode.COULD_NOT_EVALUATE)
 
     ok, line = summary(rows, arch)
     out = console.out()

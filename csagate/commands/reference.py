@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from csagate import console
+from csagate import console, options
 from csagate.exitcodes import ExitCode
 
 # Printed by ``csagate reference``: where the contract lives (a repository path; docs/ is not in
@@ -33,11 +33,11 @@ def reference_dir() -> Path:
                "--check runs the reference drift check alone.", epilog=ExitCode.help_text())
 @click.option("--check", is_flag=True,
               help="Run the drift check: production ratio=4 backward vs the reference.")
-@click.option("--device", "device_index", type=click.IntRange(min=0), default=0,
-              show_default=True, help="CUDA device index (with --check).")
-def command(check: bool, device_index: int) -> None:
+@options.device_option(help_="Where the drift check runs (with --check): cuda or cuda:N (it "
+                             "needs the production ratio=4 kernels, so not the CPU).")
+def command(check: bool, device) -> None:
     if check:
-        _check(device_index)
+        _check(device)
         return
     where = reference_dir()
     source = where / "compressor.py"
@@ -54,25 +54,22 @@ def command(check: bool, device_index: int) -> None:
         click.echo(text, nl=False)
 
 
-def _check(device_index: int) -> None:
-    from csagate import family_choice
-    from csagate.device_choice import Device
-    from csagate.impl_choice import drivers, load_impl
+def _check(device) -> None:
+    from csagate import render
+    from csagate.gates.errors import CannotEvaluate, Unusable
+    from csagate.gates.judging import judging
     from csagate.progress import StderrProgress
 
-    drift = family_choice.contracts("128")[0].drift
-    backend = drivers(load_impl("csagate"), Device("cuda", device_index)).drift
-
-    from csagate import render
-    from csagate.gates.backend import BuildError
-    from csagate.gates.runner import build_targets, run_drift
-
+    contract = options.contracts("128")[0]
+    if device.cpu:
+        console.abort("the drift check needs the production ratio=4 kernels: a CUDA GPU, not "
+                      "the CPU (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
     try:
+        judged = judging(options.load_impl("csagate"), device)
+        console.err().print(f"drift check: {contract.drift.name}")
         with StderrProgress("build") as progress:
-            backend.build(build_targets((), drift), progress=progress)
-    except BuildError as exc:
-        console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
-    console.err().print(f"drift check: {drift.name}")
-    result = run_drift(backend, drift)
+            result = judged.drift_check(contract, progress)
+    except (Unusable, CannotEvaluate) as exc:
+        console.stop(exc, " (nothing was judged)")
     render.print_drift(result, console.out())
     raise click.exceptions.Exit(int(ExitCode.PASS if result.ok else ExitCode.CONTRACT_FAILURE))

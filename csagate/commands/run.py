@@ -11,9 +11,10 @@ prints one message.
 
 By default the gate judges its own kernels (the built-in ``csagate``); ``--impl`` judges
 another implementation (``csagate impls``) against the same contract, the drift check still
-judging the reference with the gate's kernels. ``csagate.impl_choice.drivers`` decides where
-and with what (one preflight); the families come from ``csagate.family_choice.contracts``,
-looked up at call time so the CLI tests can pick small contracts.
+judging the reference with the gate's kernels. ``csagate.gates.judging`` decides where and
+with what (one preflight), and this module maps its typed errors to exit codes; the families
+come from ``csagate.options.contracts``, looked up at call time so the CLI tests can pick
+small contracts.
 """
 
 from __future__ import annotations
@@ -24,28 +25,28 @@ from time import perf_counter
 
 import click
 
-from csagate import __version__, console, family_choice
-from csagate.device_choice import DeviceType
-from csagate.env import debug
+from csagate import __version__, console, options
 from csagate.exitcodes import ExitCode
-from csagate.family_choice import case_counts, ratio_option
 from csagate.gates.contracts import CONTRACTS  # plain data: no torch
-from csagate.impl_choice import impl_option, report_option
+from csagate.gates.errors import one_line
+from csagate.kernels.env import debug
+from csagate.options import NEEDS_MATPLOTLIB
 from csagate.progress import StderrProgress
 from csagate.render import STDOUT
 from csagate.report_files import Reports, check_report_paths, report_path
 
 QUICK_CASES = 2
 
+
 def _ratio_help() -> str:
-    families = ", ".join(f"{k.ratio} ({case_counts(k)})" for k in CONTRACTS.values())
+    families = ", ".join(f"{k.ratio} ({options.case_counts(k)})" for k in CONTRACTS.values())
     return (f"The contract family: {families}, or all (every family; the worse exit code). "
             "`csagate cases` lists them.")
 
 
 def _check_names(ctx, param, names):
     if names:
-        family_choice.check_case_names(names, ctx.params.get("ratio", "128"))
+        options.check_case_names(names, ctx.params.get("ratio", "128"))
     return names
 
 
@@ -92,19 +93,14 @@ def _header(env: dict, device_index: int | str) -> str:
 
 # The options of `csagate run`, in --help order; the command's keyword arguments are their names.
 RUN_OPTIONS = (
-    ratio_option(_ratio_help()),
+    options.ratio_option("128", _ratio_help(), eager=True),
     click.option("--case", "names", multiple=True, metavar="NAME", callback=_check_names,
                  help="Run only this named case (repeatable; `csagate cases` lists them). "
                       "Coverage is then not asserted."),
     click.option("--quick", is_flag=True,
                  help=f"Drift check and the first {QUICK_CASES} cases only (coverage not "
                       "asserted)."),
-    click.option("--device", "device", type=DeviceType(), default="cuda:0", show_default=True,
-                 help="Where to judge: N, cuda or cuda:N (a CUDA device, named in the header "
-                      "and reports), or cpu: a CPU-capable implementation (--impl) against the "
-                      "references on the CPU. The drift check needs the production kernels: on "
-                      "the CPU it is n/a (the headline says so) and the exit code follows the "
-                      "cases."),
+    options.device_option(),
     click.option("--case-file", "case_files", multiple=True, metavar="FILE",
                  callback=_load_case_files,
                  help="Replay a case file (`csagate fuzz --out` writes them; repeatable) under "
@@ -113,13 +109,15 @@ RUN_OPTIONS = (
     click.option("-v", "--verbose", is_flag=True,
                  help="Also print the detail tables: schedules, differing elements / max |diff| "
                       "per tensor, dAPE max, seconds per case."),
-    click.option("--json", "json_path", metavar="PATH",
-                 help="Write every recorded number, per case, and the environment to PATH ('-': "
-                      "stdout, and the verdict table goes to stderr; --ratio all: one file per "
-                      "family, NAME.r128.json, NAME.r4.json)."),
-    click.option("--junit-xml", "junit_path", metavar="PATH",
-                 help="Write a JUnit XML report (one testcase per named case) to PATH ('-': "
-                      "stdout)."),
+    options.json_option("Write every recorded number, per case, and the environment to PATH "
+                        "('-': stdout, and the verdict table goes to stderr; --ratio all: one "
+                        "file per family, NAME.r128.json, NAME.r4.json)."),
+    options.junit_option("Write a JUnit XML report (one testcase per named case) to PATH ('-': "
+                         "stdout)."),
+    options.impl_option(),
+    options.report_option("Write DIR/verdict.json, one PNG heatmap of the error per failing "
+                          f"case and tensor ({NEEDS_MATPLOTLIB}) and DIR/index.html with the "
+                          "verdict and the pictures."),
 )
 
 
@@ -137,8 +135,6 @@ def _with_options(fn):
                "path (exit 3: a \"could not evaluate\" report with the reason).",
                epilog=ExitCode.help_text())
 @_with_options
-@impl_option
-@report_option
 def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files, verbose: bool,
             json_path: str | None, junit_path: str | None, impl, report_dir) -> None:
     if quick and names:
@@ -151,7 +147,7 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
         families = _from_case_files(case_files)
     else:
         families = [(k, _select(k.all_cases, names, quick))
-                    for k in family_choice.contracts(ratio)]
+                    for k in options.contracts(ratio)]
         families = [(k, cases) for k, cases in families if cases or not names]
     several = len(families) > 1      # one report per family, named by its ratio
     families = _judgeable(families, impl, bool(names or case_files))
@@ -183,7 +179,7 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
     except Exception as exc:  # anything else: still a report, still exit 3
         if debug():
             console.err().print_exception()
-        message = f"could not evaluate: {console.one_line(exc)}"
+        message = f"could not evaluate: {one_line(exc)}"
         console.err().print(f"csagate: {message}", style="bold red")
         for rep in reports.values():
             rep.could_not_evaluate(message)
@@ -192,92 +188,64 @@ def command(ratio: str, names: tuple[str, ...], quick: bool, device, case_files,
 
 
 def _judgeable(families, impl, chosen: bool):
-    """The families with at least one case that applies to ``impl``; a usage error (exit 2,
-    before any work) when no selected case applies: a run that could judge nothing is never
-    started. With several families (``--ratio all``) one that nothing applies to is left out
-    with a line on stderr."""
-    from csagate.gates.plugin import applies_of
+    """The families with at least one case that applies to ``impl`` (``judging.applicable``);
+    a usage error (exit 2, before any work) when no selected case applies: a run that could
+    judge nothing is never started. With several families (``--ratio all``) one that nothing
+    applies to is left out with a line on stderr."""
+    from csagate.gates.errors import NothingToJudge
+    from csagate.gates.judging import applicable, why_not
 
-    applies = applies_of(impl)
-    kept, left = [], []
-    for k, cases in families:
-        (kept if any(applies.covers(c) for c in cases) else left).append((k, cases))
-    if not kept:
-        k, cases = left[0] if left else (None, ())
-        if not cases:
-            raise click.UsageError("nothing to judge: no case was selected")
-        what = (f"{cases[0].name} is n/a" if len(cases) == 1 else
-                f"all {len(cases)} selected cases of ratio={k.ratio} are n/a")
-        hint = " (pick cases that apply, or leave out --case)" if chosen else \
-            " (pick a --ratio the implementation supports)"
-        raise click.UsageError(f"nothing to judge: {what} for {impl.name}: "
-                               f"{applies.why_not(cases[0]).removeprefix('n/a: ')}{hint}")
+    try:
+        kept, left = applicable(impl, families, chosen=chosen)
+    except NothingToJudge as exc:
+        raise click.UsageError(str(exc)) from None
     for k, cases in left:
         console.err().print(f"ratio={k.ratio}: nothing applies to {impl.name} "
-                            f"({applies.why_not(cases[0]).removeprefix('n/a: ')}): not judged",
-                            soft_wrap=True)
+                            f"({why_not(impl, cases[0])}): not judged", soft_wrap=True)
     return kept
-
-
-def _build(backend, drift_backend, families):
-    """Build every kernel the selected cases can reach (the drift check's with the gate's own
-    kernels); exit 3 on a build failure."""
-    from csagate.gates.backend import BuildError
-    from csagate.gates.runner import build_targets
-
-    start = perf_counter()
-    targets: list = []
-    for k, cases in families:
-        targets += [t for t in build_targets(cases, k.drift) if t not in targets]
-    drift_targets = targets if backend is drift_backend else \
-        list(dict.fromkeys(t for k, _ in families for t in build_targets((), k.drift)))
-    try:
-        with StderrProgress("build") as progress:
-            records = [] if drift_backend is None else \
-                drift_backend.build(tuple(drift_targets), progress=progress)
-            if backend is not drift_backend:
-                records += backend.build(tuple(targets), progress=progress)
-    except BuildError as exc:
-        console.abort(f"{exc} (nothing was judged)", ExitCode.COULD_NOT_EVALUATE)
-    seconds = perf_counter() - start
-    hits = sum(1 for r in records if getattr(r, "hit", False))
-    if records or drift_backend is not None:   # on the CPU: nothing to build, no line
-        console.err().print(f"built {len(records)} kernel(s) ({hits} from the cache) for "
-                            f"{len(targets)} config(s) in {seconds:.1f} s")
-    return {"targets": [list(t) for t in targets], "kernels": len(records), "cache_hits": hits,
-            "seconds": seconds, "records": records}
 
 
 def _evaluate(families, device, reports: dict, verbose: bool, started: float,
               to_stdout: bool = False, *, impl, report_dir: Path | None,
               several: bool) -> ExitCode:
-    """Preflight, build, then each family's gate, verdict and reports; the worse exit code.
-    Exit 3 goes through ``console.abort``. On the CPU: no preflight, no drift check."""
-    from csagate.impl_choice import drivers, require_memory, require_selftests
-
-    judged = drivers(impl, device)
-    backend, drift_backend, device_index = judged.driver, judged.drift, judged.where
-
+    """How ``impl`` is judged here (``gates.judging``: one preflight), the self-tests, the
+    memory the cases need, the build, then each family's gate, verdict and reports; the worse
+    exit code. What stops it before a verdict goes through ``console.stop``."""
     from csagate import render
-    from csagate.gates.errors import one_line
+    from csagate.gates.errors import CannotEvaluate, Unusable, one_line
+    from csagate.gates.judging import judging
     from csagate.gates.runner import run_gate
     from csagate.where import print_where
 
     err = console.err()
-    env = {**backend.describe(), "device_index": device_index}
+    try:
+        judged = judging(impl, device)
+    except (Unusable, CannotEvaluate) as exc:
+        console.stop(exc, " (nothing was judged)")
+    device_index = judged.where
+    env = {**judged.driver.describe(), "device_index": device_index}
     for rep in reports.values():
         rep.env.update(env)
     render.print_lines(err, _header(env, device_index), hang="  ")
-    require_selftests(backend.device)
-    require_memory([c for _, cases in families for c in cases], backend.device)
-    build = _build(backend, drift_backend, families)
+    try:
+        tests = judged.selftests()
+        err.print(f"self-test {tests.summary} passed on {tests.device} ({tests.seconds:.2f} s)",
+                  soft_wrap=True)
+        judged.memory([c for _, cases in families for c in cases])
+        with StderrProgress("build") as progress:
+            build = judged.build(families, progress)
+    except CannotEvaluate as exc:
+        console.stop(exc, " (nothing was judged)")
+    if build["records"] or judged.drift is not None:   # on the CPU: nothing built, no line
+        err.print(f"built {build['kernels']} kernel(s) ({build['cache_hits']} from the cache) "
+                  f"for {len(build['targets'])} config(s) in {build['seconds']:.1f} s")
 
     code = ExitCode.PASS
     for k, cases in families:
         try:
             with StderrProgress(f"gate ratio={k.ratio}" if several else "gate") as progress:
-                verdict = run_gate(backend, k, cases=cases, progress=progress,
-                                   drift_backend=drift_backend, drift_na=judged.drift_na)
+                verdict = run_gate(judged.driver, k, cases=cases, progress=progress,
+                                   drift_driver=judged.drift, drift_na=judged.drift_na)
         except Exception as exc:  # the gate itself broke (cases that raise are FAIL rows)
             if debug():
                 err.print_exception()

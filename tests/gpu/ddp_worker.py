@@ -1,4 +1,4 @@
-"""One DDP training step through ``csagate.ops.csa_compress`` per configuration, checked
+"""One DDP training step through ``csagate.kernels.ops.csa_compress`` per configuration, checked
 against the same step on one GPU (run by tests/gpu/test_ddp.py under
 ``torchrun --nproc_per_node=2``; not a test module itself).
 
@@ -20,10 +20,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from csagate.kernels import ops
 from csagate.reference import make_grad_out, make_pack
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from csagate import ops
 
 CONFIGS = ((4, 1), (4, 2), (128, 1), (128, 2))  # (ratio, coff), head_dim 128
 LENS = (1023, 2048, 509)

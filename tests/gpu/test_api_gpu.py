@@ -15,7 +15,7 @@ import csagate.reference as R
 import pytest
 import torch
 from csagate.kernels.cache import CACHE
-from csagate.reference.inputs import INPUT_SEED
+from csagate.reference.seeds import INPUT_SEED
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 

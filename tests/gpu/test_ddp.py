@@ -1,4 +1,4 @@
-"""Two GPUs: a DDP training step through ``csagate.ops.csa_compress`` under
+"""Two GPUs: a DDP training step through ``csagate.kernels.ops.csa_compress`` under
 ``torchrun --nproc_per_node=2`` (tests/gpu/ddp_worker.py), ratio 4 and 128, coff 1 and 2,
 eager and torch.compile, against the same step on one GPU: dKV and dScore bitwise per rank,
 the all-reduced dAPE within the contract's 1e-3 (bitwise in deterministic mode) and bitwise

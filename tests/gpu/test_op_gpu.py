@@ -13,8 +13,7 @@ import csagate.kernels.api as A
 import csagate.reference as R
 import pytest
 import torch
-
-from csagate import ops
+from csagate.kernels import ops
 
 pytestmark = pytest.mark.gpu
 

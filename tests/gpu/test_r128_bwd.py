@@ -33,7 +33,7 @@ from csagate.kernels.schedule import (
     config_problems,
     selectable_any,
 )
-from csagate.reference.inputs import PAD_GRAD_SEED
+from csagate.reference.seeds import PAD_GRAD_SEED
 from kernel_variants import BWD_REGWIN, staged_twin
 
 pytestmark = pytest.mark.gpu

@@ -432,10 +432,8 @@ def test_api_op_and_deterministic_mode(ratio, coff):
     """api.forward/backward equal the direct launches bitwise (out, dKV, dScore); the torch op
     equals the api (dAPE within the atomics' order noise); deterministic=True gives the same
     dKV/dScore and a dAPE bitwise equal run to run, within 1e-3 of the reference."""
-    from csagate.kernels import api
+    from csagate.kernels import api, ops
     from csagate.reference import make_grad_out
-
-    from csagate import ops
 
     d = 128
     label = f"r{ratio} c{coff}d{d}"

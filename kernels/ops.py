@@ -36,15 +36,15 @@ device on both.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
-
 from csagate.kernels import api
+from csagate.kernels.validate import check_support
+from torch.autograd.function import once_differentiable
 
 
 def _refuse_off_cuda(kv, score, ape, cu, cuc, other=None, *, ratio, coff, out_name="out"):
     """The api's one-line error for inputs that are not all CUDA tensors (shape and dtype
     errors first, as check_support orders them)."""
-    api.check_support(kv, score, ape, cu, cuc, other, ratio=ratio, coff=coff,
+    check_support(kv, score, ape, cu, cuc, other, ratio=ratio, coff=coff,
                       out_name=out_name)
     raise ValueError(f"kv must be a CUDA tensor, got device {kv.device}")
 
@@ -70,7 +70,7 @@ def _fwd_cuda(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, n_rows=N
 @csa_compress_fwd.register_fake
 def _fwd_fake(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, n_rows=None):
     # n_rows too: T < ratio is refused exactly as the api refuses it
-    api.check_support(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=ratio, coff=coff,
+    check_support(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio=ratio, coff=coff,
                       devices=False, n_rows=n_rows)
     if n_rows is None and kv.device.type == "meta":
         raise ValueError("meta tensors need n_rows: the row count is cu_seqlens_comp[-1], a "
@@ -101,7 +101,7 @@ def _bwd_cuda(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, coff
 
 @csa_compress_bwd.register_fake
 def _bwd_fake(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio, coff):
-    api.check_support(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=ratio,
+    check_support(kv, score, ape, cu_seqlens, cu_seqlens_comp, grad_out, ratio=ratio,
                       coff=coff, out_name="grad_out", devices=False)
     return torch.empty_like(kv), torch.empty_like(score), torch.empty_like(ape)
 

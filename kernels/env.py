@@ -3,8 +3,8 @@
 A boolean accepts 1/0, true/false, yes/no, on/off (any case, surrounding spaces ignored);
 unset or empty is the default. Anything else raises :class:`EnvError` (a ``ValueError``)
 naming the variable; the CLI checks every variable of :data:`KNOWN` before a command starts
-and turns the error into one usage line (exit 2). Stdlib only: ``csagate.kernels`` reads the
-disk-cache switch through it.
+and turns the error into one usage line (exit 2). Stdlib only; it lives beside the kernels,
+the lowest layer that reads one (the disk-cache switch), so no layer reaches up for it.
 """
 
 from __future__ import annotations
