@@ -92,12 +92,16 @@ def _color_option() -> click.Option:
 
 
 def _checked(command: click.Command) -> click.Command:
-    """``command`` that checks CSAGATE_CACHE_DIR after parsing, before any work."""
+    """``command`` that checks CSAGATE_CACHE_DIR after parsing, before any work, and ends
+    quietly with exit 0 when the reader of its output goes away (click would exit 1)."""
     invoke = command.invoke
 
     def checked_invoke(ctx):
         check_cache_dir()
-        return invoke(ctx)
+        try:
+            return invoke(ctx)
+        except BrokenPipeError:   # a write outside the consoles (click.echo)
+            _closed_pipe()
 
     command.invoke = checked_invoke
     return command
@@ -218,6 +222,15 @@ def main() -> None:
                                 "traceback)", style="bold red")
         sys.exit(int(ExitCode.COULD_NOT_EVALUATE))
     sys.exit(code if isinstance(code, int) else int(ExitCode.PASS))
+
+
+def _closed_pipe() -> NoReturn:
+    """The reader of stdout went away (``csagate schedules | head -1``): not an error of
+    csagate's. Exit 0 without a traceback, stdout pointed at /dev/null so that Python's flush
+    at exit does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise click.exceptions.Exit(int(ExitCode.PASS))
 
 
 def _interrupted() -> NoReturn:

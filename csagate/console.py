@@ -29,11 +29,22 @@ def _kwargs() -> dict:
     return {}
 
 
+class _Console(Console):
+    """A rich Console whose closed pipe (``csagate schedules | head -1``: the reader went away)
+    is the end of the output, not an error: exit 0 quietly (rich's own exits 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.file.fileno())
+        raise SystemExit(int(ExitCode.PASS))
+
+
 def _make(name: str) -> Console:
     """The one Console of stdout (results, kept whole) or stderr (status, soft-wrapped)."""
     stream = sys.stdout if name == "out" else sys.stderr
-    return Console(file=stream, markup=False, emoji=False, highlight=False,
-                   soft_wrap=name == "err", **_kwargs())
+    return _Console(file=stream, markup=False, emoji=False, highlight=False,
+                    soft_wrap=name == "err", **_kwargs())
 
 
 def out() -> Console:
@@ -128,12 +139,8 @@ def _is_prose(cell) -> bool:
     return isinstance(cell, Text) and cell.no_wrap is False
 
 
-def print_table(table, console: Console | None = None) -> None:
-    """Print a table at the console's width (the terminal's, else COLUMNS, else 80), never
-    cutting a cell: a column that may not wrap (a status word, an index) keeps its full width,
-    a names column is exactly as wide as its longest name (its prose cells wrap), and every
-    other column folds onto more lines instead of eliding with "…"."""
-    console = console or out()
+def _fix_widths(table, console: Console) -> None:
+    """The widths ``print_table`` gives the columns that may not wrap."""
     for column in table.columns:
         if column.overflow == "ellipsis":
             column.overflow = "fold"
@@ -142,6 +149,31 @@ def print_table(table, console: Console | None = None) -> None:
             column.min_width = max(console.measure(c).maximum for c in cells)
             if getattr(column, "meta", None):
                 column.max_width = column.min_width
+
+
+def table_fits(table, console: Console) -> bool:
+    """Whether ``table`` fits the console's width with every column that may not wrap (names,
+    marks, numbers) whole: its width laid out on an unbounded line."""
+    import io
+
+    from rich.cells import cell_len
+
+    wide = Console(file=io.StringIO(), width=10_000, color_system=None, markup=False,
+                   emoji=False, highlight=False)
+    _fix_widths(table, wide)
+    wide.print(table)
+    needed = max((cell_len(line.rstrip()) for line in wide.file.getvalue().splitlines()),
+                 default=0)
+    return needed <= console.width
+
+
+def print_table(table, console: Console | None = None) -> None:
+    """Print a table at the console's width (the terminal's, else COLUMNS, else 80), never
+    cutting a cell: a column that may not wrap (a status word, an index) keeps its full width,
+    a names column is exactly as wide as its longest name (its prose cells wrap), and every
+    other column folds onto more lines instead of eliding with "…"."""
+    console = console or out()
+    _fix_widths(table, console)
     console.print(table)
 
 

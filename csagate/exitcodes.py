@@ -21,6 +21,13 @@ class ExitCode(IntEnum):
                 "self-test, nothing judged, an internal error), 130 interrupted (Ctrl-C).")
 
     @classmethod
+    def listing(cls, **codes: str) -> str:
+        """A command's own ``Exit codes: 0 ..., 2 ...`` epilog (what each code means there;
+        130 is always Ctrl-C)."""
+        parts = [f"{int(cls[name.rstrip('_').upper()])} {what}" for name, what in codes.items()]
+        return "Exit codes: " + ", ".join(parts) + ", 130 interrupted (Ctrl-C)."
+
+    @classmethod
     def worse(cls, a: ExitCode, b: ExitCode) -> ExitCode:
         """The code of two verdicts together (``--ratio all``): a contract failure outranks
         a verdict that could not be reached, which outranks a pass."""

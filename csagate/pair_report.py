@@ -5,8 +5,8 @@ its picture.
 A picture has, on the left, the quantiles of |A - B| in bf16 steps (p50, p90, p99, p99.9,
 max) of each output on a symlog axis (linear up to one step, logarithmic above, so a 0 is a
 bar of no height labelled 0 and an infinite value a hatched bar to the top labelled inf); on
-the right, where ``out`` differs: the fraction of its elements that differ and the max (bar)
-and p99 (dot) in bf16 steps, per segment length bucket, per window quarter and for the
+the right, where ``out`` differs: the fraction of its elements that differ (a log axis) and
+the max (bar) and p99 (dot) in bf16 steps, per segment length bucket, per window quarter and for the
 capacity padding rows. A case where nothing differs is listed as "no difference" and a case
 where either side raised with its one line, neither with a picture. Everything is drawn from
 the JSON document as written, so the page and the pictures show exactly its numbers.
@@ -100,20 +100,33 @@ def _quantile_panel(ax, tensors: list[dict]) -> None:
     ax.legend(fontsize=7, ncols=len(QUANTILES), loc="upper center")
 
 
+def fraction_floor(where: list[dict]) -> float:
+    """The log axis's floor: a decade below the smallest nonzero fraction (one element of
+    the largest group at most), so every differing group shows as a bar."""
+    smallest = min((w["n_diff"] / w["numel"] for w in where if w["n_diff"] and w["numel"]),
+                   default=1.0)
+    largest = max((w["numel"] for w in where), default=1)
+    return min(smallest, 1.0 / max(largest, 1)) / 10
+
+
 def _where_panels(ax_frac, ax_steps, where: list[dict]) -> None:
     xs = range(len(where))
     colors = {"length": "tab:blue", "window": "tab:orange", "padding": "tab:gray"}
     shade = [colors[w["by"]] for w in where]
-    fraction = [w["n_diff"] / w["numel"] if w["numel"] else 0.0 for w in where]
+    floor = fraction_floor(where)
+    fraction = [max(w["n_diff"] / w["numel"], floor) if w["numel"] else floor for w in where]
     bars = ax_frac.bar(xs, fraction, 0.7, color=shade)
     for bar, w in zip(bars, where):
         ax_frac.annotate(f"{w['n_diff']}/{w['numel']}",
                          (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                          xytext=(0, 2), textcoords="offset points", ha="center",
                          va="bottom", fontsize=6)
-    ax_frac.set_ylim(0, 1.15)
+    # a log axis: 0.9% and 90% both show (a linear 0-1 axis flattens the small ones); a
+    # group where nothing differs stays at the axis floor, labelled by its count
+    ax_frac.set_yscale("log")
+    ax_frac.set_ylim(fraction_floor(where), 1.5)
     ax_frac.set_xticks(list(xs), [])
-    ax_frac.set_ylabel("fraction differing")
+    ax_frac.set_ylabel("fraction differing (log)")
     ax_frac.set_title("where out differs: segment length | window quarter | padding",
                       fontsize=9)
     top = _top([w["max_steps"] for w in where])

@@ -143,16 +143,38 @@ def verdict_table(verdict: Verdict) -> Table:
     return table
 
 
+DETAIL_TITLE = ("detail: differing elements / max |diff| (row 0: vs the reference; others: G2 "
+                "vs fp32)")
+
+
 def detail_table(verdict: Verdict) -> Table:
     """The numbers behind the marks: differing elements / max |diff| per tensor (the drift row
-    against the reference, the other rows G2 against fp32), dAPE max |diff|, seconds."""
-    table = new_table("detail: differing elements / max |diff| (row 0: vs the reference; "
-                      "others: G2 vs fp32)", DETAIL_COLUMNS, marks=("#",),
-                      right=DETAIL_COLUMNS[2:] + ("#",))
-    table.add_row(*_detail_row(0, verdict.drift, drift=True))
-    for i, result in enumerate(verdict.cases, start=1):
-        table.add_row(*_detail_row(i, result))
+    against the reference, the other rows G2 against fp32), dAPE max |diff|, seconds. A case
+    name and a number are never split: the names column is as wide as its longest name, the
+    number columns as their widest number (``print_detail`` prints lines where that does not
+    fit)."""
+    table = new_table(DETAIL_TITLE, DETAIL_COLUMNS, marks=DETAIL_COLUMNS[2:] + ("#",),
+                      right=DETAIL_COLUMNS[2:] + ("#",), names=("case",), compact=True)
+    for i, result in enumerate((verdict.drift, *verdict.cases)):
+        table.add_row(*_detail_row(i, result, drift=i == 0))
     return table
+
+
+def print_detail(verdict: Verdict, console: Console) -> None:
+    """The detail table where it fits the console's width; else the same numbers as one
+    wrapped line per case (``0 drift/...: fwd -, dKV 0/0.00e+00, ...``), wrapped between
+    numbers, never inside a name or a number."""
+    table = detail_table(verdict)
+    if _console.table_fits(table, console):
+        _console.print_table(table, console)
+        return
+    print_lines(console, DETAIL_TITLE + ":")
+    labels = ("fwd", "dKV", "dScore", "dAPE", "s")
+    for i, result in enumerate((verdict.drift, *verdict.cases)):
+        row = _detail_row(i, result, drift=i == 0)
+        numbers = ", ".join(f"{label} {cell.replace(' / ', '/')}"
+                            for label, cell in zip(labels, row[2:], strict=True))
+        print_lines(console, f"{row[0]} {row[1]}: {numbers}", indent="  ", hang="      ")
 
 
 def schedules_table(verdict: Verdict) -> Table:
@@ -189,7 +211,7 @@ def print_verdict(verdict: Verdict, console: Console, *, verbose: bool = False) 
     """The compact verdict, the detail table with ``verbose``, the headline, every reason."""
     _console.print_table(verdict_table(verdict), console)
     if verbose:
-        _console.print_table(detail_table(verdict), console)
+        print_detail(verdict, console)
         _console.print_table(schedules_table(verdict), console)
     if verdict.selftest is not None:
         print_lines(console, f"self-test {verdict.selftest.summary}: the gate's own checks "

@@ -126,9 +126,10 @@ def write_report(directory: Path, verdict: Verdict, extra: dict | None = None, *
             caption = where_line(result.name, where)
             if not draw:
                 continue
-            name = f"{slug(result.name)}__{slug(where['tensor'])}.png"
+            name = f"{slug(result.name)}__{slug(where['tensor'])}__{slug(where['gate'])}.png"
             heatmap(out / name, result.name, where)
-            pictures.append((name, f"{result.name} {where['tensor']}", caption))
+            pictures.append((name, f"{result.name} {where['tensor']} ({where['gate']})",
+                             caption))
     note = "" if draw or not any(r.recorded.get("where") for r in verdict.cases) else \
         NO_MATPLOTLIB_NOTE
     (out / "index.html").write_text(_page(verdict, pictures, note))

@@ -63,6 +63,10 @@ def report_dir_problem(directory: Path) -> str | None:
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         return f"{str(directory)!r} exists and is not a directory"
+    parent = directory.resolve().parent
+    if not directory.exists() and not parent.exists():   # as --json: its folder must exist
+        return (f"directory {str(parent)!r} does not exist (the report folder is created, "
+                "its parent is not)")
     probe = directory
     while not probe.exists():
         if probe.parent == probe:

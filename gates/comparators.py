@@ -39,7 +39,7 @@ from csagate.gates.limits import (
     count_informative,
 )
 
-__all__ = ["Bitwise", "NanMask", "Parity", "Replay", "Steps", "Tolerance", "Zeros",
+__all__ = ["Bitwise", "NanMask", "Parity", "Replay", "ReplayTracker", "Steps", "Tolerance", "Zeros",
            "bf16_ordinal", "bf16_steps", "bit_view", "bitwise", "bitwise_equal",
            "bitwise_replay", "exact_zeros",
            "max_abs_error", "nan_mask", "oracle_parity", "replay_delta", "tolerance"]
@@ -85,9 +85,18 @@ def _abs_diff(a: torch.Tensor, b: torch.Tensor, dtype=torch.float32) -> torch.Te
     return (a.to(dtype) - b.to(dtype)).abs()
 
 
+# Elements a comparison upcasts at a time (the fp64 differences of the largest packs would
+# otherwise be gigabytes of temporaries).
+CHUNK = 1 << 22
+
+
 def max_abs_error(x: torch.Tensor, oracle: torch.Tensor) -> float:
-    """``max|x - oracle|`` in fp64 (NaN anywhere gives +inf)."""
-    return _max(_abs_diff(x, oracle, torch.float64))
+    """``max|x - oracle|`` in fp64 (NaN anywhere gives +inf), ``CHUNK`` elements at a time."""
+    if x.shape != oracle.shape:
+        raise ValueError(f"shape mismatch: {tuple(x.shape)} vs {tuple(oracle.shape)}")
+    a, b = x.reshape(-1), oracle.reshape(-1)
+    return max((_max(_abs_diff(a[i:i + CHUNK], b[i:i + CHUNK], torch.float64))
+                for i in range(0, a.numel(), CHUNK)), default=0.0)
 
 
 # --- G2: tolerance vs the fp32 eager reference ------------------------------------------
@@ -181,6 +190,7 @@ class Bitwise:
     fused_value: float | None
     ref_value: float | None
     ok: bool
+    max_abs: float = 0.0       # the largest |fused - ref| over the differing elements
 
     def summary(self) -> str:
         if self.ok:
@@ -212,10 +222,11 @@ def bitwise(fused: torch.Tensor, ref: torch.Tensor, *,
             f"0x{int(bit_view(t).reshape(-1)[flat]) & unsigned:0{width}x}"
 
     n_diff = int(differs.sum())
+    gap = torch.where(differs, _abs_diff(fused, ref), torch.zeros((), device=fused.device))
     return Bitwise(numel=int(judged.sum()), n_diff=n_diff, n_zero_sign=int(zero_sign.sum()),
                    first_index=_unravel(flat, fused.shape), fused_bits=bits(fused),
                    ref_bits=bits(ref), fused_value=_value(fused, flat),
-                   ref_value=_value(ref, flat), ok=n_diff == 0)
+                   ref_value=_value(ref, flat), ok=n_diff == 0, max_abs=_max(gap))
 
 
 # --- small-ratio forward: one bf16 step at the calibrated rate ---------------------------
@@ -413,26 +424,55 @@ class Replay:
         return "; ".join(parts) or f"{self.runs} runs bitwise identical"
 
 
+class ReplayTracker:
+    """G1 for one tensor, one run at a time: run 1 is kept, each later run is compared with it
+    as it comes and can be dropped (the gate holds two runs of a tensor, not all of them)."""
+
+    def __init__(self, first: torch.Tensor, *, allow_nan: bool = False):
+        self.first, self.base = first, bit_view(first)
+        self.allow_nan = allow_nan
+        self.runs, self.n_diff = 1, []
+        self.first_run = self.flat = None
+        self.bits: list[int] = []
+        self.nan_count = _nan_count(first)
+
+    def _bit(self, run: torch.Tensor) -> int:
+        unsigned = (1 << 8 * self.base.element_size()) - 1
+        return int(bit_view(run).reshape(-1)[self.flat]) & unsigned
+
+    def add(self, run: torch.Tensor) -> None:
+        self.runs += 1
+        differs = bit_view(run) != self.base
+        self.n_diff.append(int(differs.sum()))
+        if self.first_run is None and self.n_diff[-1]:
+            self.first_run, self.flat = self.runs, _flat_index(differs)
+            # every earlier run has run 1's bits everywhere, so at this index too
+            self.bits = [self._bit(self.first)] * (self.runs - 1)
+        if self.flat is not None:
+            self.bits.append(self._bit(run))
+        self.nan_count += _nan_count(run)
+
+    def result(self) -> Replay:
+        ok = self.first_run is None and (self.allow_nan or self.nan_count == 0)
+        return Replay(runs=self.runs, numel=self.first.numel(), n_diff=tuple(self.n_diff),
+                      first_run=self.first_run,
+                      first_index=_unravel(self.flat, self.first.shape),
+                      bits=tuple(self.bits) if self.flat is not None else None,
+                      nan_count=self.nan_count, allow_nan=self.allow_nan, ok=ok)
+
+
+def _nan_count(t: torch.Tensor) -> int:
+    return int(torch.isnan(t).sum()) if t.is_floating_point() else 0
+
+
 def bitwise_replay(runs: Sequence[torch.Tensor], *, allow_nan: bool = False) -> Replay:
     """G1 for one tensor: all runs bit-identical (integer views) and, unless allowed, NaN-free."""
     if not runs:
         raise ValueError("bitwise_replay needs at least one run")
-    base = bit_view(runs[0])
-    n_diff, first_run, flat = [], None, None
-    for i, run in enumerate(runs[1:], start=2):
-        differs = bit_view(run) != base
-        n_diff.append(int(differs.sum()))
-        if first_run is None and n_diff[-1]:
-            first_run, flat = i, _flat_index(differs)
-    bits = None
-    if flat is not None:
-        unsigned = (1 << 8 * base.element_size()) - 1
-        bits = tuple(int(bit_view(r).reshape(-1)[flat]) & unsigned for r in runs)
-    nan_count = sum(int(torch.isnan(r).sum()) for r in runs if r.is_floating_point())
-    ok = first_run is None and (allow_nan or nan_count == 0)
-    return Replay(runs=len(runs), numel=runs[0].numel(), n_diff=tuple(n_diff),
-                  first_run=first_run, first_index=_unravel(flat, runs[0].shape), bits=bits,
-                  nan_count=nan_count, allow_nan=allow_nan, ok=ok)
+    tracker = ReplayTracker(runs[0], allow_nan=allow_nan)
+    for run in runs[1:]:
+        tracker.add(run)
+    return tracker.result()
 
 
 def replay_delta(runs: Sequence[torch.Tensor]) -> float:

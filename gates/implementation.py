@@ -129,9 +129,15 @@ def known() -> dict[str, Found]:
 
 
 def _from_file(path: str, attr: str):
+    """The module of an adapter file. Its folder goes first on ``sys.path`` (and stays: the
+    adapter may import its sibling modules later, lazily), as ``python path/to/file.py``
+    would put it."""
     file = Path(path)
     if not file.is_file():
         raise ImplError(f"--impl {path}:{attr}: no such file {str(file)!r}")
+    folder = str(file.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     mod_name = f"csagate_adapter_{abs(hash(str(file.resolve())))}"
     spec = importlib.util.spec_from_file_location(mod_name, file)
     if spec is None or spec.loader is None:

@@ -1,13 +1,13 @@
 """Where a failing gate's errors sit: segments, rows, column blocks, the first offending element.
 
-:func:`locate_failures` reads the failed G2, G3 and zeros results of one case and, per tensor,
-the positions that failed: G2, the elements differing from the fp32 eager reference (for a NaN
-mask rule, where the NaN masks differ); G3, the elements farther from the fp64 oracle than the
-gate's bound; zeros, the never-consumed slots that are not exactly zero. It records how many
-there are, which segments and rows hold them (output rows for ``out``, tokens for dKV/dScore,
-window positions for dAPE), how they spread over column blocks, the first one with its fused,
-eager and oracle values, and a small grid of the largest error per (row bin, column block)
-(what ``csagate run --report`` draws). Plain numbers only: nothing here prints.
+:func:`locate_failures` reads the failed G2, G3 and zeros results of one case and, per failed
+check, the positions that failed: G2, the elements differing from the fp32 eager reference
+(for a NaN mask rule, where the NaN masks differ); G3, the elements farther from the fp64
+oracle than the gate's bound; zeros, the never-consumed slots that are not exactly zero. It
+records how many there are, which segments and rows hold them (output rows for ``out``, tokens
+for dKV/dScore, window positions for dAPE), how they spread over column blocks, the first one
+with its fused, eager and oracle values, and a small grid of the largest error per (row bin,
+column block) (what ``csagate run --report`` draws). Plain numbers only: nothing here prints.
 """
 
 from __future__ import annotations
@@ -127,15 +127,13 @@ def locate(g: GateResult, fused: torch.Tensor, eager: torch.Tensor, oracle: torc
 def locate_failures(gates: Sequence[GateResult], fused: Mapping[str, torch.Tensor],
                     eager: Mapping[str, torch.Tensor], oracle: Mapping[str, torch.Tensor],
                     pack) -> list[dict[str, Any]]:
-    """One location per tensor with a failed G2, G3 or zeros result (its first failure)."""
-    found, seen = [], set()
+    """One location per failed G2, G3 or zeros check (a tensor that fails two gates, say the
+    zeros of its tails and G2 where windows read it, is located for each)."""
+    found = []
     for g in gates:
         name = base_tensor(g.tensor)
         if g.status != FAIL or g.gate not in ("G2", "G3", "zeros") or name not in fused:
             continue
-        if name in seen:
-            continue
-        seen.add(name)
         where = locate(g, fused[name], eager[name], oracle[name], pack)
         if where is not None:
             found.append(where)

@@ -1,14 +1,16 @@
 """What judging a case costs in memory, estimated before any work, against what the machine has.
 
-The gate holds, per case, the inputs, the implementation's three runs, the fp32 reference's
-and the fp64 oracle's outputs and the comparators' temporaries: about ``BYTES_PER_SLOT`` bytes
-per (token, column) slot of kv, ``BYTES_PER_OUT`` per output element, and the references'
-row chunks (``reference.compressor.row_chunks``), whose working set is bounded whatever the
-pack (``WORKING_BYTES``). Measured on the CPU (peak resident size of ``run_case`` over the
-reference, torch 2.13, 2026-12-05): 0.86 GB at 8.4 M slots, 1.31 GB at 16.8 M, 2.08 GB at
-33.6 M (r128 c2d512), 1.96 GB at 33.6 M (r4 c2d128): 47-48 bytes a slot above 0.4-0.46 GB.
-The constants round those up, so the estimate is an upper bound of the gate's own share (an
-implementation's own buffers come on top).
+The gate holds, per case, the inputs, run 1 of the implementation's outputs (the later runs are
+compared as they come), the fp32 reference's and the fp64 oracle's outputs and the comparators'
+temporaries: about ``BYTES_PER_SLOT`` bytes per (token, column) slot of kv and
+``BYTES_PER_OUT`` per output element; the references' row chunks
+(``reference.compressor.row_chunks``), whose working set is bounded whatever the pack, and the
+interpreter with torch take ``WORKING_BYTES``. Measured on the CPU (peak resident size of
+``run_case`` over the reference, torch 2.13, 2026-12-05): 1.40 GB at 16.8 M slots and 2.24 GB
+at 33.6 M (r128 c2d512): 50 bytes a slot above 0.6 GB; the largest case of each family 0.81 to
+6.90 GiB (README, Memory; ``tests/test_memory.py`` measures them again). The constants round
+those up, so the estimate is an upper bound of the gate's own share (an implementation's own
+buffers come on top).
 
 Pure Python: no torch until a device is asked how much it has.
 """
@@ -22,7 +24,8 @@ from csagate.gates.cases import Case
 
 BYTES_PER_SLOT = 56         # per (token, column) slot of kv: measured 47-48
 BYTES_PER_OUT = 64          # per output element (N x d), the references' and three runs'
-WORKING_BYTES = 512 << 20   # the references' row chunks and the interpreter: measured 0.4-0.46 GB
+WORKING_BYTES = 768 << 20   # the interpreter with torch (0.25-0.35 GB), the references' row
+#                             chunks (up to 0.4 GB): measured 0.4-0.46 GB above the slots' share
 GB = 1 << 30
 
 

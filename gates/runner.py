@@ -33,7 +33,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from time import perf_counter
 from typing import Any
 
@@ -349,24 +349,54 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() > 0
 
 
+@dataclass
+class _Runs:
+    """What the implementation's ``RUNS`` runs leave: run 1 of every output, G1 and the zeros
+    records of the later runs (judged as each run comes, then dropped: the gate holds two runs
+    of a tensor at a time, not all of them), and every dAPE run (small)."""
+
+    first: dict[str, torch.Tensor] = field(default_factory=dict)
+    replay: dict[str, comparators.ReplayTracker] = field(default_factory=dict)
+    zeros: dict[str, list] = field(default_factory=dict)   # label -> a Zeros record per run
+    dape: list[torch.Tensor] = field(default_factory=list)
+
+    def take(self, name: str, t: torch.Tensor, allow_nan: bool) -> None:
+        if name not in self.first:
+            self.first[name] = t
+            self.replay[name] = comparators.ReplayTracker(t, allow_nan=allow_nan)
+        else:
+            self.replay[name].add(t)
+
+
 def _fused_runs(driver: Driver, case: Case, ins, go, n_rows: int, applies: Applies,
-                selections: list[Selection]) -> dict[str, list[torch.Tensor]]:
-    """The forward, then (if provided) the backward, ``RUNS`` times each into fresh buffers."""
+                selections: list[Selection], masks: dict[str, torch.Tensor]) -> _Runs:
+    """The forward, then (if provided) the backward, ``RUNS`` times each into fresh buffers
+    (run 1 zero-filled, the others NaN-filled); ``masks`` (label -> the slots to hold exact
+    zeros) judged in every run of dKV and dScore."""
     dev = driver.device
-    fused: dict[str, list[torch.Tensor]] = {"out": []}
+    nan_ok = NAN_EXPECTED[case.inputs]
+    runs = _Runs()
     for run in range(RUNS):
         out = torch.full((n_rows, case.d), _fill(run), dtype=torch.bfloat16, device=dev)
         _record(selections, driver.forward(*ins, out, ratio=case.ratio, coff=case.coff))
-        fused["out"].append(out)
+        runs.take("out", out, "out" in nan_ok)
+        del out
     if not applies.backward:
-        return fused
-    fused.update(dkv=[], dscore=[], dape=[])
+        return runs
     for run in range(RUNS):
         sel, grads = _fused_backward(driver, case, ins, go, _fill(run))
         _record(selections, sel)
-        for name, t in grads.items():
-            fused[name].append(t)
-    return fused
+        for name in GRADS:
+            for label, mask in masks.items():
+                runs.zeros.setdefault(f"{name}{label}", []).append(
+                    comparators.exact_zeros(grads[name], mask))
+            runs.take(name, grads[name], name in nan_ok)
+        if case.deterministic:
+            runs.take("dape", grads["dape"], "dape" in nan_ok)
+        runs.first.setdefault("dape", grads["dape"])
+        runs.dape.append(grads["dape"])
+        del grads
+    return runs
 
 
 def _na(gate: str, tensor: str) -> GateResult:
@@ -379,31 +409,28 @@ def _evaluate(driver: Driver, case: Case, contract: Contract, selections: list[S
     pack, go, clean, slots = _inputs(case, dev)
     ins = pack.inputs()
     n_rows, n_tokens = pack.n_rows, pack.n_tokens
-    fused = _fused_runs(driver, case, ins, go, n_rows, applies, selections)
+    mask = never_consumed_mask(pack.cu, ratio=case.ratio, coff=case.coff, d=case.d,
+                               n_tokens=n_tokens)
+    masks = {"": mask}
+    if case.pad_tokens:
+        pad_mask = torch.zeros_like(mask)
+        pad_mask[int(pack.cu[-1]):] = True
+        masks["[token pad]"] = pad_mask
+    runs = _fused_runs(driver, case, ins, go, n_rows, applies, selections, masks)
+    first = runs.first
 
     eager_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp32"))
     oracle_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff,
                                  precision="fp64"))
-    first = {name: runs[0] for name, runs in fused.items()}
 
     gates: list[GateResult] = []
-    nan_ok = NAN_EXPECTED[case.inputs]
     for name in OUTPUTS + (("dape",) if case.deterministic else ()):
-        gates.append(_gate("G1", name, comparators.bitwise_replay(fused[name],
-                                                             allow_nan=name in nan_ok))
-                     if name in fused else _na("G1", name))
-
-    mask = never_consumed_mask(pack.cu, ratio=case.ratio, coff=case.coff, d=case.d,
-                               n_tokens=n_tokens)
-    pad_mask = None
-    if case.pad_tokens:
-        pad_mask = torch.zeros_like(mask)
-        pad_mask[int(pack.cu[-1]):] = True
+        gates.append(_gate("G1", name, runs.replay[name].result())
+                     if name in runs.replay else _na("G1", name))
     for name in GRADS:
-        gates.append(_zeros(name, fused[name], mask) if name in fused else _na("zeros", name))
-        if pad_mask is not None:
-            tensor = f"{name}[token pad]"
-            gates.append(_zeros(tensor, fused[name], pad_mask) if name in fused
+        for label in masks:
+            tensor = f"{name}{label}"
+            gates.append(_zeros(tensor, runs.zeros[tensor]) if tensor in runs.zeros
                          else _na("zeros", tensor))
 
     if case.inputs == "overflow":
@@ -426,26 +453,26 @@ def _evaluate(driver: Driver, case: Case, contract: Contract, selections: list[S
     if contract.via_op and applies.op:
         gates.extend(_through_op(driver, case, ins, go, n_rows, first))
 
-    recorded = _recorded(case, pack, go, fused, eager_t, oracle_t, slots)
+    recorded = _recorded(case, pack, go, runs, eager_t, oracle_t, slots)
     where = locate_failures(gates, first, eager_t, oracle_t, pack)
     if where:
         recorded["where"] = where
     return gates, recorded
 
 
-def _recorded(case: Case, pack, go, fused, eager_t, oracle_t, slots) -> dict[str, Any]:
+def _recorded(case: Case, pack, go, runs: _Runs, eager_t, oracle_t, slots) -> dict[str, Any]:
     """The numbers kept beside the gates (not gated)."""
-    first = {name: runs[0] for name, runs in fused.items()}
+    first = runs.first
     recorded: dict[str, Any] = {
         "n_rows": pack.n_rows,
         "n_tokens": pack.n_tokens,
         "bitwise_equal_to_eager": {n: comparators.bitwise_equal(first[n], eager_t[n])
                                    for n in OUTPUTS if n in first},
-        "err_fused": {n: comparators.max_abs_error(first[n], oracle_t[n]) for n in fused},
+        "err_fused": {n: comparators.max_abs_error(first[n], oracle_t[n]) for n in first},
         "err_eager": {n: comparators.max_abs_error(eager_t[n], oracle_t[n]) for n in TENSORS},
     }
-    if "dape" in fused:
-        recorded["dape_replay_delta"] = comparators.replay_delta(fused["dape"])
+    if runs.dape:
+        recorded["dape_replay_delta"] = comparators.replay_delta(runs.dape)
     if slots:
         recorded["nonfinite_slots"] = [{"tensor": t, "token": tok, "column": col,
                                         "value": str(v)} for t, tok, col, v in slots]
@@ -468,12 +495,12 @@ def _gate(gate: str, tensor: str, check, status: str | None = None,
                       check.summary() if reason is None else reason)
 
 
-def _zeros(name: str, runs: Sequence[torch.Tensor], mask: torch.Tensor) -> GateResult:
-    """Exact zeros on ``mask`` in every run; the first failing run is the one reported."""
-    found = [comparators.exact_zeros(run, mask) for run in runs]
+def _zeros(name: str, found: Sequence) -> GateResult:
+    """Exact zeros in every run (``found``: each run's ``comparators.exact_zeros`` record);
+    the first failing run is the one reported."""
     index = next((i for i, z in enumerate(found) if not z.ok), 0)
     z = found[index]
-    numbers = {**asdict(z), "run": index + 1, "runs_checked": len(runs)}
+    numbers = {**asdict(z), "run": index + 1, "runs_checked": len(found)}
     if z.ok and z.n_masked == 0:   # a pack every slot of which some window reads
         return GateResult("zeros", name, INCONCLUSIVE, numbers,
                           "inconclusive: no never-consumed slot in this pack")

@@ -435,12 +435,14 @@ def _inconclusive(dev):
     expect(got.status == PASS, f"a judged, passing tensor gave {got.status}")
     got = _gate("G1", "out", comparators.bitwise_replay([full, full.clone()]))
     expect(got.status == PASS, f"a judged replay gave {got.status}")
+    got = _gate("G3", "out", comparators.oracle_parity(empty, empty, empty))
+    expect(got.status == INCONCLUSIVE, f"G3 of empty tensors gave {got.status}")
     mask = torch.zeros(full.shape, dtype=torch.bool, device=dev)
-    got = _zeros("dkv", [full], mask)
+    got = _zeros("dkv", [comparators.exact_zeros(full, mask)])
     expect(got.status == INCONCLUSIVE, f"an empty zeros mask gave {got.status}")
     mask[0, 0] = True
     full[0, 0] = 0.0
-    got = _zeros("dkv", [full], mask)
+    got = _zeros("dkv", [comparators.exact_zeros(full, mask)])
     expect(got.status == PASS, f"a judged zeros slot gave {got.status}")
 
 
@@ -623,10 +625,30 @@ def _honest(dev):
                "the op check did not run where the contract asks for it")
 
 
-@check("seam: swapped dKV and dScore fail G2")
-def _swap(dev):
-    got = _judge(RefImplementation("swap"), dev, CONTRACTS[4])
-    expect(_failed_at(got, "G2", "dkv") and _failed_at(got, "G2", "dscore"), _why(got))
+# One fault planted in the reference at a time, and the checks it must fail at: (self-test
+# name, fault, the ratio of the contract that judges it, the failed (gate, tensor) pairs).
+FAULTS = (
+    ("seam: swapped dKV and dScore fail G2", "swap", 4, (("G2", "dkv"), ("G2", "dscore"))),
+    ("seam: a run-to-run difference fails G1", "replay", 4, (("G1", "out"),)),
+    ("seam: a never-consumed slot left unwritten fails zeros and G1", "unwritten", 4,
+     (("zeros", "dkv"), ("G1", "dkv"))),
+    ("seam: a never-consumed slot left at 2^-100 fails zeros", "tiny", 4, (("zeros", "dkv"),)),
+    ("op check: an op that swaps dKV and dScore fails", "op_swap", 128,
+     (("op", "dkv"), ("op", "dscore"))),
+    ("op check: an op that hands back the direct path's buffers fails", "op_alias", 128,
+     (("op", "out"),)),
+)
+
+
+def _fault_fails(fault: str, ratio: int, failures):
+    def run(dev):
+        got = _judge(RefImplementation(fault), dev, CONTRACTS[ratio])
+        expect(all(_failed_at(got, gate, tensor) for gate, tensor in failures), _why(got))
+    return run
+
+
+for _name, _fault, _ratio, _failures in FAULTS:
+    check(_name)(_fault_fails(_fault, _ratio, _failures))
 
 
 @check("seam: a claimed bitwise output is held to its claim")
@@ -648,24 +670,6 @@ def _forward_only(dev):
            f"backward checks {sorted({g.status for g in back})}: {_why(got)}")
 
 
-@check("seam: a run-to-run difference fails G1")
-def _replay_seam(dev):
-    got = _judge(RefImplementation("replay"), dev, CONTRACTS[4])
-    expect(_failed_at(got, "G1", "out"), _why(got))
-
-
-@check("seam: a never-consumed slot left unwritten fails zeros and G1")
-def _unwritten(dev):
-    got = _judge(RefImplementation("unwritten"), dev, CONTRACTS[4])
-    expect(_failed_at(got, "zeros", "dkv") and _failed_at(got, "G1", "dkv"), _why(got))
-
-
-@check("seam: a never-consumed slot left at 2^-100 fails zeros")
-def _tiny(dev):
-    got = _judge(RefImplementation("tiny"), dev, CONTRACTS[4])
-    expect(_failed_at(got, "zeros", "dkv"), _why(got))
-
-
 @check("locator: a planted element is found at its row, column and segment")
 def _locator(dev):
     got = _judge(RefImplementation("out_far"), dev, CONTRACTS[4])
@@ -675,18 +679,6 @@ def _locator(dev):
     expect(first.get("index") == [2, 1] and first.get("segment") == 3,
            f"located at {first.get('index')} in segment {first.get('segment')}, planted at "
            "[2, 1] in segment 3")
-
-
-@check("op check: an op that swaps dKV and dScore fails")
-def _op_swap(dev):
-    got = _judge(RefImplementation("op_swap"), dev, R128)
-    expect(_failed_at(got, "op", "dkv") and _failed_at(got, "op", "dscore"), _why(got))
-
-
-@check("op check: an op that hands back the direct path's buffers fails")
-def _op_alias(dev):
-    got = _judge(RefImplementation("op_alias"), dev, R128)
-    expect(any(g.gate == "op" and g.status == FAIL for g in got.gates), _why(got))
 
 
 # --- coverage, case files, the shrinker, loading an adapter --------------------------------------

@@ -168,17 +168,22 @@ def test_compact_verdict_fits_and_keeps_every_mark_and_name(width, contract):
     assert "CUDA out of memory" in flat and "coverage (table entries): no case selects" in flat
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-def test_verbose_detail_fits_and_folds_numbers(width):
+@pytest.mark.parametrize("width", (60, *WIDTHS))
+def test_verbose_detail_fits_and_never_splits_a_name_or_a_number(width):
+    """The detail table where its names and numbers fit side by side; else one wrapped line
+    per case: either way no case name and no number is split across lines."""
     verdict = mixed_verdict(full=False)
     con = fixed(width)
     render.print_verdict(verdict, con, verbose=True)
     text = text_of(con)
     assert_fits(text, width)
     assert "coverage not asserted" in " ".join(text.split()) and "(subset run" in text
+    detail = text[text.index("detail: differing"):text.index("detail: selected schedules")]
+    words = [w.rstrip(":,") for w in detail.split()]
+    for result in (verdict.drift, *verdict.cases):
+        assert result.name in words, result.name           # whole, on one line
+    assert "1234567/3.10e-02" in detail.replace(" / ", "/") and "123.4" in words
     flat = columnwise(text)
-    # folded, not cut: every number and schedule tag is there once the folds are joined
-    assert "1234567/3.10e-02" in flat and "123.4" in flat
     for sel in verdict.cases[0].selections:
         assert sel.tag in flat
 

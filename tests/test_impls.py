@@ -168,9 +168,10 @@ def test_cli_run_with_a_file_adapter_prints_where_and_writes_the_report(adapter,
     assert "GATE FAIL" in page
     pytest.importorskip("matplotlib")
     pngs = sorted(p.name for p in report.glob("*.png"))
-    assert pngs == ["c2d16_edge__out.png"]
-    assert (report / pngs[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert pngs[0] in page
+    assert pngs == ["c2d16_edge__out__G2.png", "c2d16_edge__out__G3.png"]   # each failing check
+    for png in pngs:
+        assert (report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png in page
 
 
 def test_cli_forward_only_exit_0_and_shows_na(adapter, cpu_run, tmp_path):

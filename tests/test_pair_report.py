@@ -118,3 +118,26 @@ def test_help_says_what_the_report_holds_and_what_it_needs():
     assert "--report DIR" in flat and "compare.json" in flat
     assert "pip install 'csagate[report]'" in flat
     assert "no --report" not in flat
+
+
+def test_the_fraction_panel_is_logarithmic_so_a_small_share_shows():
+    """0.9% of a group differing is a visible bar: the panel's floor sits a decade below the
+    smallest share (and below one element of the largest group), on a log axis."""
+    from csagate.pair_report import fraction_floor
+
+    where = [{"n_diff": 9, "numel": 1000}, {"n_diff": 0, "numel": 4096},
+             {"n_diff": 900, "numel": 1000}]
+    floor = fraction_floor(where)
+    assert floor <= 0.009 / 10 and floor <= 1 / 4096 / 10
+    assert fraction_floor([{"n_diff": 0, "numel": 10}]) == 1 / 10 / 10
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from csagate import pair_report
+
+    groups = [{**w, "by": "length", "group": "<1K", "max_steps": 2.0, "p99": 1.0}
+              for w in where]
+    fig, (ax_frac, ax_steps) = plt.subplots(2)
+    pair_report._where_panels(ax_frac, ax_steps, groups)
+    assert ax_frac.get_yscale() == "log" and ax_frac.get_ylim()[0] == pytest.approx(floor)
+    heights = [bar.get_height() for bar in ax_frac.patches]
+    assert heights[0] == pytest.approx(0.009) and heights[0] > 10 * ax_frac.get_ylim()[0] * 0.9
+    plt.close(fig)

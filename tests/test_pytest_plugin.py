@@ -200,3 +200,25 @@ def test_on_a_gpu_a_failing_drift_check_fails_and_judges_nothing(gpu_stand_in):
     with pytest.raises(pytest.fail.Exception, match="could not evaluate ref-adapter on "
                        "cuda:0: building ratio=128 c1d128 for sm_90a failed"):
         check("plugin_adapters:Reference", device="cuda", cases=[OVERFLOW])
+
+
+def test_a_bad_argument_fails_without_a_chained_exception(suite):
+    """An unknown case or ratio fails the test in one line, with no "During handling of the
+    above exception" chain behind it."""
+    suite.makepyfile(test_mine='''
+from adapters import Reference
+
+
+def test_unknown_case(csagate_contract):
+    csagate_contract(Reference, cases=["r4/c1d128/overflw"])
+
+
+def test_bad_ratio(csagate_contract):
+    csagate_contract(Reference, ratio=3)
+''')
+    result = suite.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    text = result.stdout.str()
+    assert "During handling of the above exception" not in text
+    assert "direct cause of the following exception" not in text
+    assert "Traceback" not in text

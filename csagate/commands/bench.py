@@ -358,7 +358,9 @@ def _parse_shapes(shapes, ratio: str) -> list[tuple[int, int, int]]:
 
 
 @click.command("bench", help="Benchmark the fused kernels: time, speedup over eager, % of the "
-                             "measured copy bandwidth; --ab FIELD for measured schedule choices.")
+                             "measured copy bandwidth; --ab FIELD for measured schedule choices.",
+               epilog=ExitCode.listing(pass_="measured", usage="usage error",
+                                       could_not_evaluate="could not measure (no GPU, no DSL)"))
 @options.ratio_option(TABLE, "The family: 128 (its shape table, A/B and sweep), a small ratio "
                             "(every config at 8192 and 131072 tokens), or all.")
 @click.option("--ab", "ab_fields", multiple=True,

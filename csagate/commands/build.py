@@ -24,7 +24,10 @@ def build_table(records, arch: str):
 @click.command("build", help="Compile (or cross-compile) every kernel a ratio can select, "
                "and show each kernel's schedule, whether it was a cache hit, and its compile "
                "(or load) time. Compiled kernels are kept in the per-user disk cache "
-               "(`csagate cache info`).")
+               "(`csagate cache info`).",
+               epilog=ExitCode.listing(pass_="built", usage="usage error",
+                                       could_not_evaluate="could not build (no DSL, a compile "
+                                                          "error)"))
 @options.ratio_option("all", options.KERNEL_RATIO_HELP)
 @options.arch_option
 @options.json_flag("Print the kernels as JSON on stdout (the shape of `probe --json`).")

@@ -35,13 +35,17 @@ def _usable_or_abort(cache) -> None:
 @click.group("cache", help="The disk cache of compiled kernels: `info` says where it is and "
              "what it holds, `clear` empties it, `prune` bounds it (a build prunes to "
              f"{MAX_BYTES >> 20} MiB / {MAX_ENTRIES} entries itself). CSAGATE_CACHE_DIR moves it; "
-             "CSAGATE_DISK_CACHE=0 turns it off.")
+             "CSAGATE_DISK_CACHE=0 turns it off.",
+             epilog=ExitCode.listing(pass_="done", usage="usage error (a cache folder that "
+                                     "cannot be used)"))
 def command() -> None:
     pass
 
 
-@command.command("info", help="Where the kernel cache lives, whether it is usable, its size "
-                 "(reads only: creates nothing).")
+@command.command("info", short_help="Where the cache lives, its size (reads only).",
+                 help="Where the kernel cache lives, whether it is usable, its size "
+                 "(reads only: creates nothing).",
+                 epilog=ExitCode.listing(pass_="done", usage="usage error"))
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON on stdout.")
 def info(as_json: bool) -> None:
     facts = _cache().info()
@@ -62,8 +66,11 @@ def info(as_json: bool) -> None:
     console.print_table(table)
 
 
-@command.command("clear", help="Remove every cached kernel and the compiler's PTX dumps (the "
-                 "next build compiles again).")
+@command.command("clear", short_help="Remove every cached kernel and the PTX dumps.",
+                 help="Remove every cached kernel and the compiler's PTX dumps (the "
+                 "next build compiles again).",
+                 epilog=ExitCode.listing(pass_="done", usage="usage error (a cache folder that "
+                                         "cannot be used)"))
 def clear() -> None:
     cache = _cache()
     _usable_or_abort(cache)
@@ -71,8 +78,11 @@ def clear() -> None:
     console.err().print(f"removed {removed} file(s) from the kernel cache")
 
 
-@command.command("prune", help="Keep the most recently used kernels within a bound; remove the "
-                 "rest.")
+@command.command("prune", short_help="Keep the newest kernels within a bound.",
+                 help="Keep the most recently used kernels within a bound; remove the "
+                 "rest.",
+                 epilog=ExitCode.listing(pass_="done", usage="usage error (a cache folder that "
+                                         "cannot be used)"))
 @click.option("--max-mb", type=click.IntRange(min=0), default=MAX_BYTES >> 20,
               show_default=True, help="Keep at most this many MiB of kernels.")
 @click.option("--max-entries", type=click.IntRange(min=0), default=MAX_ENTRIES,

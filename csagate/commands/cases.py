@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from csagate import console, options
+from csagate.exitcodes import ExitCode
 
 COLUMNS = ("#", "case", "tokens", "rows", "kind")
 
@@ -39,7 +40,8 @@ def case_json(case) -> dict:
 
 @click.command("cases", help="List the drift check and the named gate cases (hardening and "
                "deterministic-mode cases after the upstream ones), in order; -v adds why each "
-               "case exists.")
+               "case exists.",
+               epilog=ExitCode.listing(pass_="listed", usage="usage error"))
 @options.ratio_option("128", "The contract family, or all.")
 @click.option("-v", "--verbose", is_flag=True, help="Show each case's reason (its `why`).")
 @options.json_flag("Print the families and their cases (with each why) as JSON on stdout.")

@@ -35,7 +35,7 @@ TENSORS = ("out", "dkv", "dscore", "dape")
 EXITS = ("Exit codes: 0 compared (and, with a bound, every max |A - B| within it), 1 some "
          "max |A - B| beyond its bound (only with --max-abs/--bound), 2 usage error (no case "
          "in both envelopes included), 3 could not compare (an implementation cannot run "
-         "here, no GPU, a failed self-test, every case raised).")
+         "here, no GPU, a failed self-test, every case raised), 130 interrupted (Ctrl-C).")
 
 
 def _bound(ctx, param, values):

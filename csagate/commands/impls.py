@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from csagate import console
+from csagate.exitcodes import ExitCode
 from csagate.gates.errors import one_line
 
 
@@ -90,7 +91,10 @@ def check(value: str) -> str:
                "not: a missing package, the compute capability). 'provides': fwd+bwd or fwd "
                "only, det (a deterministic backward), hooks (the dispatch hooks), =ref OUTPUTS "
                "(claimed bitwise the fp32 reference, which the gate checks). A local adapter "
-               "is passed as --impl path/to/file.py:NAME or module:NAME.")
+               "is passed as --impl path/to/file.py:NAME or module:NAME.",
+               epilog=ExitCode.listing(pass_="listed (--impl: the adapter keeps the protocol)",
+                                       usage="usage error (--impl: it does not load or keep "
+                                             "the protocol)"))
 @click.option("--json", "as_json", is_flag=True,
               help="Print the implementations as JSON on stdout.")
 @click.option("--impl", "impl", metavar="VALUE",

@@ -37,7 +37,11 @@ def probe_table(rows, arch: str):
 @click.command("probe", help="Register probe: compile every kernel of a ratio, run ptxas -v "
                "on its PTX and report registers, spills, stack and ex2.approx. Exit 0 only if "
                "every kernel has 0 spill / 0 stack and none was skipped. ptxas: the "
-               "nvidia-cuda-nvcc-cu12 wheel's (dev extra), else PATH, else $CUDA_HOME/bin.")
+               "nvidia-cuda-nvcc-cu12 wheel's (dev extra), else PATH, else $CUDA_HOME/bin.",
+               epilog=ExitCode.listing(pass_="every kernel clean", contract_failure="a kernel "
+                                       "spills, uses stack or was skipped", usage="usage error",
+                                       could_not_evaluate="could not probe (no DSL, no "
+                                                          "ptxas, a compile error)"))
 @options.ratio_option("all", options.KERNEL_RATIO_HELP)
 @options.arch_option
 @click.option("--keep-ptx", "keep_ptx", metavar="DIR", callback=existing_parent,
