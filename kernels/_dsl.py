@@ -1,7 +1,5 @@
-"""The one place that imports the CuTe DSL: environment, arch, compile (TVM-FFI), fake args.
-The DSL reads its ``CUTE_DSL_*`` variables at its first import, so every kernel module imports
-cutlass through :func:`cute_modules`; PTX retention is always on (the register probe reads it).
-"""
+"""The one place that imports the CuTe DSL, through :func:`cute_modules`: the DSL reads its
+``CUTE_DSL_*`` variables at first import. PTX is always kept (the register probe reads it)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ def _prepare_env() -> None:
     keep = os.environ.get("CUTE_DSL_KEEP", "")
     if "ptx" not in keep.split(","):
         os.environ["CUTE_DSL_KEEP"] = ",".join(p for p in (keep, "ptx") if p)
-    # a folder this function made in a parent process (a child inherits the variable) is the
-    # parent's: the child makes its own
+    # a CUTE_DSL_DUMP_DIR this function set in a parent process is the parent's: make our own
     inherited = os.environ.get(_DUMP_OWNER, str(os.getpid())) != str(os.getpid())
     if "CUTE_DSL_DUMP_DIR" not in os.environ or inherited:
         root = cache_root()
@@ -40,8 +37,7 @@ def _prepare_env() -> None:
             os.mkdir(root, 0o700)
         except FileExistsError:
             pass
-        # One folder per process: the DSL names a dump after the kernel function, so two
-        # processes sharing the root would read each other's PTX. Removed when the process exits.
+        # one per process (dumps are named by kernel: a shared one mixes processes' PTX)
         dump = root / "ptx" / f"pid{os.getpid()}"
         dump.mkdir(parents=True, exist_ok=True)
         atexit.register(shutil.rmtree, dump, ignore_errors=True)
@@ -102,15 +98,12 @@ def sm_count(device_index: int) -> int:
 
 
 def compile_for(arch: str, jit_fn, *args):
-    """``cute.compile`` one host function for ``arch`` through TVM-FFI (no GPU needed); with
-    symbolic fake tensors one compiled function serves every token/row count."""
+    """``cute.compile`` for ``arch`` via TVM-FFI (no GPU needed); symbolic fakes: any row count."""
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     _, cute = cute_modules()
     return cute.compile(jit_fn, *args, options=f"--gpu-arch {arch} --enable-tvm-ffi")
 
-
-# --- TVM-FFI compile arguments: fake tensors with symbolic extents ---------------------
 
 ALIGN_DATA = 16   # bf16/fp32 base pointers: the vector accesses need 16 B (checked per call)
 ALIGN_INDEX = 4   # int32 offsets

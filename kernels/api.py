@@ -1,13 +1,6 @@
-"""Host API of the CSA compressor kernels: the public launches and their allocation.
-
-Tensors follow docs/CONTRACT.md section 1 (kv, score (T, coff*d) bf16; ape (ratio, coff*d)
-fp32; cu, cuc (B+1,) int32; out / grad_out (N, d) bf16, N >= cuc[B]). :func:`forward` /
-:func:`backward` allocate their outputs, :func:`run_forward` / :func:`run_backward` write into
-caller buffers; :func:`build` compiles what a configuration can select (before a CUDA-graph
-capture). No call synchronizes except ``check=True`` and :func:`forward` without ``n_rows``.
-Dispatch: kernels/dispatch.py; the full launch path: kernels/launch.py; the fast path a
-signature launched before takes: kernels/fastpath.py. Design: docs/KERNELS.md section 5.
-"""
+"""Host API of the compressor kernels (docs/KERNELS.md section 5). Tensors (docs/CONTRACT.md
+section 1): kv, score (T, coff*d) bf16; ape (ratio, coff*d) fp32; cu, cuc (B+1,) int32; out,
+grad_out (N, d) bf16, N >= cuc[B]. Only forward(n_rows=None) and check=True (reads cu/cuc) sync."""
 
 from __future__ import annotations
 
@@ -23,14 +16,13 @@ __all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support
 
 
 def _deterministic(flag: bool | None) -> bool:
-    """The backward's mode: ``deterministic``, or None: torch's flag (warn-only included)."""
     return torch.are_deterministic_algorithms_enabled() if flag is None else bool(flag)
 
 
 def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=None,
                 check: bool = False) -> KernelKey | None:
-    """out = the compressor forward of the inputs, every row of ``out`` (padding included).
-    ``check``: read and check the cu/cuc values first (a device sync)."""
+    """Write the forward into ``out`` (every row, padding too); returns the KernelKey launched,
+    None when N == 0. Raises ValueError on bad input, RuntimeError with no usable GPU."""
     if stream is None and not check:
         hit = fastpath.launch("fwd", False, ratio, coff, None, (kv, score, ape, cu, cuc), (out,))
         if hit is not None:
@@ -44,10 +36,9 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
                  coff: int, rows_per_cta: int | None = None, stream=None,
                  deterministic: bool | None = None, zero_dape: bool = False,
                  check: bool = False) -> KernelKey | None:
-    """Write dkv and dscore (every slot) and accumulate into dape (the caller zeroes it), or
-    with ``zero_dape=True`` write dape (the launch zeroes it first). ``deterministic`` (None:
-    torch's flag): dAPE from per-CTA partials summed in a fixed order. ``check``: check the
-    cu/cuc values first (a sync)."""
+    """Write dkv, dscore (every slot) and add into dape: the caller zeroes it, or the launch with
+    ``zero_dape``. ``deterministic`` (None: torch's flag, warn-only too): dAPE from per-CTA
+    partials summed in a fixed order. Returns and raises as :func:`run_forward`."""
     deterministic = _deterministic(deterministic)
     if stream is None and rows_per_cta is None and not check:
         hit = fastpath.launch("bwd", deterministic, ratio, coff, None,
@@ -63,13 +54,12 @@ def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio:
 
 def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,
             stream=None, check: bool = False) -> torch.Tensor:
-    """The compressor output (N, d) bf16, N = ``n_rows``; the default ``cuc[-1]`` is a device
-    sync a CUDA graph cannot capture. ``check`` as in :func:`run_forward`."""
+    """The forward as a new (N, d) bf16 tensor; N = ``n_rows``, default cuc[-1] (RuntimeError
+    under graph capture). Raises as :func:`run_forward`; bad input before any GPU check."""
     if stream is None and n_rows is not None and not check:
         hit = fastpath.launch("fwd", False, ratio, coff, n_rows, (kv, score, ape, cu, cuc))
         if hit is not None:
             return hit[1][0]
-    # the arguments first (the op's ValueErrors, CPU tensors included), then the machine
     check_support(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
     require_cuda()
     device = check_launchable({"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
@@ -91,8 +81,8 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
 def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream=None,
              deterministic: bool | None = None, check: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dkv, dscore, dape) for ``grad_out`` (padding rows ignored), allocated uninitialized on
-    the launch stream. ``deterministic`` and ``check`` as in :func:`run_backward`."""
+    """(dkv, dscore, dape) for ``grad_out`` (padding rows ignored), new on the launch stream.
+    ``deterministic`` as in :func:`run_backward`; raises as :func:`run_forward`."""
     deterministic = _deterministic(deterministic)
     if stream is None and not check:
         hit = fastpath.launch("bwd", deterministic, ratio, coff, None,

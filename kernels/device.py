@@ -1,6 +1,5 @@
-"""Device helpers shared by the kernels: types, pinned arithmetic, exp, segments, zero classes.
-Each ``@cute.jit`` helper is traced inline (no call, no symbol). Semantics: docs/CONTRACT.md
-sections 1-2; the exp forms: docs/KERNELS.md section 1."""
+"""Device helpers shared by the kernels, traced inline. Semantics: docs/CONTRACT.md sections 1-2;
+the exp forms: docs/KERNELS.md section 1."""
 
 from __future__ import annotations
 
@@ -14,45 +13,35 @@ I32 = cutlass.Int32
 RN = cute.math.RoundingMode.NEAREST_EVEN
 NEG_INF = -cutlass.Float32.inf
 
-# exp(x) = 2^(x log2 e) with log2 e split in two fp32 parts (hi: nearest fp32, lo: remainder).
 L2E_HI = 1.4426950216293335  # 0x3FB8AA3B: the fp32 nearest to log2(e)
 L2E_LO = 1.925963033500011e-08  # 0x32A57060: the fp32 of log2(e) - L2E_HI
 
 
+# Pinned arithmetic: one rounding to nearest even; mul_rn and add_rn never contract into an FMA.
 def mul_rn(a, b):
-    """a * b rounded to nearest even, never contracted into an FMA."""
     return cute.math.mul(a, b, rounding=RN)
 
 
 def add_rn(a, b):
-    """a + b rounded to nearest even, never contracted into an FMA."""
     return cute.math.add(a, b, rounding=RN)
 
 
 def fma_rn(a, b, c):
-    """fma(a, b, c) with one rounding to nearest even (``fma.rn``)."""
     return cute.math.fma(a, b, c, rounding=RN)
 
 
-# p = e / den, bitwise ``div.rn.f32``. On sm_90a, sm_100a and sm_103a ``div.rn.f32`` compiles to
-# MUFU.RCP of the divisor and two FFMAs refining it, then q = x*r + 0, rem = fma(-y, q, x),
-# q' = fma(r, rem, q), with FCHK sending operands out of its fast range to a slow subroutine.
-# A window divides all its e_k by one den: ``div_seed`` computes the refined reciprocal once
-# and ``div_by`` takes each quotient in the same three FFMAs, the same instructions on the same
-# values. It is used where every dividend is at least DIV_FAST_MIN and the divisor in [1, 64]
-# (a softmax window: e_k <= 1 <= den <= window), far inside FCHK's fast range; elsewhere the
-# caller divides (docs/KERNELS.md section 4).
+# div_by(x, y, div_seed(y)) == div.rn.f32 bit for bit (its sm_90a/100a/103a fast path) for
+# x >= DIV_FAST_MIN, y in [1, 64] (a softmax window: e_k <= 1 <= den), within FCHK's fast range;
+# else the caller uses div.rn.f32 (docs/KERNELS.md section 4, PERF_NOTES.md section 14.3).
 DIV_FAST_MIN = 2.0 ** -64
 
 
 def div_seed(y):
-    """The refined reciprocal of y that ``div.rn.f32``'s fast path computes."""
     r = cute.arch.rcp_approx(y)
     return fma_rn(r, fma_rn(-y, r, F32(1.0)), r)
 
 
 def div_by(x, y, r):
-    """x / y rounded to nearest even, r = ``div_seed(y)``: ``div.rn.f32``'s fast path."""
     q = fma_rn(x, r, F32(0.0))
     return fma_rn(r, fma_rn(-y, q, x), q)
 
@@ -69,7 +58,6 @@ def exp_fast(x):
 
 
 def exp_of(x, fast: bool):
-    """The fast or the accurate exp, a compile-time choice."""
     return exp_fast(x) if fast else exp_exact(x)
 
 
@@ -80,10 +68,8 @@ def segment_bits(n_seq: int) -> int:
 
 @cute.jit
 def segment_search(mCu: cute.Tensor, mCuc: cute.Tensor, row, n_seq, seg_bits):
-    """(s, cuc[s], cu[s]) for the largest s in [0, n_seq] with cuc[s] <= row (binary lifting):
-    n_seq for padding. Each probe loads cu[s] beside cuc[s] and keeps both where it moves, so
-    a row's first block and token need no load after the search (on a cold short grid that
-    load is a DRAM round trip of its own: docs/PERF_NOTES.md section 14.10)."""
+    """(s, cuc[s], cu[s]) for the largest s in [0, n_seq] with cuc[s] <= row (n_seq: padding),
+    by binary lifting; each probe loads cu[s] beside cuc[s] (docs/PERF_NOTES.md section 14.4)."""
     seg = I32(0)
     first_block = mCuc[0]
     first_token = mCu[0]
@@ -129,15 +115,13 @@ def zero_padding_tokens(first, n_tokens, step, zero_token: cutlass.Constexpr,
 
 
 def red_add_f32(mDst: cute.Tensor, coord, src, src_coord):
-    """dst[coord] += src[src_coord] with one relaxed fp32 atomic (``red.global.add.f32``)."""
     ptr = mDst.iterator + cute.crd2idx(coord, mDst.layout)
     cute.arch.red(ptr, src[src_coord], op="add", dtype=F32, sem="relaxed", scope="gpu")
 
 
 def red_add_f32_vec(mDst: cute.Tensor, coord, values: list):
-    """dst[coord + (0, e)] += values[e] for every e: one relaxed fp32 reduction of 1, 2 or 4
-    values (``red.global.add.f32``, ``.v2.f32`` / ``.v4.f32`` on sm_90+, PTX ISA 8.1); the
-    vector forms need ``coord`` aligned to the vector (4 B times its length)."""
+    """dst[coord + (0, e)] += values[e]: one relaxed ``red`` of 1, 2 or 4 fp32 (``.v2``/``.v4``:
+    sm_90+, PTX ISA 8.1, ``coord`` aligned to 4 B times the length)."""
     n = len(values)
     ptr = mDst.iterator + cute.crd2idx(coord, mDst.layout)
     if n == 1:
@@ -163,7 +147,6 @@ def store_partial_f32(mDst: cute.Tensor, part, coord, src, src_coord):
 
 def cp_async_to_shared(sDst: cute.Tensor, dst_coord, mSrc: cute.Tensor, src_coord,
                        nbytes: int):
-    """``sDst[dst_coord] = mSrc[src_coord]`` (``nbytes`` 4, 8 or 16) by ``cp.async.ca``."""
     from cutlass._mlir.dialects import llvm
 
     if nbytes not in (4, 8, 16):
@@ -183,7 +166,6 @@ ZERO_STORES = 4  # stores per thread: a c2d512 dAPE (131072 fp32) takes 32 CTAs
 
 @cute.kernel
 def _zero_f32_kernel(mVec: cute.Tensor, n_vec: I32):
-    # PDL: wait for the kernel before (the buffer is free), then let the backward after start.
     cute.arch.griddepcontrol_wait()
     cute.arch.griddepcontrol_launch_dependents()
     tx, _, _ = cute.arch.thread_idx()
@@ -197,8 +179,8 @@ def _zero_f32_kernel(mVec: cute.Tensor, n_vec: I32):
 
 
 def launch_zero_f32(mDst: cute.Tensor, stream, pdl: bool = True):
-    """Host side, in a ``@cute.jit`` launcher: a kernel writing +0.0 into the compact fp32
-    ``mDst`` ahead of the launcher's next kernel (with ``pdl``: a programmatic dependent)."""
+    """Host side, in a ``@cute.jit`` launcher: a kernel filling the compact fp32 ``mDst`` with
+    +0.0 (``pdl``: launched as a programmatic dependent of the kernel before)."""
     n_vec = cute.size(mDst.layout) // ZERO_VEC
     vecs = cute.make_tensor(mDst.iterator, cute.make_layout((n_vec, ZERO_VEC),
                                                             stride=(ZERO_VEC, 1)))

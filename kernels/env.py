@@ -1,11 +1,5 @@
-"""The environment variables csagate reads, parsed strictly in one place.
-
-A boolean accepts 1/0, true/false, yes/no, on/off (any case, surrounding spaces ignored);
-unset or empty is the default. Anything else raises :class:`EnvError` (a ``ValueError``)
-naming the variable; the CLI checks every variable of :data:`KNOWN` before a command starts
-and turns the error into one usage line (exit 2). Stdlib only; it lives beside the kernels,
-the lowest layer that reads one (the disk-cache switch), so no layer reaches up for it.
-"""
+"""The environment variables csagate reads, parsed strictly. A boolean is 1/0, true/false, yes/no
+or on/off (any case); unset or empty means the default; any other value raises EnvError."""
 
 from __future__ import annotations
 
@@ -16,11 +10,10 @@ FALSE = ("0", "false", "no", "off")
 
 
 class EnvError(ValueError):
-    """An environment variable holds a value csagate does not accept."""
+    """A bad value, named with its variable; the CLI runs check_all first (usage line, exit 2)."""
 
 
 def flag(name: str, default: bool = False) -> bool:
-    """The boolean ``name``: ``default`` when unset or empty, else one of TRUE/FALSE."""
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
@@ -33,7 +26,6 @@ def flag(name: str, default: bool = False) -> bool:
 
 
 def integer(name: str, minimum: int | None = None) -> int | None:
-    """The integer ``name`` (None when unset or empty)."""
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return None
@@ -61,12 +53,10 @@ def cudnn_min_cc() -> int | None:
     return integer("CSAGATE_MEASURE_CUDNN_MIN_CC", minimum=0)
 
 
-# Every variable the CLI validates up front: name -> its reader.
 KNOWN = {"CSAGATE_DEBUG": debug, "CSAGATE_DISK_CACHE": disk_cache,
          "CSAGATE_MEASURE_CUDNN_MIN_CC": cudnn_min_cc}
 
 
 def check_all() -> None:
-    """Raise EnvError for the first known variable with a bad value."""
     for read in KNOWN.values():
         read()

@@ -1,7 +1,6 @@
-"""The launch fast path of the host API (kernels/api.py): a signature launched before on the
-full path (kernels/launch.py), with no explicit stream, rows_per_cta or check, skips the Python
-validation; the compiled TVM-FFI function checks the tensors. Design: docs/KERNELS.md section 5.
-"""
+"""The launch fast path of kernels/api.py (docs/KERNELS.md section 5.1): a signature that took the
+full path (kernels/launch.py) once, called again with no stream, rows_per_cta or check, skips the
+Python validation; the compiled TVM-FFI function checks the tensors."""
 
 from __future__ import annotations
 
@@ -17,21 +16,18 @@ PARTIALS_FILL: float | None = None
 # (direction, deterministic, ratio, coff, row width, device index, N) -> Entry
 FAST: dict = {}
 FAST_MAX = 4096  # signatures remembered (N varies little in training)
-# What sends a call to the full path: a refused argument, another rank, not a tensor.
 _NOT_FAST = (ValueError, TypeError, AttributeError)
 
 
 def fill_partials(partials: torch.Tensor) -> torch.Tensor:
-    """``partials``, filled with PARTIALS_FILL where a test set it."""
     if PARTIALS_FILL is not None:
         partials.fill_(PARTIALS_FILL)
     return partials
 
 
 class Entry:
-    """A remembered launch: the tvm_ffi.Function, the arguments after the tensors (behind the
-    segment search's depth where ``seg_bits``), a template view for empty_like, the
-    deterministic dAPE reduction (its function, slice count and stage rows)."""
+    """A remembered launch: the tvm_ffi.Function, the arguments after the tensors, an empty_like
+    template, and the deterministic dAPE reduction (its function, slice count, stage rows)."""
 
     __slots__ = ("key", "call", "tail", "seg_bits", "max_tokens", "template", "reduce")
 
@@ -40,15 +36,13 @@ class Entry:
         self.max_tokens, self.template, self.reduce = max_tokens, template, reduce
 
     def launch_tail(self, cu) -> tuple:
-        """The arguments after the tensors for a launch over ``cu``: the segment search's depth
-        (device.segment_bits(B)) first where the family takes it, then the remembered ones."""
+        """The remembered arguments, behind device.segment_bits(B) where ``seg_bits``."""
         return ((cu.shape[0] - 1).bit_length(), *self.tail) if self.seg_bits else self.tail
 
 
 def launch(direction: str, deterministic: bool, ratio: int, coff: int, n_rows, inputs: tuple,
            outputs=None, zero_dape: bool = False):
-    """Launch a remembered signature without Python validation: ``(key, outputs)``, or None
-    (the call takes the full path). ``zero_dape``: the backward zeroes dape first."""
+    """``(key, outputs)`` of a launch of a remembered signature, or None: take the full path."""
     try:
         kv, cu = inputs[0], inputs[3]
         t, w = kv.shape
@@ -92,8 +86,7 @@ def raw_call(fn):
 
 def remember(key: KernelKey, kv, n_rows: int, fn, rows_per_cta, partials=None,
              reduce_fn=None, n_parts: int = 0) -> None:
-    """Add the fast-path entry of a launch that took the full path (``n_parts``: the
-    deterministic backward's partial slices, its CTAs along the rows)."""
+    """Remember a full-path launch; ``n_parts``: dAPE partial slices, one per CTA along rows."""
     if len(FAST) >= FAST_MAX:
         return
     width = kv.shape[1]

@@ -1,9 +1,6 @@
-"""Resident CTAs per SM of a compiled kernel, as the CUDA driver computes them from the
-kernel's own cubin (its registers, shared memory and the launch's block): the wave size behind
-the small backward's rows per CTA (``small_schedule.bwd_rows_per_cta``, docs/KERNELS.md
-section 4). The cubin is the one a compiled function's object file embeds (``diskcache``'s
-entry payload); reading it needs no GPU, asking the driver does.
-"""
+"""Resident CTAs per SM of a compiled kernel, asked of the CUDA driver with the kernel's own cubin:
+the wave size behind ``small_schedule.bwd_rows_per_cta`` (docs/KERNELS.md section 4). The cubin is
+read from a compiled function's object file (``diskcache``'s payload) with no GPU."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ _SHDR = struct.Struct("<IIQQQQIIQQ")  # name, type, flags, addr, offset, size, l
 
 
 def _elf_end(blob: bytes, at: int) -> int:
-    """The end of the ELF64 image at ``at`` (the furthest of its section data, section header
-    table and program header table), or 0."""
+    """End of the ELF64 image at ``at`` (furthest of section data and header tables), or 0."""
     if len(blob) < at + _ELF64_HEADER or blob[at + 4] != 2 or blob[at + 5] != 1:
         return 0  # not ELF64 little-endian
     phoff, shoff = struct.unpack_from("<QQ", blob, at + 0x20)
@@ -72,10 +68,9 @@ def _check(result, call: str):
 
 
 def resident_ctas(cubin: bytes, kernel: str, block: int, smem: int, device_index: int) -> int:
-    """CTAs of ``block`` threads and ``smem`` bytes of dynamic shared memory that fit on one SM
-    of CUDA device ``device_index``: ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` on a module
-    loaded from ``cubin`` into the device's primary context (the one torch uses, made current
-    for the query). RuntimeError names the driver call that failed."""
+    """CTAs of ``block`` threads and ``smem`` bytes of dynamic shared memory resident on one SM:
+    ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` on ``cubin`` loaded into the device's primary
+    context (torch's, made current for the query); RuntimeError names a failed driver call."""
     from cuda.bindings import driver
 
     _check(driver.cuInit(0), "cuInit")

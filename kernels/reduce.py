@@ -1,16 +1,9 @@
-"""The deterministic dAPE reduction: ``dape += sum over b of partials[b]`` (``zero_dape``:
-``dape = 0 + sum``), each element summed in an order fixed by the code and the slice count, so
-dAPE is bitwise identical run to run. Two forms (``ReduceKey.split``, chosen by :func:`groups`):
-
-- one pass: each CTA's 8 warps sum the slices ``b = w, w + 8, ...`` in ascending order, then
-  warp 0 adds the 8 warp sums in ascending ``w`` and adds the total to dape;
-- split, where there are many slices (the small ratios' long packs): a first pass in which CTA
-  ``(c, g)`` sums group ``g``'s contiguous slices as above into a stage row of the same buffer,
-  then a second pass that sums the stage rows, ``g`` ascending, into dape. The one pass would
-  give a few CTAs all the slices and leave most SMs idle.
-
-Design and cost: docs/KERNELS.md section 2.1.
-"""
+"""Deterministic dAPE reduction, ``dape += sum_b partials[b]`` (``zero_dape``: ``dape = 0 + sum``),
+in an order fixed by the code and the slice count, so bitwise identical run to run. One pass:
+warp ``w`` sums slices ``w, w + 8, ...`` ascending, warp 0 adds the 8 warp sums in ascending
+``w``, then adds the total to dape. Split (many slices, :func:`groups`): CTA ``(c, g)`` sums
+group ``g``'s contiguous slices likewise into a stage row (``0 + sum``) of the same buffer, then
+the one pass sums the stage rows into dape. Design and cost: docs/KERNELS.md section 2.1."""
 
 from __future__ import annotations
 
@@ -48,8 +41,7 @@ def _reduce_kernel(mIn: cute.Tensor, mOut: cute.Tensor, first: I32, count: I32, 
                    out_row: I32, n: I32, zero_out: I32, depths: cutlass.Constexpr,
                    trigger: cutlass.Constexpr):
     """mOut[out_row + g] (+)= the sum of mIn's rows first + [g*per, min(count, (g+1)*per))."""
-    # PDL: wait until the kernel before (the backward, or the first pass) has finished and its
-    # stores are visible; the first pass lets the second be scheduled as its CTAs retire.
+    # PDL: the kernel before has finished past the wait; a first pass lets the second launch
     cute.arch.griddepcontrol_wait()
     if cutlass.const_expr(trigger):
         cute.arch.griddepcontrol_launch_dependents()
@@ -66,8 +58,7 @@ def _reduce_kernel(mIn: cute.Tensor, mOut: cute.Tensor, first: I32, count: I32, 
     acc = cute.make_rmem_tensor((1, VEC), F32)
     acc.fill(0.0)
     if q * VEC < n:  # n is a multiple of VEC: a group is wholly in range or wholly out
-        # slices lo + w + j*WARPS in ascending j, loads issued in groups of depths[i] and
-        # added in order after the group is issued (a load never waits on an add)
+        # slices lo + w + j*WARPS, j ascending: loads issued a group at a time, added in order
         m = (cnt - w + WARPS - 1) // WARPS
         start = I32(0)
         for depth in depths:
@@ -107,8 +98,7 @@ def _reduce_kernel(mIn: cute.Tensor, mOut: cute.Tensor, first: I32, count: I32, 
 def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n_groups: I32,
                  zero_dape: I32, stream: cuda.CUstream, depths: cutlass.Constexpr = DEPTHS,
                  split: cutlass.Constexpr = False):
-    # TVM-FFI: partials (rows * n,), dape (n,), both symbolic, divisible by VEC, 16-byte
-    # aligned; rows = n_parts slices, then (split) the n_groups stage rows.
+    # partials (rows * n,): the n_parts slices, then (split) the n_groups stage rows; dape (n,)
     n = mDApe.shape[0]
     rows = mPart.shape[0] // n
     mPart2 = cute.make_tensor(mPart.iterator, cute.make_layout((rows, n), stride=(n, 1)))
@@ -129,8 +119,7 @@ def _reduce_host(mPart: cute.Tensor, mDApe: cute.Tensor, n_parts: I32, n_groups:
 
 
 def build_reduce(arch: str, depths: tuple[int, ...] = DEPTHS, split: bool = False):
-    """Compile the reduction for ``arch`` (no GPU needed); ``depths``: the load groups;
-    ``split``: the two-pass form."""
+    """Compile the reduction for ``arch`` (no GPU needed); ``split``: the two-pass form."""
     return compile_for(arch, _reduce_host, fake_vec(F32, sym(VEC), align=16),
                        fake_vec(F32, sym(VEC), align=16), I32(0), I32(0), I32(0),
                        env_stream(), tuple(depths), bool(split))
@@ -142,10 +131,9 @@ def partial_rows(n_parts: int, n: int) -> int:
 
 
 def launch_reduce(fn, *, partials, dape, n_parts: int, zero_dape: bool = False) -> None:
-    """dape += partials[:n_parts].sum(0) in the fixed order (``zero_dape``: dape = +0.0 + the
-    sum), on torch's current stream; ``partials`` is (partial_rows(n_parts, n), *dape.shape),
-    both contiguous (the rows past n_parts: the stage rows), and ``fn`` the form
-    :func:`groups` picks."""
+    """dape += partials[:n_parts].sum(0) in the fixed order (``zero_dape``: dape = +0.0 + sum) on
+    torch's current stream; ``partials``: (partial_rows(n_parts, n), *dape.shape), contiguous;
+    ``fn``: the form :func:`groups` picks."""
     if dape.numel() == 0 or n_parts == 0:
         if zero_dape:
             dape.zero_()

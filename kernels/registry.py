@@ -1,9 +1,6 @@
-"""The kernel families: one table (:data:`FAMILIES`) from (ratio, direction) to build, launch,
-schedules and dispatch, and the typed compile keys (:class:`KernelKey`, :class:`ReduceKey`).
-The one list of the ratios served (:data:`TABLE_RATIO`, :data:`SMALL_RATIOS`): adding a ratio
-is adding it here (and its cases, gates/cases.py). Pure Python: kernel modules are imported
-when a kernel is built or launched.
-"""
+"""The kernel families (:data:`FAMILIES`: (ratio, direction) -> build, launch, schedules,
+dispatch), the compile keys and the one list of the ratios served (a new ratio goes here and in
+gates/cases.py). Pure Python: kernel modules are imported when a kernel is built or launched."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ from csagate.kernels import small_schedule as SS
 
 DIRECTIONS = ("fwd", "bwd")
 COFFS = S.COFFS  # both families serve coff 1 and 2
-# The ratios served: the dispatch-table family (kernels/schedule.py, buckets by N) and the
-# small-ratio family (kernels/small_schedule.py: one schedule per config, no buckets).
+# The ratios served: the table family (buckets by N) and the small-ratio family (no buckets).
 TABLE_RATIO = S.RATIO
 SMALL_RATIOS = (2, 4, 8, 16, 32)
 REDUCE_DEPTHS = S.REDUCE_DEPTHS
@@ -36,8 +32,7 @@ class KernelKey:
     coff: int
     schedule: object  # FwdSchedule | BwdSchedule | SmallSchedule: a table's entry
     arch: str
-    # the backward's mode (the one place it lives): dAPE stored per CTA into partials, summed
-    # in a fixed order by the reduction (ReduceKey), instead of fp32 atomics
+    # backward mode: dAPE partials per CTA summed in a fixed order (ReduceKey), not fp32 atomics
     deterministic: bool = False
 
     def __post_init__(self):
@@ -82,8 +77,7 @@ def make_key(direction: str, ratio: int, coff: int, d: int, sched, arch: str,
 
 @dataclass(frozen=True)
 class ReduceKey:
-    """The deterministic backward's dAPE reduction (kernels/reduce.py) for one arch; ``split``:
-    the two-pass form (``reduce.groups`` picks it from the slice count)."""
+    """The deterministic backward's dAPE reduction (kernels/reduce.py); ``split``: two-pass."""
 
     arch: str
     depths: tuple[int, ...] = REDUCE_DEPTHS
@@ -120,12 +114,10 @@ class Family:
     selectable: Callable[[str], set]  # arch -> {((coff, d), schedule)} over build_dims
     tag_prefix: Callable[[KernelKey], str]
     takes_rows_per_cta: bool = False  # the launch has a rows_per_cta argument
-    # (n_rows, d, coff, schedule, sm_count, ctas_per_sm) -> the rows per CTA a launch takes by
-    # default; ctas_per_sm: the kernel's resident CTAs per SM (0: unknown)
+    # (n_rows, d, coff, schedule, sm_count, ctas_per_sm (0: unknown)) -> default rows per CTA
     rows_per_cta: Callable[..., int] | None = None
-    # key -> (threads per CTA, dynamic shared bytes, the kernel's name in its cubin): the driver
-    # is asked for the kernel's resident CTAs per SM when it loads on a device (cache.py,
-    # occupancy.py), for rows_per_cta; None: not asked
+    # key -> (threads per CTA, dynamic shared bytes, cubin kernel name), to ask the driver for
+    # rows_per_cta's ctas_per_sm when the kernel loads (cache.py, occupancy.py); None: not asked
     launch_shape: Callable[[KernelKey], tuple[int, int, str]] | None = None
     # schedule -> the most rows per CTA a launch may take (None: no bound)
     max_rows_per_cta: Callable[[object], int] | None = None
@@ -261,10 +253,7 @@ def tables(ratio: int, direction: str, arch: str) -> dict[str, dict]:
 def entries(ratio: int, direction: str, arch: str,
             configs: Sequence[tuple[int, int]] | None = None
             ) -> dict[tuple[str, int, int], KernelKey]:
-    """Every (bucket, coff, d) -> kernel the dispatch can select on ``arch``: the tables'
-    entries bucket by bucket (not through the bucket constants), or, for a family without
-    buckets, one kernel per config under bucket ``any`` (``configs`` None: every config the
-    family builds)."""
+    """(bucket, coff, d) -> every kernel the dispatch selects on ``arch`` (``any``: no tables)."""
     fam = family(ratio, direction)
     if fam.tables is not None:
         return {(bucket, coff, d): make_key(direction, ratio, coff, d, sched, arch)

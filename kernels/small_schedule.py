@@ -1,10 +1,6 @@
-"""Schedules of the small-ratio family (kernels/small.py): a power-of-two ratio whose whole
-window (``ratio * coff`` positions) of a row lives in registers (the ratios served:
-``registry.SMALL_RATIOS``). Pure Python; the schedule
-follows from (ratio, coff, d) and the arch, the backward's rows per CTA from N at launch. The
-register budget behind the limits below and the H200 measurements behind the sm_90a forms:
-docs/KERNELS.md section 4.
-"""
+"""Schedules of the small-ratio family (kernels/small.py), a power-of-two ratio whose row window
+(``ratio * coff`` positions) lives in registers; pure Python. The register budget behind the
+limits and the measurements behind the sm_90a forms: docs/KERNELS.md section 4."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ SMALL_HEAD_DIMS = (65, 128, 512)
 
 @dataclass(frozen=True)
 class SmallSchedule:
-    """The compile-time shape of a small-ratio kernel: the forward's ``rows_per_cta`` rows per
-    thread (and CTA), the backward's the most rows per CTA a launch may take."""
+    """Compile-time shape; ``rows_per_cta``: forward rows per thread, backward's most per CTA."""
 
     vec: int
     threads: int
@@ -52,8 +47,7 @@ class SmallSchedule:
     ape_regs: bool = True        # backward only: the APE of the thread's column hoisted
     lanes: int = 1               # backward only: rows a CTA runs side by side (block.y)
     prefetch: bool = False       # backward only: a lane's next row loaded during this one's
-    stages: int = 0              # backward only: a lane's rows copied by cp.async into this many
-                                 # shared buffers, stages - 1 rows ahead (0: loaded to registers)
+    stages: int = 0              # backward only: cp.async shared buffers, stages - 1 rows ahead
     ieee_div: bool = False       # every p_k its own div.rn.f32, no shared reciprocal (the A/B)
 
     @property
@@ -81,7 +75,6 @@ def config_problems(ratio: int, coff: int, d: int) -> list[str]:
         out.append(f"a window of ratio*coff = {ratio * coff} positions exceeds the "
                    f"{MAX_WINDOW} a thread holds in registers")
     if ratio * coff * d % 4:
-        # dAPE is zeroed and reduced in 16-byte vectors: ratio*coff*d must be a multiple of 4.
         out.append(f"ratio*coff*head_dim = {ratio * coff * d} is not a multiple of 4 (dAPE is "
                    "zeroed and reduced in 16-byte vectors): use an even coff*head_dim")
     return out
@@ -113,8 +106,7 @@ def fwd_grid_y(d: int, window: int = 8) -> int:
 
 
 def fwd_form(vec: int, rows: int, d: int) -> SmallSchedule:
-    """A forward form: ``vec`` columns per thread, ``rows`` rows per thread (and per CTA)
-    whose windows are all loaded before their arithmetic."""
+    """A forward form: ``vec`` columns and ``rows`` rows per thread, all windows loaded at once."""
     return SmallSchedule(vec, fwd_threads(d // vec), rows)
 
 
@@ -146,8 +138,7 @@ def fwd_schedule_problems(ratio: int, coff: int, d: int, sched: SmallSchedule) -
 
 def fwd_forms(ratio: int, coff: int, d: int, arch: str | None = None
               ) -> tuple[SmallSchedule, ...]:
-    """The vector forward forms beyond ``arch``'s table form that (ratio, coff, d) can build
-    (vec 1 is the odd-d form, never a faster one)."""
+    """Vector forward forms beyond ``arch``'s table form (vec 1, for odd d, is never faster)."""
     table = small_schedule("fwd", d, ratio=ratio, coff=coff, arch=arch)
     forms = (fwd_form(v, r, d) for r in FWD_ROWS for v in FWD_VECS if v > 1)
     return tuple(s for s in dict.fromkeys(forms)
@@ -155,24 +146,15 @@ def fwd_forms(ratio: int, coff: int, d: int, arch: str | None = None
 
 
 def bwd_values(window: int, vec: int, ape_regs: bool = True) -> int:
-    """fp32 values a backward thread keeps: dAPE sums, s/e/p and u/t per (position, column),
-    and the APE where it is hoisted (``ape_regs``)."""
+    """A backward thread's fp32 values per (position, column): dAPE, s/e/p, u/t, APE if hoisted."""
     return (4 if ape_regs else 3) * window * vec
 
 
 def bwd_form(vec: int, d: int, window: int, prefetch: bool = False, stages: int = 0
              ) -> SmallSchedule:
-    """A backward form: ``vec`` adjacent columns per thread. vec 1 is the one-column form
-    (``SMALL_BWD_THREADS`` threads, one lane; beyond ``BWD_APE_REGS_MAX_WINDOW`` one row per
-    CTA, the APE re-read). A vector form spans a row's column groups with whole warps and runs
-    ``lanes`` rows side by side so a CTA keeps ``SMALL_BWD_THREADS`` threads; its lanes' dAPE
-    sums meet in shared memory before the CTA's one reduction per (position, column).
-    ``prefetch``: each lane loads its next row's window while it computes and stores this
-    one's (a form of more than one row per CTA). ``stages``: each lane's rows are copied
-    (``cp.async``) into that many shared buffers, ``stages - 1`` rows ahead of its arithmetic,
-    no registers held for them (a vector form of more than one row per CTA); where the hoisted
-    APE would take a staged form past ``BWD_VEC_MAX_VALUES``, it re-reads the APE each row
-    (from L1), up to ``BWD_STAGED_MAX_VALUES``."""
+    """A backward form of ``vec`` adjacent columns per thread; a vector form runs ``lanes`` rows
+    side by side, their dAPE sums merged in shared memory, and staged re-reads the APE (from L1)
+    where hoisting would pass ``BWD_VEC_MAX_VALUES``. The forms: docs/KERNELS.md section 4."""
     if vec == 1:
         if window <= BWD_APE_REGS_MAX_WINDOW:
             return SmallSchedule(1, SMALL_BWD_THREADS, SMALL_BWD_ROWS, prefetch=prefetch,
@@ -188,8 +170,7 @@ def bwd_form(vec: int, d: int, window: int, prefetch: bool = False, stages: int 
 
 
 def bwd_most_rows(lanes: int) -> int:
-    """The most rows per CTA a backward form of ``lanes`` lanes may take (a form whose schedule
-    says fewer takes that many at every N: ``bwd_rows_per_cta``)."""
+    """The most rows per CTA a backward form of ``lanes`` lanes may take."""
     return min(SMALL_BWD_ROWS * lanes, SMALL_BWD_ROWS_LANES) if lanes > 1 else SMALL_BWD_ROWS
 
 
@@ -243,26 +224,11 @@ def bwd_forms(ratio: int, coff: int, d: int, arch: str | None = None
 
 def bwd_rows_per_cta(n_rows: int, d: int, coff: int, sched: SmallSchedule,
                      sm_count: int = 0, ctas_per_sm: int = 0) -> int:
-    """Backward rows per CTA, chosen at launch (at most ``sched.rows_per_cta``). The aim:
-    about ``BWD_CTAS_PER_SLICE`` CTAs along the rows for every slice of a row's columns, at
-    least ``2 * slices`` rows per lane. Fewer CTAs issue fewer dAPE atomics onto the same
-    addresses, which serialize in the L2; more slices spread them over more addresses. A
-    schedule of fewer rows than ``bwd_most_rows`` (``SM90_BWD_ROWS``) aims at them at every N,
-    unless it is staged: then they are the most it takes.
-
-    Given the GPU's ``sm_count`` and the kernel's resident ``ctas_per_sm`` (the driver's
-    occupancy: ``occupancy.resident_ctas``), a grid of at least ``BWD_WAVE_MIN`` of a wave then
-    takes the rows from half to twice the aim (and at most the schedule's) of the least
-    ``waves x (rows per lane + BWD_CTA_COST)``, a wave being ``BWD_WAVE_FILL`` of the resident
-    CTAs, the most rows on a tie, where that cost is at least ``BWD_WAVE_GAIN`` below the aim's:
-    the grid ends closer to whole waves, where 0.78 or 1.55 waves leave SMs idle for a CTA's
-    whole time.
-
-    A staged form (``stages``) aims at ``BWD_STAGED_CTAS_PER_SLICE`` CTAs per slice, at most
-    its schedule's rows, and keeps its aim: its lanes keep their next rows in flight, so a
-    CTA's time follows its rows and a part wave costs little, while every CTA more adds its
-    dAPE reductions and pipeline fill. The H200 cold sweeps behind the constants:
-    docs/PERF_NOTES.md sections 14.2, 14.7, 14.8 and 14.9."""
+    """Backward rows per CTA at launch, at most ``sched.rows_per_cta``. The aim: about
+    ``BWD_CTAS_PER_SLICE`` CTAs per column slice (staged: ``BWD_STAGED_CTAS_PER_SLICE``), at least
+    2 * slices rows a lane; fewer CTAs, fewer dAPE atomics serializing in the L2. An unstaged form
+    below ``bwd_most_rows`` keeps its rows; an unstaged grid moves toward whole waves given
+    ``ctas_per_sm`` (``occupancy.resident_ctas``). Why: docs/PERF_NOTES.md section 14.8."""
     if sched.rows_per_cta == 1:
         return 1
     slices = bwd_slices(d, sched)
@@ -292,9 +258,7 @@ def bwd_slices(d: int, sched: SmallSchedule) -> int:
 
 
 def bwd_launch_shape(sched: SmallSchedule, window: int) -> tuple[int, int]:
-    """(threads per CTA, bytes of dynamic shared memory) of a backward launch: the lanes' dAPE
-    sums meet in a (lanes - 1, window, threads * vec) fp32 buffer (``SmallBwdKernel``'s
-    ``merge_lanes``); a staged form adds its buffers (``bwd_stage_shapes``)."""
+    """(threads, dynamic shared bytes) of a backward launch: lanes' dAPE merge and stage buffers."""
     merge = (sched.lanes - 1) * window * sched.threads * sched.vec * 4
     staged = sum(-(-prod(shape) * size // 16) * 16
                  for shape, size in bwd_stage_shapes(sched, window))
@@ -302,10 +266,8 @@ def bwd_launch_shape(sched: SmallSchedule, window: int) -> tuple[int, int]:
 
 
 def bwd_stage_shapes(sched: SmallSchedule, window: int) -> tuple:
-    """A staged backward's shared buffers, ((shape), bytes per element) each, none without
-    stages: per stage the bf16 (score | kv, window position, lane, thread, vec) inputs, the
-    bf16 grad_out (lane, thread, vec) and the int32 (segment | block | first token, lane,
-    thread) of a row; a thread reads back only what it copied."""
+    """A staged backward's shared buffers, (shape, bytes per element) each: per stage a row's bf16
+    score/kv window and grad_out, int32 segment/block/first token; a thread reads only its own."""
     if not sched.stages:
         return ()
     s, lanes, threads, vec = sched.stages, sched.lanes, sched.threads, sched.vec
@@ -315,8 +277,7 @@ def bwd_stage_shapes(sched: SmallSchedule, window: int) -> tuple:
 
 def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
                    arch: str | None = None) -> SmallSchedule:
-    """The small-ratio kernel of a direction for (ratio, coff, head_dim) on ``arch`` (None:
-    the arch-independent defaults)."""
+    """The small-ratio kernel of a direction for (ratio, coff, d) on ``arch`` (None: defaults)."""
     window = ratio * coff
     if direction == "fwd":
         form = _fwd_table_form(ratio, coff, d, arch)
@@ -331,17 +292,14 @@ def small_schedule(direction: str, d: int, *, ratio: int = 4, coff: int = 2,
     return replace(sched, rows_per_cta=rows * sched.lanes) if rows else sched
 
 
-# The forward forms the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md sections 14.2 and
-# 14.11), for d >= 128 and a multiple of 4: (ratio, coff, narrow) -> (vec, rows per thread),
-# narrow: a row of fewer than SMALL_FWD_THREADS vec-4 groups (d < 256). Elsewhere (every coff-2
-# entry among them) the defaults hold.
+# sm_90a forward forms (docs/PERF_NOTES.md section 14.2), d >= 128 and a multiple of 4:
+# (ratio, coff, narrow) -> (vec, rows per thread); narrow: d < 256. Else (all coff 2) the defaults.
 SM90_FWD_FORMS = {(2, 1, True): (4, 2), (2, 1, False): (4, 1),
                   (4, 1, True): (4, 1), (4, 1, False): (4, 1)}
 
 
 def _sm90_key(ratio: int, coff: int, d: int, arch: str | None):
-    """The key of the sm_90a tables below, (ratio, coff, narrow), or None where they do not
-    apply (another arch, d < 128)."""
+    """The sm_90a tables' key, (ratio, coff, narrow); None on another arch or below d = 128."""
     if arch != "sm_90a" or d < 128:
         return None
     return ratio, coff, d // 4 < SMALL_FWD_THREADS
@@ -352,26 +310,20 @@ def _fwd_table_form(ratio: int, coff: int, d: int, arch: str | None):
     return None if key is None or d % 4 else SM90_FWD_FORMS.get(key)
 
 
-# The backward's vec the H200 cold A/B chose on sm_90a (docs/PERF_NOTES.md 14.4 and 14.9), for
-# d >= 128: (ratio, coff, narrow) -> columns per thread, narrow: d < 256 as the forward's.
-# Elsewhere (ratio 8 c2 and 16 c1 from d = 256, 16 c2 and 32, d < 128, other arches) vec 1.
+# The sm_90a backward's vec (docs/PERF_NOTES.md sections 14.5 and 14.7); vec 1 elsewhere.
 SM90_BWD_VECS = {(2, 1, True): 4, (2, 1, False): 4, (2, 2, True): 4, (2, 2, False): 4,
                  (4, 1, True): 4, (4, 1, False): 4, (4, 2, True): 2, (4, 2, False): 4,
                  (8, 1, True): 2, (8, 1, False): 2, (8, 2, True): 2, (16, 1, True): 2}
-# ... where it runs the prefetch form (a lane's next row loaded during this one; section
-# 14.5): the one-column forms of windows of 16 or 32 positions.
+# ... its prefetch forms (section 14.6): the one-column forms of windows of 16 or 32.
 SM90_BWD_PREFETCH = frozenset({(8, 2, False), (16, 1, False), (16, 2, True), (16, 2, False),
                                (32, 1, True), (32, 1, False)})
-# ... and its staged forms (a lane's rows copied into shared memory, stages - 1 ahead; section
-# 14.8): (ratio, coff, narrow) -> stages, every vector form.
+# ... and stages (section 14.6): every vector form is staged.
 SM90_BWD_STAGES = {(2, 1, True): 3, (2, 1, False): 3, (2, 2, True): 2, (2, 2, False): 2,
                    (4, 1, True): 2, (4, 1, False): 3, (4, 2, True): 3, (4, 2, False): 2,
                    (8, 1, True): 2, (8, 1, False): 2, (8, 2, True): 2, (16, 1, True): 2}
 
 
-# ... and where a lane takes at most these rows (its staged aim capped: bwd_rows_per_cta;
-# sections 14.8 and 14.9): coff 2 from d = 256, 16 rows at ratios 2 and 4 (vec 4); windows of 16
-# below d = 256, 8 rows (vec 2).
+# ... and the most rows a lane takes, capping the staged aim of bwd_rows_per_cta (section 14.8).
 SM90_BWD_ROWS = {(4, 2, False): 16, (2, 2, False): 16, (8, 2, True): 8, (16, 1, True): 8}
 
 

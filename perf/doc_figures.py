@@ -1,4 +1,4 @@
-"""The measured figures of docs/KERNELS.md, written from the JSON that measured them.
+"""The figures and tables of docs/KERNELS.md, written from the JSON or the code that holds them.
 
 A figure block of the doc lies between two marker lines::
 
@@ -7,8 +7,14 @@ A figure block of the doc lies between two marker lines::
     <!-- /figures -->
 
 Each SOURCE is a JSON file, relative to the doc's folder (``figures/probe-sm_90a.json``), that
-``csagate probe --json`` or ``csagate bench --json`` wrote. The kinds:
+``csagate probe --json`` or ``csagate bench --json`` wrote, except for ``dispatch``. The kinds:
 
+- ``dispatch``: the ratio=128 dispatch tables of each SOURCE, an arch (``sm_90a``), written from
+  ``kernels/schedule.py`` itself: one row per config and bucket (buckets that select one kernel
+  share a row) with the kernel's threads, CTAs across the columns (gy), window slots per
+  thread (C) and shared memory, then the count of distinct kernels.
+- ``probe-d128``: the small ratios' registers at d=128 from a probe file, one row per ratio:
+  each direction's c1 and c2 kernel (registers and schedule tag).
 - ``probe``: the register probe (``csagate probe --ratio all --arch ARCH --json``): the summary
   line, one row per ratio=128 kernel, one row per small ratio (its register range).
 - ``bench-r128-large`` / ``bench-r128-short``: the ratio=128 shape rows (``"shapes"`` of
@@ -32,6 +38,7 @@ import re
 import sys
 from pathlib import Path
 
+from csagate.kernels import schedule as S
 from csagate.kernels.registry import TABLE_RATIO
 from csagate.perf.profile import SHORT_TOKENS
 
@@ -54,6 +61,75 @@ def _table(header: tuple[str, ...], rows: list[list[str]]) -> list[str]:
 
 def _num(value) -> str:
     return "?" if value is None else str(value)
+
+
+# --- dispatch ---------------------------------------------------------------------------------
+
+CODE_KINDS = ("dispatch",)  # kinds whose SOURCEs name arches, not files
+
+
+def _rows_range(lo: int | None, hi: int | None) -> str:
+    if lo is None and hi is None:
+        return "all"
+    if lo is None:
+        return f"<= {hi}"
+    return f">= {lo}" if hi is None else f"{lo}-{hi}"
+
+
+def _bucket_ranges(direction: str, coff: int, d: int) -> dict[str, tuple[int | None, int | None]]:
+    """{bucket: (first N, last N)} of one config's buckets, None where a range is open."""
+    if direction == "bwd":
+        if (coff, d) not in S.BWD_SMALL:
+            return {"default": (None, None)}
+        return {"small": (None, S.BWD_SMALL_NB_MAX), "default": (S.BWD_SMALL_NB_MAX + 1, None)}
+    small, large = (coff, d) in S.FWD_SMALL, (coff, d) in S.FWD_LARGE
+    out = {"small": (None, S.SMALL_NB_MAX)} if small else {}
+    out["default"] = (S.SMALL_NB_MAX + 1 if small else None, S.LARGE_NB_MIN - 1 if large else None)
+    if large:
+        out["large"] = (S.LARGE_NB_MIN, None)
+    return out
+
+
+def _dispatch_table(direction: str, arch: str) -> tuple[list[str], int]:
+    """The table's lines and how many distinct kernels it selects."""
+    tables = S.tables(direction, arch)
+    rows, kernels = [], set()
+    for coff, d in S.CONFIGS:
+        merged: list[tuple[list[str], object, int | None, int | None]] = []
+        for bucket, (lo, hi) in _bucket_ranges(direction, coff, d).items():
+            sched = tables[bucket][(coff, d)]
+            if merged and merged[-1][1] == sched:
+                names, _, first, _ = merged[-1]
+                merged[-1] = ([*names, bucket], sched, first, hi)
+            else:
+                merged.append(([bucket], sched, lo, hi))
+        for names, sched, lo, hi in merged:
+            kernels.add((coff, d, sched.tag))
+            geo = S.R128Geometry(d, coff, sched)
+            smem = (S.fwd_smem_bytes(sched) if direction == "fwd"
+                    else S.bwd_smem_bytes(coff, sched))
+            rows.append([S.config_name(coff, d), ", ".join(names), _rows_range(lo, hi),
+                         sched.tag, str(sched.threads_x * sched.tchunks), str(geo.gy),
+                         str(geo.chunk), str(smem)])
+    if direction == "fwd":
+        kernel = "forward kernel"
+    else:
+        forms = {"register window" if s.regwin else "staged"
+                 for t in tables.values() for s in t.values()}
+        kernel = f"backward kernel ({forms.pop()})" if len(forms) == 1 else "backward kernel"
+    return _table(("config", "bucket", "N", kernel, "threads", "gy", "C", "smem B"), rows), \
+        len(kernels)
+
+
+def render_dispatch(arches: list[str]) -> str:
+    lines: list[str] = []
+    for arch in arches:
+        fwd, n_fwd = _dispatch_table("fwd", arch)
+        bwd, n_bwd = _dispatch_table("bwd", arch)
+        lines += [f"`csagate schedules --arch {arch}` (`kernels/schedule.py`):", "", *fwd, "",
+                  *bwd, "", f"{n_fwd} + {n_bwd} = {n_fwd + n_bwd} kernels (one per config and "
+                  "schedule)."]
+    return "\n".join(lines)
 
 
 # --- probe ----------------------------------------------------------------------------------
@@ -97,6 +173,21 @@ def render_probe(docs: list[tuple[str, dict]]) -> str:
                              _regs_range(by["bwd"]), _spill_stack(of)])
             lines += ["", *_table(("ratio", "kernels", "fwd regs", "bwd regs",
                                    "max spill / stack B"), rows)]
+    return "\n".join(lines)
+
+
+def render_probe_d128(docs: list[tuple[str, dict]]) -> str:
+    lines = []
+    for name, doc in docs:
+        cell = {(k["ratio"], k["direction"], k["coff"]):
+                f"{_num(k['regs'])} (`{k['schedule']['tag']}`)" for k in doc["kernels"]
+                if k["ratio"] != TABLE_RATIO and k["d"] == 128 and not k["deterministic"]}
+        ratios = sorted({r for r, _, _ in cell})
+        rows = [[str(r), *(" / ".join(cell.get((r, direction, c), "-") for c in (1, 2))
+                           for direction in ("fwd", "bwd"))] for r in ratios]
+        lines += [f"`csagate probe --ratio {doc['ratio']} --arch {doc['arch']} --json` (`{name}`), "
+                  "d=128:", "", *_table(("ratio", "forward regs, c1 / c2",
+                                         "backward regs, c1 / c2"), rows)]
     return "\n".join(lines)
 
 
@@ -186,13 +277,17 @@ def render_bench(kind: str, docs: list[tuple[str, dict]]) -> str:
     return "\n".join([_caption(docs), "", *_table(header, table)])
 
 
-def render(kind: str, sources: list[Path], names: list[str] | None = None) -> str:
+def render(kind: str, sources: list, names: list[str] | None = None) -> str:
     """The body of a ``kind`` block from its source files (``names``: as the marker writes
-    them)."""
+    them), or from the code for a code kind (``sources``: its arches)."""
+    if kind in CODE_KINDS:
+        return render_dispatch([str(a) for a in sources])
     docs = list(zip(names or [p.name for p in sources], (_load(p) for p in sources),
                     strict=True))
     if kind == "probe":
         return render_probe(docs)
+    if kind == "probe-d128":
+        return render_probe_d128(docs)
     return render_bench(kind, docs)
 
 
@@ -210,12 +305,14 @@ def rewrite(text: str, base: Path) -> tuple[str, list[str]]:
 
     def one(m: re.Match) -> str:
         names = m["sources"].split()
+        head = m.group(0).split("\n", 1)[0]
+        if m["kind"] in CODE_KINDS:
+            return f"{head}\n{render(m['kind'], names)}\n<!-- /figures -->"
         paths = [base / n for n in names]
         absent = [n for n, p in zip(names, paths, strict=True) if not p.is_file()]
         if absent:
             missing.append(f"{m['kind']}: missing {', '.join(absent)}")
             return m.group(0)
-        head = m.group(0).split("\n", 1)[0]
         return f"{head}\n{render(m['kind'], paths, names)}\n<!-- /figures -->"
 
     return BLOCK.sub(one, text), missing

@@ -21,7 +21,8 @@ def _blocks():
 
 def test_the_doc_has_its_figure_blocks():
     kinds = [m["kind"] for m in _blocks()]
-    assert kinds == ["probe", "bench-r128-large", "bench-r128-short", "bench-small"], kinds
+    assert kinds == ["dispatch", "dispatch", "probe-d128", "probe", "bench-r128-large",
+                     "bench-r128-short", "bench-small"], kinds
 
 
 def test_every_block_with_its_json_is_what_the_script_renders():
@@ -121,6 +122,71 @@ def test_a_block_without_its_json_is_left_as_written(tmp_path):
     new, missing = F.rewrite(text, tmp_path)
     assert new == text and missing == ["bench-small: missing figures/none.json"]
     assert F.main(["--doc", str(doc), "--check"]) == 0
+
+
+def _cells(body: str, header: str) -> list[list[str]]:
+    """The rows of the table under the header line that starts with ``header``."""
+    lines = body.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_the_dispatch_tables_are_what_csagate_schedules_prints(arch):
+    """Every (direction, config, bucket) entry of ``csagate schedules --json`` appears in the
+    doc's block of its arch with the same kernel tag and shared memory; nothing else does."""
+    import json
+
+    from click.testing import CliRunner
+
+    from csagate.cli import cli
+
+    result = CliRunner().invoke(cli, ["schedules", "--arch", arch, "--json"])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.output)["tables"]
+    (block,) = [m for m in _blocks() if m["kind"] == "dispatch" and m["sources"].split() == [arch]]
+    seen = 0
+    for direction, header in (("forward", "| config | bucket | N | forward kernel"),
+                              ("backward", "| config | bucket | N | backward kernel")):
+        rows = _cells(block["body"], header)
+        have = {(config, b): (tag, smem) for config, buckets, _, tag, _, _, _, smem in rows
+                for b in buckets.split(", ")}
+        want = {(e["config"], e["bucket"]): (e["tag"], str(e["smem_bytes"]))
+                for e in entries if e["direction"] == direction and e["arch"] == arch}
+        assert have == want, (direction, arch)
+        seen += len(want)
+    assert seen >= 10
+
+
+def test_a_dispatch_block_follows_the_tables(tmp_path, monkeypatch):
+    """A changed table entry changes the rendered block (the render reads the code)."""
+    from dataclasses import replace
+
+    from csagate.kernels import schedule as S
+
+    before = F.render("dispatch", ["sm_90a"])
+    entry = S.FWD_DEFAULT_H200[(1, 128)]
+    monkeypatch.setitem(S.FWD_DEFAULT_H200, (1, 128), replace(entry, tchunks=4))
+    after = F.render("dispatch", ["sm_90a"])
+    assert after != before
+    assert "| c1d128 | default | 129-1023 | v4t4x32_form_oneexp | 128 |" in after
+
+
+def test_the_d128_register_table_names_every_small_kernel_at_d128():
+    (block,) = [m for m in _blocks() if m["kind"] == "probe-d128"]
+    (name,) = block["sources"].split()
+    doc = F._load(DOC.parent / name)
+    rows = {r[0]: r for r in _cells(block["body"], "| ratio |")}
+    for k in doc["kernels"]:
+        if k["ratio"] != F.TABLE_RATIO and k["d"] == 128 and not k["deterministic"]:
+            column = 1 if k["direction"] == "fwd" else 2
+            half = rows[str(k["ratio"])][column].split(" / ")[k["coff"] - 1]
+            assert half == f"{k['regs']} (`{k['schedule']['tag']}`)", k["tag"]
 
 
 def test_an_unknown_kind_is_an_error():
