@@ -1,9 +1,13 @@
 """The memory a case needs, against what it takes: for the largest named case of every family,
 judged on the CPU with a reference-backed implementation in a fresh process, the measured peak
 resident size stays under the estimate ``csagate`` refuses cases by (``gates.memory``), and
-README states each family's peak within that estimate. Slow on 2 cores (about 2 minutes in all,
-the ratio=128 case one of them): the references are evaluated in row chunks, so the peak is
-the gate's own tensors, not the references' temporaries."""
+README states each family's peak within that estimate. The references are evaluated in row
+chunks, so the peak is the gate's own tensors, not the references' temporaries.
+
+The implementation computes each direction once and copies its first call's buffers, which the
+gate holds anyway, into the later ones: the gate holds what it holds for any implementation,
+and the three runs and the op check cost one evaluation (the ratio=128 case, the slowest, about
+70 s on one thread). One torch thread: the other test worker has the other core."""
 
 from __future__ import annotations
 
@@ -24,11 +28,38 @@ from csagate.gates.contracts import CONTRACTS
 from csagate.gates.driver import Driver
 from csagate.gates.runner import run_case
 from csagate.gates.selftest import RefImplementation
+from csagate.reference import backward
+
+torch.set_num_threads(1)
+
+
+class Once(RefImplementation):
+    def forward_into(self, kv, score, ape, cu, cuc, out, *, ratio, coff):
+        if self.direct:
+            out.copy_(self.direct[0])
+            return None
+        return super().forward_into(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff)
+
+    def backward_into(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio,
+                      coff, deterministic=False):
+        if len(self.direct) < 4:
+            got = backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
+            dkv.copy_(got.dkv)
+            dscore.copy_(got.dscore)
+            self.dape = got.dape
+            self.direct += [dkv, dscore, dape]
+        else:
+            dkv.copy_(self.direct[1])
+            dscore.copy_(self.direct[2])
+        dape += self.dape
+        return None
+
 
 contract = CONTRACTS[int(sys.argv[1])]
 case = next(c for c in contract.all_cases if c.name == sys.argv[2])
-result = run_case(Driver(RefImplementation(), torch.device("cpu")), case, contract)
-print(result.status, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+impl = Once()
+result = run_case(Driver(impl, torch.device("cpu")), case, contract)
+print(result.status, impl.forwards, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
 
@@ -43,8 +74,8 @@ def test_the_largest_case_of_each_family_stays_under_its_estimate(ratio):
     proc = subprocess.run([sys.executable, "-c", MEASURE, str(ratio), case.name],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    status, peak = proc.stdout.split()
-    assert status == "pass"
+    status, forwards, peak = proc.stdout.split()
+    assert status == "pass" and forwards == "1", proc.stdout  # judged, one evaluation
     assert int(peak) <= case_bytes(case), (f"{case.name}: measured {int(peak) / GB:.2f} GiB > "
                                            f"estimated {case_bytes(case) / GB:.2f} GiB")
 
