@@ -12,7 +12,7 @@ coverage and adapter loading. The sabotaged implementations below are the refere
 fault each; the honest one must pass, each faulty one must fail at its gate.
 
 :func:`ensure` runs them once per device and process (well under a second) and returns the
-record every verdict carries (``self-test 45/45``).
+record every verdict carries (``self-test 40/40``).
 """
 
 from __future__ import annotations
