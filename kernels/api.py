@@ -1,15 +1,14 @@
-"""Host API of the compressor kernels (docs/KERNELS.md section 5). Tensors (docs/CONTRACT.md
-section 1): kv, score (T, coff*d) bf16; ape (ratio, coff*d) fp32; cu, cuc (B+1,) int32; out,
-grad_out (N, d) bf16, N >= cuc[B]. Only forward(n_rows=None) and check=True (reads cu/cuc) sync."""
+"""Host API of the compressor kernels (docs/KERNELS.md section 5): each call probes the fast path
+once, else takes the full path once (kernels/launch.py). Tensors: docs/CONTRACT.md section 1.
+Only forward(n_rows=None) and check=True (reads cu/cuc) sync."""
 
 from __future__ import annotations
 
 import torch
-from csagate.kernels import fastpath
 from csagate.kernels.dispatch import build, kernel_for
-from csagate.kernels.launch import launch_stream, run
+from csagate.kernels.launch import fast, full
 from csagate.kernels.registry import COFFS, RATIOS, KernelKey
-from csagate.kernels.validate import ALIGN_BYTES, check_launchable, check_support, require_cuda
+from csagate.kernels.validate import ALIGN_BYTES, check_support
 
 __all__ = ["ALIGN_BYTES", "COFFS", "RATIOS", "backward", "build", "check_support", "forward",
            "kernel_for", "run_backward", "run_forward"]
@@ -23,81 +22,54 @@ def run_forward(kv, score, ape, cu, cuc, out, *, ratio: int, coff: int, stream=N
                 check: bool = False) -> KernelKey | None:
     """Write the forward into ``out`` (every row, padding too); returns the KernelKey launched,
     None when N == 0. Raises ValueError on bad input, RuntimeError with no usable GPU."""
-    if stream is None and not check:
-        hit = fastpath.launch("fwd", False, ratio, coff, None, (kv, score, ape, cu, cuc), (out,))
-        if hit is not None:
-            return hit[0]
-    tensors = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu, "cu_seqlens_comp": cuc,
-               "out": out}
-    return run("fwd", tensors, ratio=ratio, coff=coff, stream=stream, check=check)
+    inputs = (kv, score, ape, cu, cuc)
+    hit = None if stream is not None or check else fast("fwd", False, ratio, coff, None,
+                                                        inputs, (out,))
+    if hit is None:
+        hit = full("fwd", inputs, (out,), ratio=ratio, coff=coff, stream=stream, check=check)
+    return hit[0]
 
 
 def run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio: int,
                  coff: int, rows_per_cta: int | None = None, stream=None,
                  deterministic: bool | None = None, zero_dape: bool = False,
                  check: bool = False) -> KernelKey | None:
-    """Write dkv, dscore (every slot) and add into dape: the caller zeroes it, or the launch with
-    ``zero_dape``. ``deterministic`` (None: torch's flag, warn-only too): dAPE from per-CTA
-    partials summed in a fixed order. Returns and raises as :func:`run_forward`."""
+    """Write dkv, dscore and add into dape (zeroed first with ``zero_dape``); ``deterministic``
+    (None: torch's flag): dAPE from per-CTA partials in a fixed order. As :func:`run_forward`."""
     deterministic = _deterministic(deterministic)
+    inputs, outputs = (kv, score, ape, cu, cuc, grad_out), (dkv, dscore, dape)
+    hit = None
     if stream is None and rows_per_cta is None and not check:
-        hit = fastpath.launch("bwd", deterministic, ratio, coff, None,
-                              (kv, score, ape, cu, cuc, grad_out), (dkv, dscore, dape),
-                              zero_dape)
-        if hit is not None:
-            return hit[0]
-    tensors = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu, "cu_seqlens_comp": cuc,
-               "grad_out": grad_out, "dkv": dkv, "dscore": dscore, "dape": dape}
-    return run("bwd", tensors, ratio=ratio, coff=coff, stream=stream, check=check,
-               rows_per_cta=rows_per_cta, deterministic=deterministic, zero_dape=zero_dape)
+        hit = fast("bwd", deterministic, ratio, coff, None, inputs, outputs, zero_dape)
+    if hit is None:
+        hit = full("bwd", inputs, outputs, ratio=ratio, coff=coff, stream=stream, check=check,
+                   rows_per_cta=rows_per_cta, deterministic=deterministic, zero_dape=zero_dape)
+    return hit[0]
 
 
 def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | None = None,
             stream=None, check: bool = False) -> torch.Tensor:
-    """The forward as a new (N, d) bf16 tensor; N = ``n_rows``, default cuc[-1] (RuntimeError
-    under graph capture). Raises as :func:`run_forward`; bad input before any GPU check."""
+    """A new (N, d) bf16 forward; N = ``n_rows``, else cuc[-1] (not under graph capture)."""
+    inputs = (kv, score, ape, cu, cuc)
+    hit = None
     if stream is None and n_rows is not None and not check:
-        hit = fastpath.launch("fwd", False, ratio, coff, n_rows, (kv, score, ape, cu, cuc))
-        if hit is not None:
-            return hit[1][0]
-    check_support(kv, score, ape, cu, cuc, ratio=ratio, coff=coff, n_rows=n_rows)
-    require_cuda()
-    device = check_launchable({"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu,
-                               "cu_seqlens_comp": cuc}, stream)
-    if n_rows is None:
-        with torch.cuda.device(device):
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("forward(n_rows=None) reads cuc[-1] (a sync) under CUDA "
-                                   "graph capture: pass n_rows")
-        n_rows = int(cuc[-1].item())
-    d = kv.shape[1] // coff
-    with torch.cuda.device(device), torch.cuda.stream(launch_stream(device, stream)):
-        out = torch.empty((n_rows, d), dtype=torch.bfloat16, device=device)
-    run_forward(kv, score, ape, cu, cuc, out, ratio=ratio, coff=coff, stream=stream,
-                check=check)
-    return out
+        hit = fast("fwd", False, ratio, coff, n_rows, inputs)
+    if hit is None:
+        hit = full("fwd", inputs, None, ratio=ratio, coff=coff, n_rows=n_rows, stream=stream,
+                   check=check)
+    return hit[1][0]
 
 
 def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int, stream=None,
              deterministic: bool | None = None, check: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dkv, dscore, dape) for ``grad_out`` (padding rows ignored), new on the launch stream.
-    ``deterministic`` as in :func:`run_backward`; raises as :func:`run_forward`."""
+    """New (dkv, dscore, dape) for ``grad_out``; arguments as :func:`run_backward`."""
     deterministic = _deterministic(deterministic)
+    inputs = (kv, score, ape, cu, cuc, grad_out)
+    hit = None
     if stream is None and not check:
-        hit = fastpath.launch("bwd", deterministic, ratio, coff, None,
-                              (kv, score, ape, cu, cuc, grad_out), None, True)
-        if hit is not None:
-            return hit[1]
-    check_support(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
-                  out_name="grad_out")
-    require_cuda()
-    device = check_launchable({"kv": kv, "grad_out": grad_out}, stream)
-    alloc = torch.zeros_like if grad_out.shape[0] == 0 else torch.empty_like
-    with torch.cuda.device(device), torch.cuda.stream(launch_stream(device, stream)):
-        dkv = alloc(kv)
-        dscore = alloc(score)
-        dape = torch.empty_like(ape)  # zeroed by the launch, or by launch.run when N == 0
-    run_backward(kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, ratio=ratio, coff=coff,
-                 stream=stream, deterministic=deterministic, zero_dape=True, check=check)
-    return dkv, dscore, dape
+        hit = fast("bwd", deterministic, ratio, coff, None, inputs, None, True)
+    if hit is None:
+        hit = full("bwd", inputs, None, ratio=ratio, coff=coff, stream=stream, check=check,
+                   deterministic=deterministic, zero_dape=True)
+    return hit[1]

@@ -16,13 +16,18 @@ from csagate.kernels.validate import check_ratio_coff, device_arch
 def kernel_for(direction: str, ratio: int, coff: int, d: int, n_rows: int, arch: str,
                deterministic: bool = False) -> KernelKey | None:
     """The kernel a call would launch (no compile); None for N == 0 (nothing launches)."""
-    family = registry.family(ratio, direction)
+    registry.family(ratio, direction)
     check_ratio_coff(ratio, coff)
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
-    if n_rows == 0:
-        return None
-    return make_key(direction, ratio, coff, d, family.select(coff, d, n_rows, arch), arch,
+    return select(direction, ratio, coff, d, n_rows, arch, deterministic) if n_rows else None
+
+
+def select(direction: str, ratio: int, coff: int, d: int, n_rows: int, arch: str,
+           deterministic: bool = False) -> KernelKey:
+    """:func:`kernel_for` of a validated launch (N > 0): the launch path's one dispatch."""
+    return make_key(direction, ratio, coff, d,
+                    registry.family(ratio, direction).select(coff, d, n_rows, arch), arch,
                     deterministic)
 
 

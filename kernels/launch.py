@@ -1,39 +1,124 @@
-"""The full launch path of the host API (kernels/api.py): validate a launch into caller
-buffers, dispatch it, load and launch the kernel (and the deterministic backward's dAPE
-reduction), and remember a default launch for the fast path (kernels/fastpath.py).
-Design: docs/KERNELS.md section 5.
+"""How a host API call reaches its kernel (docs/KERNELS.md section 5.1), one path per call.
+
+:func:`fast`: a signature that took the full path once, called again with no stream,
+``rows_per_cta`` or ``check``, launches its remembered compiled function (TVM-FFI checks the
+tensors). :func:`full`: validate once (kernels/validate.py), allocate what the caller did not
+pass, dispatch (kernels/dispatch.py), load and launch the kernel (and the deterministic
+backward's dAPE reduction), and remember a default launch for :func:`fast`.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from csagate.kernels import fastpath
 from csagate.kernels._dsl import sm_count
 from csagate.kernels.cache import CACHE
-from csagate.kernels.dispatch import kernel_for
+from csagate.kernels.dispatch import select
 from csagate.kernels.registry import KernelKey, ReduceKey
-from csagate.kernels.validate import (
-    check_grad_buffers,
-    check_launchable,
-    check_rows_per_cta,
-    check_support,
-    check_values,
-    device_arch,
-    require_cuda,
-)
+from csagate.kernels.validate import INT32_LIMIT, check_launch
 
-_LAUNCH_NAMES = {"cu_seqlens": "cu", "cu_seqlens_comp": "cuc"}  # message name -> launch arg
+# Test hook: a value (NaN) the deterministic path fills its partials with before the launch.
+PARTIALS_FILL: float | None = None
+
+# (direction, deterministic, ratio, coff, row width, device index, N) -> Entry
+FAST: dict = {}
+FAST_MAX = 4096  # signatures remembered (N varies little in training)
+_NOT_FAST = (ValueError, TypeError, AttributeError)
+_LAUNCH_NAMES = ("kv", "score", "ape", "cu", "cuc")
+
+
+def fill_partials(partials: torch.Tensor) -> torch.Tensor:
+    if PARTIALS_FILL is not None:
+        partials.fill_(PARTIALS_FILL)
+    return partials
+
+
+class Entry:
+    """A remembered launch: the tvm_ffi.Function, the arguments after the tensors, an empty_like
+    template, and the deterministic dAPE reduction (its function, slice count, stage rows)."""
+
+    __slots__ = ("key", "call", "tail", "seg_bits", "max_tokens", "template", "reduce")
+
+    def __init__(self, key, call, tail, seg_bits, max_tokens, template, reduce):
+        self.key, self.call, self.tail, self.seg_bits = key, call, tail, seg_bits
+        self.max_tokens, self.template, self.reduce = max_tokens, template, reduce
+
+    def launch_tail(self, cu) -> tuple:
+        """The remembered arguments, behind device.segment_bits(B) where ``seg_bits``."""
+        return ((cu.shape[0] - 1).bit_length(), *self.tail) if self.seg_bits else self.tail
+
+
+# --- the fast path ---------------------------------------------------------------------------
+
+
+def fast(direction: str, deterministic: bool, ratio: int, coff: int, n_rows, inputs: tuple,
+         outputs=None, zero_dape: bool = False):
+    """``(key, outputs)`` of a launch of a remembered signature, or None: take :func:`full`."""
+    try:
+        kv, cu = inputs[0], inputs[3]
+        t, w = kv.shape
+        if n_rows is None:
+            n_rows = (outputs[0] if direction == "fwd" else inputs[5]).shape[0]
+        e = FAST.get((direction, deterministic, ratio, coff, w, kv.get_device(), n_rows))
+        if e is None or not ratio <= t <= e.max_tokens or cu.shape[0] < 2:
+            return None
+        if outputs is None:  # the backward's dape is zeroed by the launch (zero_dape)
+            outputs = ((torch.empty_like(e.template),) if direction == "fwd" else
+                       (torch.empty_like(kv), torch.empty_like(inputs[1]),
+                        torch.empty_like(inputs[2])))
+        tail = e.launch_tail(cu)
+        if direction == "fwd":
+            e.call(*inputs, *outputs, *tail)
+        elif e.reduce is None:
+            e.call(*inputs, *outputs, *tail, int(zero_dape))
+        else:  # partials, the kernel, the reduction (reduce.launch_reduce's call, inlined)
+            reduce, n_parts, n_groups = e.reduce
+            partials = fill_partials(torch.empty_like(e.template))
+            e.call(*inputs, outputs[0], outputs[1], partials[0], *tail, 0)
+            reduce(partials.view(-1), outputs[2].view(-1), n_parts, n_groups, int(zero_dape))
+    except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
+        return None  # the full path raises the api's one-line error
+    return e.key, outputs
+
+
+def raw_call(fn):
+    """The ``tvm_ffi.Function`` behind a compiled function (no Python ``__call__`` layer)."""
+    import tvm_ffi
+
+    inner = getattr(fn, "__tvm_ffi_object__", None)
+    if inner is not None:  # the DSL's kwargs wrapper around a tvm_ffi.Function
+        inner = inner()
+        if inner is not None:
+            return inner
+    if type(fn) is not tvm_ffi.Function and isinstance(fn, tvm_ffi.Function):
+        return functools.partial(tvm_ffi.Function.__call__, fn)
+    return fn
+
+
+def remember(key: KernelKey, kv, n_rows: int, fn, rows_per_cta, partials=None,
+             reduce_fn=None, n_parts: int = 0) -> None:
+    """Remember a full-path launch; ``n_parts``: dAPE partial slices, one per CTA along rows."""
+    if len(FAST) >= FAST_MAX:
+        return
+    width = kv.shape[1]
+    tail = (int(rows_per_cta),) if rows_per_cta is not None else ()
+    tmpl = red = None
+    if key.direction == "fwd":
+        tmpl = torch.empty((1, 1), dtype=torch.bfloat16, device=kv.device).expand(n_rows, key.d)
+    elif partials is not None:
+        tmpl = partials.new_empty((1, 1, 1)).expand(partials.shape)
+        red = (raw_call(reduce_fn), n_parts, partials.shape[0] - n_parts)
+    FAST[(key.direction, key.deterministic, key.ratio, key.coff, width, kv.get_device(),
+          n_rows)] = Entry(key, raw_call(fn), tail, key.family.takes_segment_bits,
+                           (INT32_LIMIT - 1) // width, tmpl, red)
+
+
+# --- the full path ---------------------------------------------------------------------------
 
 
 def launch_stream(device: torch.device, stream):
     return stream if stream is not None else torch.cuda.current_stream(device)
-
-
-def _keep_alive(stream, device: torch.device, tensors) -> None:
-    """On a stream other than the current one, tell the allocator the tensors are in use there."""
-    if stream != torch.cuda.current_stream(device):
-        for t in tensors:
-            t.record_stream(stream)
 
 
 def bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_index: int
@@ -54,77 +139,77 @@ def bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_index
     return -(-n_rows // int(rows_per_cta)), int(rows_per_cta)
 
 
-def _prepare(direction: str, tensors: dict, stream, *, ratio: int, coff: int, check: bool,
-             rows_per_cta=None) -> torch.device:
-    """The full path's validation of a launch into caller buffers: the device to launch on."""
-    rows_name = "out" if direction == "fwd" else "grad_out"
-    t = tensors
-    check_support(t["kv"], t["score"], t["ape"], t["cu_seqlens"], t["cu_seqlens_comp"],
-                  t[rows_name], ratio=ratio, coff=coff, out_name=rows_name)
-    if direction == "bwd":
-        check_grad_buffers(t["kv"], t["ape"], t["dkv"], t["dscore"], t["dape"])
-        check_rows_per_cta(ratio, rows_per_cta)
-    require_cuda()
-    device = check_launchable(tensors, stream)
-    if check:
-        check_values(t["cu_seqlens"], t["cu_seqlens_comp"], ratio=ratio,
-                     n_tokens=t["kv"].shape[0], n_rows=t[rows_name].shape[0],
-                     out_name=rows_name)
-    return device
+def _allocate(direction: str, inputs: tuple, n_rows: int, d: int, device) -> tuple:
+    """The outputs of an allocating call (on the current stream): dape is zeroed by the launch,
+    or by :func:`full` when N == 0."""
+    if direction == "fwd":
+        return (torch.empty((n_rows, d), dtype=torch.bfloat16, device=device),)
+    kv, score, ape = inputs[:3]
+    alloc = torch.zeros_like if n_rows == 0 else torch.empty_like
+    return alloc(kv), alloc(score), torch.empty_like(ape)
 
 
-def _launch(key: KernelKey, device, stream, tensors: dict, rows_per_cta=None,
-            zero_dape: bool = False) -> None:
-    """Load ``key`` onto ``device`` and launch it on ``stream`` (or the current one),
-    remembering a default launch for the fast path."""
-    remember = stream is None and rows_per_cta is None
-    args = {_LAUNCH_NAMES.get(name, name): t for name, t in tensors.items()}
-    n_rows = args["out" if key.direction == "fwd" else "grad_out"].shape[0]
+def full(direction: str, inputs: tuple, outputs: tuple | None, *, ratio: int, coff: int,
+         n_rows=None, stream=None, check: bool = False, rows_per_cta=None,
+         deterministic: bool = False, zero_dape: bool = False
+         ) -> tuple[KernelKey | None, tuple]:
+    """Validate, allocate (``outputs`` None), dispatch and launch: ``(key, outputs)``, key None
+    when N == 0 (nothing launches)."""
+    device, arch, n_rows = check_launch(direction, inputs, outputs, ratio=ratio, coff=coff,
+                                        n_rows=n_rows, stream=stream, check=check,
+                                        rows_per_cta=rows_per_cta)
+    d = inputs[0].shape[1] // coff
+    remember_it = stream is None and rows_per_cta is None
+    with torch.cuda.device(device):
+        launch_on = launch_stream(device, stream)
+        # on another stream than the caller's current one, the allocator must be told
+        other = launch_on if launch_on != torch.cuda.current_stream(device) else None
+        with torch.cuda.stream(launch_on):  # allocation, capture check, launch
+            if outputs is None:
+                outputs = _allocate(direction, inputs, n_rows, d, device)
+            if n_rows == 0:
+                if zero_dape:  # nothing launches, dape is still the (zero) gradient
+                    outputs[2].zero_()
+                return None, outputs
+            key = select(direction, ratio, coff, d, n_rows, arch, deterministic)
+            _launch(key, device, inputs, outputs, n_rows, rows_per_cta, zero_dape,
+                    remember_it, other)
+    return key, outputs
+
+
+def _launch(key: KernelKey, device, inputs, outputs, n_rows: int, rows_per_cta,
+            zero_dape: bool, remember_it: bool, other_stream) -> None:
+    """Load ``key`` onto ``device`` and launch it on the current stream, remembering a default
+    launch for the fast path (``remember_it``)."""
+    args = dict(zip(_LAUNCH_NAMES, inputs))
+    if key.direction == "fwd":
+        args["out"] = outputs[0]
+    else:
+        args.update(grad_out=inputs[5], dkv=outputs[0], dscore=outputs[1], dape=outputs[2])
     partials = red = None
     gx = 0
-    with torch.cuda.device(device):
-        stream = launch_stream(device, stream)
-        with torch.cuda.stream(stream):  # the capture check looks at the launch stream
-            fn = CACHE.executor(key, device.index)
-            if key.direction == "bwd":  # after the load: the rows take the kernel's occupancy
-                gx, rows_per_cta = bwd_ctas(key, n_rows, rows_per_cta, device.index)
-                if rows_per_cta is not None:
-                    args["rows_per_cta"] = rows_per_cta
-                if not key.deterministic:
-                    args["zero_dape"] = zero_dape
-            if key.deterministic:
-                from csagate.kernels.reduce import launch_reduce, partial_rows
+    fn = CACHE.executor(key, device.index)
+    if key.direction == "bwd":  # after the load: the rows take the kernel's occupancy
+        gx, rows_per_cta = bwd_ctas(key, n_rows, rows_per_cta, device.index)
+        if rows_per_cta is not None:
+            args["rows_per_cta"] = rows_per_cta
+        if not key.deterministic:
+            args["zero_dape"] = zero_dape
+    if key.deterministic:
+        from csagate.kernels.reduce import launch_reduce, partial_rows
 
-                dape = args["dape"]
-                rows = partial_rows(gx, dape.numel())  # beyond gx: the split form's stage rows
-                red = CACHE.executor(ReduceKey(key.arch, split=rows > gx), device.index)
-                partials = fastpath.fill_partials(
-                    torch.empty((rows, *dape.shape), dtype=torch.float32, device=device))
-                # partials[0]: dape's shape at the buffer's base (slice bx by pointer offset)
-                args["dape"] = partials[0]
-        _keep_alive(stream, device, tensors.values())
-        with torch.cuda.stream(stream):  # the compiled functions launch on the current one
-            key.family.launch(fn, key, **args)
-            if red is not None:
-                launch_reduce(red, partials=partials, dape=dape, n_parts=gx,
-                              zero_dape=zero_dape)
-    if remember:
-        fastpath.remember(key, args["kv"], n_rows, fn, rows_per_cta, partials, red, gx)
-
-
-def run(direction: str, tensors: dict, *, ratio: int, coff: int, stream, check: bool,
-        rows_per_cta=None, deterministic: bool = False, zero_dape: bool = False
-        ) -> KernelKey | None:
-    """The full path of a launch into caller buffers: validate, dispatch, launch."""
-    device = _prepare(direction, tensors, stream, ratio=ratio, coff=coff, check=check,
-                      rows_per_cta=rows_per_cta)
-    n_rows, d = tensors["out" if direction == "fwd" else "grad_out"].shape
-    if n_rows == 0:
-        if zero_dape:  # nothing launches, dape is still the (zero) gradient
-            with torch.cuda.device(device), torch.cuda.stream(launch_stream(device, stream)):
-                tensors["dape"].zero_()
-        return None
-    key = kernel_for(direction, ratio, coff, d, n_rows, device_arch(device.index),
-                     deterministic)
-    _launch(key, device, stream, tensors, rows_per_cta, zero_dape)
-    return key
+        dape = args["dape"]
+        rows = partial_rows(gx, dape.numel())  # beyond gx: the split form's stage rows
+        red = CACHE.executor(ReduceKey(key.arch, split=rows > gx), device.index)
+        partials = fill_partials(
+            torch.empty((rows, *dape.shape), dtype=torch.float32, device=device))
+        # partials[0]: dape's shape at the buffer's base (slice bx by pointer offset)
+        args["dape"] = partials[0]
+    if other_stream is not None:
+        for t in (*inputs, *outputs):
+            t.record_stream(other_stream)
+    key.family.launch(fn, key, **args)
+    if red is not None:
+        launch_reduce(red, partials=partials, dape=dape, n_parts=gx, zero_dape=zero_dape)
+    if remember_it:
+        remember(key, args["kv"], n_rows, fn, rows_per_cta, partials, red, gx)

@@ -195,6 +195,44 @@ def check_rows_per_cta(ratio: int, rows_per_cta) -> None:
         raise ValueError(f"rows_per_cta must be >= 1, got {rows_per_cta}")
 
 
+def check_launch(direction: str, inputs: tuple, outputs: tuple | None, *, ratio: int, coff: int,
+                 n_rows=None, stream=None, check: bool = False, rows_per_cta=None
+                 ) -> tuple[torch.device, str, int]:
+    """Every rule of one launch, in the order the api's errors name them: the envelope
+    (:func:`check_support`; the caller's buffers, ``rows_per_cta``), then a usable GPU, then
+    the device, stream and arch, then (``check``) the cu/cuc values. ``outputs``: the caller's
+    buffers ((out,) or (dkv, dscore, dape)), None when the launch allocates them. Returns (the
+    device, its arch, N); N = ``n_rows``, or the rows given, or cuc[-1] (a sync)."""
+    kv, score, ape, cu, cuc = inputs[:5]
+    fwd = direction == "fwd"
+    rows_name = "out" if fwd else "grad_out"
+    rows = outputs[0] if fwd and outputs is not None else (None if fwd else inputs[5])
+    check_support(kv, score, ape, cu, cuc, rows, ratio=ratio, coff=coff, out_name=rows_name,
+                  n_rows=n_rows)
+    named = {"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu, "cu_seqlens_comp": cuc}
+    if rows is not None:
+        named[rows_name] = rows
+    if not fwd and outputs is not None:
+        check_grad_buffers(kv, ape, *outputs)
+        named.update(dkv=outputs[0], dscore=outputs[1], dape=outputs[2])
+    if not fwd:
+        check_rows_per_cta(ratio, rows_per_cta)
+    require_cuda()
+    device = check_launchable(named, stream)
+    if rows is not None:
+        n_rows = rows.shape[0]
+    elif n_rows is None:
+        with torch.cuda.device(device):
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("forward(n_rows=None) reads cuc[-1] (a sync) under CUDA "
+                                   "graph capture: pass n_rows")
+        n_rows = int(cuc[-1].item())
+    if check:
+        check_values(cu, cuc, ratio=ratio, n_tokens=kv.shape[0], n_rows=n_rows,
+                     out_name=rows_name)
+    return device, device_arch(device.index), n_rows
+
+
 def require_cuda() -> None:
     if not torch.cuda.is_available():
         raise RuntimeError("CUDA is not available: the CSA compressor kernels need a CUDA GPU")

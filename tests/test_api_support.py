@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from csagate.kernels import api, fastpath, launch, registry, validate
+from csagate.kernels import api, launch, registry, validate
 from csagate.kernels import schedule as S
 
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
@@ -406,15 +406,15 @@ def test_check_is_opt_in_on_every_launch():
         assert inspect.signature(fn).parameters["check"].default is False, fn.__name__
 
 
-# --- the one fast path (kernels/fastpath.py), with recording stand-ins for compiled functions -
+# --- the one fast path (kernels/launch.py), with recording stand-ins for compiled functions -
 
 
 @pytest.fixture
 def fast():
-    fastpath.FAST.clear()
-    yield fastpath.FAST
-    fastpath.FAST.clear()
-    fastpath.PARTIALS_FILL = None
+    launch.FAST.clear()
+    yield launch.FAST
+    launch.FAST.clear()
+    launch.PARTIALS_FILL = None
 
 
 class Recorder:
@@ -437,7 +437,7 @@ def _remembered(fast, direction, deterministic=False, *, ratio=4, coff=2, d=128,
         tmpl = torch.empty((1, 1, 1)).expand(gx + stage, ratio, coff * d)
     else:
         tmpl = None
-    fast[(direction, deterministic, ratio, coff, coff * d, -1, n)] = fastpath.Entry(
+    fast[(direction, deterministic, ratio, coff, coff * d, -1, n)] = launch.Entry(
         key, call, tail, seg_bits, 10**6, tmpl, red and (red, gx, stage))
     return key, call, red
 
@@ -480,7 +480,7 @@ def test_fast_path_backward_atomic_and_deterministic(fast):
     assert call.calls[-1] == (*inputs, *grads, 2, 5, 0)
     for gx, stage in ((3, 0), (300, 19)):  # the one-pass and the split reduction
         key, call, red = _remembered(fast, "bwd", True, gx=gx, stage=stage, tail=(4,))
-        fastpath.PARTIALS_FILL = float("nan")
+        launch.PARTIALS_FILL = float("nan")
         assert api.run_backward(*inputs, *grads, ratio=4, coff=2, deterministic=True,
                                 zero_dape=True) is key
         args = call.calls[-1]

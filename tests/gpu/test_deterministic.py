@@ -30,11 +30,11 @@ CASES = [
 
 @pytest.fixture
 def nan_partials():
-    from csagate.kernels import fastpath
+    from csagate.kernels import launch
 
-    fastpath.PARTIALS_FILL = float("nan")
+    launch.PARTIALS_FILL = float("nan")
     yield
-    fastpath.PARTIALS_FILL = None
+    launch.PARTIALS_FILL = None
 
 
 def _inputs(ratio, coff, d, lens, pad_rows):

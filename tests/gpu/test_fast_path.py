@@ -1,4 +1,4 @@
-"""GPU: the launch fast path (kernels/fastpath.py).
+"""GPU: the launch fast path (kernels/launch.py).
 
 A call whose signature has launched before skips the Python validation. These tests pin what
 that must not change: the same bits as the full path (dAPE bitwise in the deterministic
@@ -11,8 +11,8 @@ from __future__ import annotations
 import csagate.reference as R
 import pytest
 import torch
-from csagate.kernels import fastpath
-from csagate.kernels.fastpath import FAST
+from csagate.kernels import launch
+from csagate.kernels.launch import FAST
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 
@@ -23,12 +23,12 @@ CASES = [(128, 1, 128, (3000, 129, 4000), 2), (128, 2, 512, (2048, 777), 0),
 
 @pytest.fixture
 def api():
-    from csagate.kernels import api, fastpath
+    from csagate.kernels import api
 
-    fastpath.FAST.clear()
+    launch.FAST.clear()
     yield api
-    fastpath.FAST.clear()
-    fastpath.PARTIALS_FILL = None
+    launch.FAST.clear()
+    launch.PARTIALS_FILL = None
 
 
 def _pack(ratio, coff, d, lens, pad_rows):
@@ -60,7 +60,7 @@ def test_fast_path_gives_the_full_paths_bits(api, ratio, coff, d, lens, pad_rows
     full = _calls(api, pack, go, deterministic)  # full path; remembers the signatures
     assert _sig("fwd", False, pack, kv) in FAST and _sig("bwd", deterministic, pack, kv) in FAST
     if deterministic:
-        fastpath.PARTIALS_FILL = float("nan")  # the fast path too writes every partials slot
+        launch.PARTIALS_FILL = float("nan")  # the fast path too writes every partials slot
     fast = _calls(api, pack, go, deterministic)
     for name, a, b in zip(("out", "dkv", "dscore"), full, fast, strict=False):
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} differ fast vs full"

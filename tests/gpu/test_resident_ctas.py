@@ -91,7 +91,7 @@ def test_the_launch_takes_the_wave_rule(ratio, coff, d, tokens):
     from csagate.kernels import small_schedule as SS
     from csagate.kernels._dsl import sm_count
     from csagate.kernels.cache import CACHE
-    from csagate.kernels.fastpath import FAST
+    from csagate.kernels.launch import FAST
     from csagate.reference import make_grad_out, make_pack
 
     pack = make_pack((tokens,), ratio=ratio, coff=coff, d=d, seed=5, device="cuda")
