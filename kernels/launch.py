@@ -49,6 +49,22 @@ class Entry:
         return ((cu.shape[0] - 1).bit_length(), *self.tail) if self.seg_bits else self.tail
 
 
+def call(direction: str, inputs: tuple, outputs: tuple | None, *, ratio: int, coff: int,
+         n_rows=None, stream=None, check: bool = False, rows_per_cta=None,
+         deterministic: bool = False, zero_dape: bool = False
+         ) -> tuple[KernelKey | None, tuple]:
+    """One api call: :func:`fast` where it may apply (no explicit stream, ``rows_per_cta`` or
+    ``check``, N known), else :func:`full`. Returns ``(key, outputs)``."""
+    if (stream is None and rows_per_cta is None and not check
+            and (n_rows is not None or outputs is not None or direction == "bwd")):
+        hit = fast(direction, deterministic, ratio, coff, n_rows, inputs, outputs, zero_dape)
+        if hit is not None:
+            return hit
+    return full(direction, inputs, outputs, ratio=ratio, coff=coff, n_rows=n_rows,
+                stream=stream, check=check, rows_per_cta=rows_per_cta,
+                deterministic=deterministic, zero_dape=zero_dape)
+
+
 # --- the fast path ---------------------------------------------------------------------------
 
 
