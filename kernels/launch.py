@@ -1,11 +1,6 @@
-"""How a host API call reaches its kernel (docs/KERNELS.md section 5.1), one path per call.
-
-:func:`fast`: a signature that took the full path once, called again with no stream,
-``rows_per_cta`` or ``check``, launches its remembered compiled function (TVM-FFI checks the
-tensors). :func:`full`: validate once (kernels/validate.py), allocate what the caller did not
-pass, dispatch (kernels/dispatch.py), load and launch the kernel (and the deterministic
-backward's dAPE reduction), and remember a default launch for :func:`fast`.
-"""
+"""How a host API call reaches its kernel (docs/KERNELS.md section 5.1), one path per call:
+:func:`call` launches a remembered signature's compiled function (the fast path), else
+:func:`full` validates, allocates, dispatches, launches and remembers the launch."""
 
 from __future__ import annotations
 
@@ -49,53 +44,50 @@ class Entry:
         return ((cu.shape[0] - 1).bit_length(), *self.tail) if self.seg_bits else self.tail
 
 
+# --- the fast path ---------------------------------------------------------------------------
+
+
 def call(direction: str, inputs: tuple, outputs: tuple | None, *, ratio: int, coff: int,
          n_rows=None, stream=None, check: bool = False, rows_per_cta=None,
          deterministic: bool = False, zero_dape: bool = False
          ) -> tuple[KernelKey | None, tuple]:
-    """One api call: :func:`fast` where it may apply (no explicit stream, ``rows_per_cta`` or
-    ``check``, N known), else :func:`full`. Returns ``(key, outputs)``."""
+    """One api call: ``(key, outputs)``. The fast path where it may apply (no explicit stream,
+    ``rows_per_cta`` or ``check``, N known) and the signature is remembered, else :func:`full`."""
     if (stream is None and rows_per_cta is None and not check
             and (n_rows is not None or outputs is not None or direction == "bwd")):
-        hit = fast(direction, deterministic, ratio, coff, n_rows, inputs, outputs, zero_dape)
-        if hit is not None:
-            return hit
+        try:
+            kv, cu = inputs[0], inputs[3]
+            t, w = kv.shape
+            rows = n_rows
+            if rows is None:
+                rows = (outputs[0] if direction == "fwd" else inputs[5]).shape[0]
+            e = FAST.get((direction, deterministic, ratio, coff, w, kv.get_device(), rows))
+            if e is not None and ratio <= t <= e.max_tokens and cu.shape[0] >= 2:
+                return e.key, _fast_launch(e, direction, inputs, outputs, zero_dape)
+        except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
+            pass  # the full path raises the api's one-line error
     return full(direction, inputs, outputs, ratio=ratio, coff=coff, n_rows=n_rows,
                 stream=stream, check=check, rows_per_cta=rows_per_cta,
                 deterministic=deterministic, zero_dape=zero_dape)
 
 
-# --- the fast path ---------------------------------------------------------------------------
-
-
-def fast(direction: str, deterministic: bool, ratio: int, coff: int, n_rows, inputs: tuple,
-         outputs=None, zero_dape: bool = False):
-    """``(key, outputs)`` of a launch of a remembered signature, or None: take :func:`full`."""
-    try:
-        kv, cu = inputs[0], inputs[3]
-        t, w = kv.shape
-        if n_rows is None:
-            n_rows = (outputs[0] if direction == "fwd" else inputs[5]).shape[0]
-        e = FAST.get((direction, deterministic, ratio, coff, w, kv.get_device(), n_rows))
-        if e is None or not ratio <= t <= e.max_tokens or cu.shape[0] < 2:
-            return None
-        if outputs is None:  # the backward's dape is zeroed by the launch (zero_dape)
-            outputs = ((torch.empty_like(e.template),) if direction == "fwd" else
-                       (torch.empty_like(kv), torch.empty_like(inputs[1]),
-                        torch.empty_like(inputs[2])))
-        tail = e.launch_tail(cu)
-        if direction == "fwd":
-            e.call(*inputs, *outputs, *tail)
-        elif e.reduce is None:
-            e.call(*inputs, *outputs, *tail, int(zero_dape))
-        else:  # partials, the kernel, the reduction (reduce.launch_reduce's call, inlined)
-            reduce, n_parts, n_groups = e.reduce
-            partials = fill_partials(torch.empty_like(e.template))
-            e.call(*inputs, outputs[0], outputs[1], partials[0], *tail, 0)
-            reduce(partials.view(-1), outputs[2].view(-1), n_parts, n_groups, int(zero_dape))
-    except _NOT_FAST:  # an unusual argument (the compiled checks refuse before launching)
-        return None  # the full path raises the api's one-line error
-    return e.key, outputs
+def _fast_launch(e: Entry, direction: str, inputs: tuple, outputs, zero_dape: bool) -> tuple:
+    """Launch a remembered signature (allocating ``outputs`` when None): the outputs."""
+    if outputs is None:  # the backward's dape is zeroed by the launch (zero_dape)
+        outputs = ((torch.empty_like(e.template),) if direction == "fwd" else
+                   (torch.empty_like(inputs[0]), torch.empty_like(inputs[1]),
+                    torch.empty_like(inputs[2])))
+    tail = e.launch_tail(inputs[3])
+    if direction == "fwd":
+        e.call(*inputs, *outputs, *tail)
+    elif e.reduce is None:
+        e.call(*inputs, *outputs, *tail, int(zero_dape))
+    else:  # partials, the kernel, the reduction (reduce.launch_reduce's call, inlined)
+        reduce, n_parts, n_groups = e.reduce
+        partials = fill_partials(torch.empty_like(e.template))
+        e.call(*inputs, outputs[0], outputs[1], partials[0], *tail, 0)
+        reduce(partials.view(-1), outputs[2].view(-1), n_parts, n_groups, int(zero_dape))
+    return outputs
 
 
 def raw_call(fn):
