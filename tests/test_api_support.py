@@ -443,6 +443,35 @@ def _remembered(fast, direction, deterministic=False, *, ratio=4, coff=2, d=128,
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU stand-ins for the compiled calls")
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_one_host_path_per_call(fast, direction):
+    """A remembered call walks the api and the launch module only; a miss enters the full path
+    from inside the launch module (never the launch module again after leaving it), whose one
+    validation refuses CPU tensors (perf/host_walk.py; tests/gpu/test_host_path.py on a GPU)."""
+    from csagate.perf.host_walk import HOST_PATH, walk
+
+    t = tensors(device="cpu", N=8)
+    inputs = (t["kv"], t["score"], t["ape"], t["cu"], t["cuc"])
+    if direction == "fwd":
+        def run():
+            return api.forward(*inputs, ratio=4, coff=2, n_rows=8)
+    else:
+        def run():
+            return api.backward(*inputs, t["out"], ratio=4, coff=2)
+
+    def refused():
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            run()
+
+    names = [f"csagate.kernels.{m}" for m in ("api", "launch", "validate")]
+    seen = walk(refused).on(HOST_PATH)
+    assert (seen.entered, seen.reentered) == (names, [])
+    _remembered(fast, direction)
+    seen = walk(run).on(HOST_PATH)
+    assert (seen.entered, seen.reentered) == (names[:2], [])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU stand-ins for the compiled calls")
 def test_fast_path_forward_launches_and_allocates(fast):
     t = tensors(device="cpu", N=8)
     key, call, _ = _remembered(fast, "fwd")
