@@ -141,9 +141,9 @@ def _windows(kv, score, ape, slots: _Slots, coff: int, dtype):
 # --- the arithmetic, in the documented order ---------------------------------------------------
 
 
-def _serial_sum(x: torch.Tensor) -> torch.Tensor:
-    """(((0 + x_0) + x_1) + ...) over dim 0, one rounded add at a time."""
-    acc = torch.zeros_like(x[0]) if x.shape[0] else x.new_zeros(x.shape[1:])
+def _serial_sum(x: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+    """(((start + x_0) + x_1) + ...) over dim 0 (start: 0), one rounded add at a time."""
+    acc = start if start is not None else x.new_zeros(x.shape[1:])
     for k in range(x.shape[0]):
         acc = acc + x[k]
     return acc
@@ -213,16 +213,17 @@ def _check(kv, score, ape, cu, cuc, ratio, coff, precision):
 # small-ratio backward CTA sums in registers before its one atomic per slot and column).
 DAPE_BLOCK_ROWS = 32
 # The rows are evaluated in chunks whose window tensors (W, rows, d) hold about this many
-# elements (32 MiB per fp64 temporary), a whole number of dAPE blocks each: the references'
-# working memory is bounded whatever N is. Every value is computed per row (and dAPE's sums
-# run on across chunks in the same order), so the bits do not depend on the chunking.
-CHUNK_ELEMENTS = 1 << 22
+# elements (8 MiB per fp64 temporary): the references' working memory is bounded whatever N
+# is. Every value is computed per row, and dAPE's block sums run on across chunks in the same
+# order (a block a chunk leaves unfinished is carried into the next), so the bits do not
+# depend on the chunking.
+CHUNK_ELEMENTS = 1 << 20
 
 
 def row_chunks(n_rows: int, window: int, d: int) -> list[tuple[int, int]]:
-    """[start, end) row ranges of at most ``CHUNK_ELEMENTS / (window * d)`` rows, rounded to
-    whole dAPE blocks (at least one block)."""
-    per = max(1, CHUNK_ELEMENTS // max(1, window * d) // DAPE_BLOCK_ROWS) * DAPE_BLOCK_ROWS
+    """[start, end) row ranges of at most ``CHUNK_ELEMENTS / (window * d)`` rows (at least
+    one)."""
+    per = max(1, CHUNK_ELEMENTS // max(1, window * d))
     return [(start, min(start + per, n_rows)) for start in range(0, n_rows, per)]
 
 
@@ -307,7 +308,8 @@ def backward_pieces(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
         slots = _slots(cu, cuc, n_rows, ratio, coff)
         tok0 = _row_geometry(cu, cuc, n_rows, ratio)[0].tolist()
     out = torch.empty((n_rows, d), dtype=_out_dtype(precision), device=kv.device)
-    dape_sum = torch.zeros((coff * ratio, d), dtype=dtype, device=kv.device)
+    zeros = torch.zeros((coff * ratio, d), dtype=dtype, device=kv.device)
+    dape_sum = (zeros, zeros)                        # (finished blocks, the block going on)
     chunks = row_chunks(n_rows, coff * ratio, d) or [(0, 0)]
 
     def edge(row: int) -> int:                       # the first token row ``row`` owns
@@ -322,8 +324,11 @@ def backward_pieces(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
                                   precision, out, (start, dkv, dscore), dape_sum)
         dape = None
         if last:
+            total, block = dape_sum
+            if n_valid % DAPE_BLOCK_ROWS:             # the last block, short
+                total = total + block
             dape = torch.zeros((ratio, coff, d), dtype=dtype, device=kv.device)
-            dape[slots.ape_row, slots.half] = dape_sum  # each (row k mod ratio, half) once
+            dape[slots.ape_row, slots.half] = total    # each (row k mod ratio, half) once
             dape = dape.view(ratio, width)
         yield Piece(start, end, dkv.view(end - start, width), dscore.view(end - start, width),
                     out if last else None, dape)
@@ -332,9 +337,10 @@ def backward_pieces(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
 @torch.no_grad()
 def _rows_backward(kv, score, ape, grad_out, slots: _Slots, rows: tuple[int, int],
                    n_valid: int, coff: int, precision: str, out: torch.Tensor, piece,
-                   dape_sum: torch.Tensor) -> torch.Tensor:
+                   dape_sum: tuple[torch.Tensor, torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows [a, b): ``out[a:b]``, the slots of ``piece`` = (its first token, dkv, dscore) that
-    the valid rows among [a, b] read, and ``dape_sum`` plus the valid rows of [a, b)."""
+    the valid rows among [a, b] read, and ``dape_sum`` with the valid rows of [a, b)."""
     a, b = rows
     dtype = _dtype(precision)
     grad_dtype = dtype if precision == "fp64" else torch.bfloat16
@@ -354,7 +360,7 @@ def _rows_backward(kv, score, ape, grad_out, slots: _Slots, rows: tuple[int, int
     start, dkv, dscore = piece
     _scatter(dkv, (go * p).to(grad_dtype), slots.rows(a, a + g), start)
     _scatter(dscore, ds.to(grad_dtype), slots.rows(a, a + g), start)
-    return _dape_blocks(dape_sum, ds[:, :v], slots.rows(a, a + v)) if v else dape_sum
+    return _dape_blocks(dape_sum, ds[:, :v], slots.rows(a, a + v), a) if v else dape_sum
 
 
 def _out_dtype(precision: str) -> torch.dtype:
@@ -371,25 +377,30 @@ def _scatter(grad: torch.Tensor, vals: torch.Tensor, rows: _Slots, start: int = 
     grad[token, half] = vals[keep]
 
 
-def _dape_blocks(total: torch.Tensor, ds: torch.Tensor, rows: _Slots) -> torch.Tensor:
-    """``total`` (W, d) plus the dAPE blocks of these rows, in order: ds summed over the valid
-    rows in its own precision (an invalid position's ds is never added), each block of
-    ``DAPE_BLOCK_ROWS`` consecutive rows serially, then each block sum added to ``total``:
-    the structure and precision of the kernels' own reduction, so that G3 compares a
-    kernel's dAPE with a same-precision sum. The chunks start on block boundaries, so the
-    blocks and their order are those of the whole pack."""
-    d = ds.shape[-1]
+def _dape_blocks(dape_sum: tuple[torch.Tensor, torch.Tensor], ds: torch.Tensor, rows: _Slots,
+                 first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dape_sum`` = (total, block) (W, d) each, with the rows [first, first + n) of ``ds``:
+    ds summed over the valid rows in its own precision (an invalid position's ds is never
+    added), each block of ``DAPE_BLOCK_ROWS`` consecutive rows (from row 0) serially, then each
+    block sum added to ``total`` (``block``: the sum so far of a block these rows leave
+    unfinished, which the next chunk goes on with): the structure and precision of the
+    kernels' own reduction, so that G3 compares a kernel's dAPE with a same-precision sum. The
+    blocks and their order are those of the whole pack, whatever the chunks."""
+    total, block = dape_sum
+    w, n, d = ds.shape
     ds = torch.where(rows.valid[:, :, None], ds, torch.zeros((), dtype=ds.dtype,
                                                                 device=ds.device))
-    n = ds.shape[1]
-    n_blocks = -(-n // DAPE_BLOCK_ROWS)
-    pad = n_blocks * DAPE_BLOCK_ROWS - n
-    padded = torch.cat([ds, ds.new_zeros((ds.shape[0], pad, d))], dim=1)
-    blocks = padded.view(ds.shape[0], n_blocks, DAPE_BLOCK_ROWS, d).transpose(0, 2)
-    partial = _serial_sum(blocks)                  # (n_blocks, W, d): rows within a block
-    for i in range(n_blocks):                      # the blocks in order
+    lead = first % DAPE_BLOCK_ROWS                 # the first block's rows before ``first``
+    n_blocks = -(-(lead + n) // DAPE_BLOCK_ROWS)
+    pad = n_blocks * DAPE_BLOCK_ROWS - lead - n
+    padded = torch.cat([ds.new_zeros((w, lead, d)), ds, ds.new_zeros((w, pad, d))], dim=1)
+    blocks = padded.view(w, n_blocks, DAPE_BLOCK_ROWS, d).transpose(0, 2)
+    start = torch.zeros_like(blocks[0])
+    start[0] = block                               # the first block goes on from ``block``
+    partial = _serial_sum(blocks, start)           # (n_blocks, W, d): rows within a block
+    for i in range(n_blocks - (1 if pad else 0)):  # the finished blocks in order
         total = total + partial[i]
-    return total
+    return total, (partial[-1] if pad else torch.zeros_like(block))
 
 
 # --- upstream: torch's own eager ops (Megatron-LM's numerics) ------------------------------

@@ -54,7 +54,7 @@ def test_the_pieces_tile_the_tokens_and_hold_the_bits_of_the_whole(
     kw = {"ratio": ratio, "coff": coff, "precision": precision}
     monkeypatch.setattr(compressor, "CHUNK_ELEMENTS", WHOLE)
     whole = compressor.backward(*pack.inputs(), go, **kw)
-    for rows in (1, 33 * coff * ratio * d):     # one row a chunk; 32 rows (one dAPE block)
+    for rows in (1, 33 * coff * ratio * d):     # one row a chunk; 33 rows (across dAPE blocks)
         monkeypatch.setattr(compressor, "CHUNK_ELEMENTS", rows)
         pieces = list(compressor.backward_pieces(*pack.inputs(), go, **kw))
         assert pieces[0].start == 0 and pieces[-1].end == pack.n_tokens
