@@ -11,7 +11,7 @@ and torch take ``WORKING_BYTES``. Measured on the CPU (peak resident size of ``r
 a reference-backed implementation in a fresh process, ``tests/test_memory.py``, torch 2.13,
 2026-12-06): the largest case of each family 1.89 GiB at r128 ``c2d512/1x131072``
 (134 M slots: 1.5 GiB of inputs and two runs, torch 0.23 GiB, the references' chunks of 8
-rows x 256 positions x 512 columns), 1.29 GiB at ``r4/c2d512/1x65536``, 0.52-0.55 GiB for the
+rows x 256 positions x 512 columns), 1.28 GiB at ``r4/c2d512/1x65536``, 0.47-0.53 GiB for the
 other small ratios (README, Memory). The constants round those up, so the estimate is an
 upper bound of the gate's own share (an implementation's own buffers come on top).
 
@@ -28,7 +28,7 @@ from csagate.gates.cases import Case
 BYTES_PER_SLOT = 12         # per (token, column) slot of kv: inputs, run 1, the run compared
 BYTES_PER_OUT = 64          # per output element (N x d), the references' and the runs'
 WORKING_BYTES = 640 << 20   # the interpreter with torch (0.23 GiB) and the references' row
-#                             chunks: measured 0.04-0.47 GB above the slots' and outputs' share
+#                             chunks: measured 0.03-0.46 GB above the slots' and outputs' share
 GB = 1 << 30
 
 
