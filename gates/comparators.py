@@ -42,7 +42,8 @@ from csagate.gates.limits import (
 __all__ = ["Bitwise", "NanMask", "Parity", "Replay", "ReplayTracker", "Steps", "Tolerance", "Zeros",
            "bf16_ordinal", "bf16_steps", "bit_view", "bitwise", "bitwise_equal",
            "bitwise_replay", "exact_zeros",
-           "max_abs_error", "nan_mask", "oracle_parity", "replay_delta", "tolerance"]
+           "max_abs_error", "nan_mask", "nan_mask_of", "oracle_parity", "parity_of",
+           "replay_delta", "tolerance", "tolerance_ok"]
 
 _INT_VIEW = {
     torch.bfloat16: torch.int16,
@@ -149,6 +150,11 @@ def _judged(fused: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None) -
     return mask
 
 
+def tolerance_ok(max_abs: float, bound: float, n_diff: int, allowed: int | None) -> bool:
+    """G2's rule: every element within ``bound`` and, unless None, at most ``allowed`` differ."""
+    return max_abs <= bound and (allowed is None or n_diff <= allowed)
+
+
 def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
               allowed: int | None, mask: torch.Tensor | None = None) -> Tolerance:
     """G2: ``n_diff <= allowed`` (skipped when None) and every element within ``bound``.
@@ -167,7 +173,7 @@ def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
     flat = _flat_index(beyond)
     if flat is None:
         flat = _flat_index(differs)
-    ok = max_abs <= bound and (allowed is None or n_diff <= allowed)
+    ok = tolerance_ok(max_abs, bound, n_diff, allowed)
     return Tolerance(
         numel=int(judged.sum()), n_diff=n_diff, allowed=allowed, max_abs=max_abs, bound=bound,
         first_index=_unravel(flat, fused.shape), fused_value=_value(fused, flat),
@@ -333,12 +339,16 @@ def oracle_parity(fused: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor
     if mask is not None:
         judged = _judged(fused, eager, mask)
         fused, eager, oracle = fused[judged], eager[judged], oracle[judged]
-    err_fused = max_abs_error(fused, oracle)
-    err_eager = max_abs_error(eager, oracle)
+    return parity_of(max_abs_error(fused, oracle), max_abs_error(eager, oracle),
+                     fused.numel(), rtol=rtol, atol=atol)
+
+
+def parity_of(err_fused: float, err_eager: float, numel: int, *, rtol: float = PARITY_RTOL,
+              atol: float = PARITY_ATOL) -> Parity:
+    """G3's rule on the two largest errors against the fp64 oracle."""
     bound = err_eager * (1.0 + rtol) + atol
     ok = err_fused <= bound and err_eager != float("inf")
-    return Parity(err_fused=err_fused, err_eager=err_eager, bound=bound, ok=ok,
-                  numel=fused.numel())
+    return Parity(err_fused=err_fused, err_eager=err_eager, bound=bound, ok=ok, numel=numel)
 
 
 # --- overflow case: NaN-mask equality -----------------------------------------------------
@@ -378,14 +388,21 @@ def nan_mask(fused: torch.Tensor, eager: torch.Tensor, *, require_full: bool = T
     fn, en = torch.isnan(fused), torch.isnan(eager)
     mismatch = fn != en
     flat = _flat_index(mismatch)
-    eager_nan = int(en.sum())
-    eager_full = eager_nan == eager.numel()
-    n_mismatch = int(mismatch.sum())
+    return nan_mask_of(fused.numel(), int(fn.sum()), int(en.sum()), int(mismatch.sum()),
+                       require_full=require_full, first_index=_unravel(flat, fused.shape),
+                       fused_value=_value(fused, flat), eager_value=_value(eager, flat))
+
+
+def nan_mask_of(numel: int, fused_nan: int, eager_nan: int, n_mismatch: int, *,
+                require_full: bool, first_index: Index | None, fused_value: float | None,
+                eager_value: float | None) -> NanMask:
+    """The NaN-mask rule on the counts: no position differs and, if required, eager is NaN
+    everywhere."""
+    eager_full = eager_nan == numel
     return NanMask(
-        numel=fused.numel(), fused_nan=int(fn.sum()), eager_nan=eager_nan,
-        n_mismatch=n_mismatch, eager_full=eager_full, require_full=require_full,
-        first_index=_unravel(flat, fused.shape), fused_value=_value(fused, flat),
-        eager_value=_value(eager, flat),
+        numel=numel, fused_nan=fused_nan, eager_nan=eager_nan, n_mismatch=n_mismatch,
+        eager_full=eager_full, require_full=require_full, first_index=first_index,
+        fused_value=fused_value, eager_value=eager_value,
         ok=n_mismatch == 0 and (eager_full or not require_full))
 
 
@@ -443,10 +460,17 @@ class ReplayTracker:
 
     def add(self, run: torch.Tensor) -> None:
         self.runs += 1
-        differs = bit_view(run) != self.base
-        self.n_diff.append(int(differs.sum()))
-        if self.first_run is None and self.n_diff[-1]:
-            self.first_run, self.flat = self.runs, _flat_index(differs)
+        bits, base = bit_view(run).reshape(-1), self.base.reshape(-1)
+        n_diff, flat = 0, None
+        for i in range(0, bits.numel(), CHUNK):        # CHUNK elements' masks at a time
+            differs = bits[i:i + CHUNK] != base[i:i + CHUNK]
+            n = int(differs.sum())
+            if n and flat is None:
+                flat = i + _flat_index(differs)
+            n_diff += n
+        self.n_diff.append(n_diff)
+        if self.first_run is None and n_diff:
+            self.first_run, self.flat = self.runs, flat
             # every earlier run has run 1's bits everywhere, so at this index too
             self.bits = [self._bit(self.first)] * (self.runs - 1)
         if self.flat is not None:
@@ -463,7 +487,10 @@ class ReplayTracker:
 
 
 def _nan_count(t: torch.Tensor) -> int:
-    return int(torch.isnan(t).sum()) if t.is_floating_point() else 0
+    if not t.is_floating_point():
+        return 0
+    flat = t.reshape(-1)
+    return sum(int(torch.isnan(flat[i:i + CHUNK]).sum()) for i in range(0, flat.numel(), CHUNK))
 
 
 def bitwise_replay(runs: Sequence[torch.Tensor], *, allow_nan: bool = False) -> Replay:

@@ -106,11 +106,13 @@ class Rule:
                                           mask=mask)
         if self.check == "tolerance":
             numel = fused.numel() if mask is None else int(mask.sum())
-            allowed = None if self.fraction is None else \
-                limits.count_allowance(numel, self.fraction)
             return comparators.tolerance(fused, ref, bound=self.bound * scale ** self.scale_power,
-                                         allowed=allowed, mask=mask)
+                                         allowed=self.allowance(numel), mask=mask)
         raise ValueError(f"unknown G2 rule {self.check!r}")
+
+    def allowance(self, numel: int) -> int | None:
+        """How many of ``numel`` judged elements may differ (None: the count is not gated)."""
+        return None if self.fraction is None else limits.count_allowance(numel, self.fraction)
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,19 @@
 """What judging a case costs in memory, estimated before any work, against what the machine has.
 
-The gate holds, per case, the inputs, run 1 of the implementation's outputs (the later runs are
-compared as they come), the fp32 reference's and the fp64 oracle's outputs and the comparators'
-temporaries: about ``BYTES_PER_SLOT`` bytes per (token, column) slot of kv and
-``BYTES_PER_OUT`` per output element; the references' row chunks
-(``reference.compressor.row_chunks``), whose working set is bounded whatever the pack, and the
-interpreter with torch take ``WORKING_BYTES``. Measured on the CPU (peak resident size of
-``run_case`` over the reference, torch 2.13, 2026-12-05): 1.40 GB at 16.8 M slots and 2.24 GB
-at 33.6 M (r128 c2d512): 50 bytes a slot above 0.6 GB; the largest case of each family 0.81 to
-6.90 GiB (README, Memory; ``tests/test_memory.py`` measures them again). The constants round
-those up, so the estimate is an upper bound of the gate's own share (an implementation's own
-buffers come on top).
+The gate holds, per case, the inputs (kv and score, 4 bytes a (token, column) slot), run 1 of
+the implementation's outputs (4) and the run being compared with it (4; the later runs are
+compared as they come and dropped): about ``BYTES_PER_SLOT`` bytes per slot of kv, and
+``BYTES_PER_OUT`` per output element (the runs', the references' and the forward check's
+temporaries, whole). It never holds a reference's gradients whole: the fp32 reference and the
+fp64 oracle come a row chunk at a time (``reference.compressor.backward_pieces``) and dKV and
+dScore are judged a token range at a time (``gates.piecewise``); those chunks, the interpreter
+and torch take ``WORKING_BYTES``. Measured on the CPU (peak resident size of ``run_case`` over
+a reference-backed implementation in a fresh process, ``tests/test_memory.py``, torch 2.13,
+2026-12-06): the largest case of each family 1.89 GiB at r128 ``c2d512/1x131072``
+(134 M slots: 1.5 GiB of inputs and two runs, torch 0.23 GiB, the references' chunks of 8
+rows x 256 positions x 512 columns), 1.28 GiB at ``r4/c2d512/1x65536``, 0.47-0.53 GiB for the
+other small ratios (README, Memory). The constants round those up, so the estimate is an
+upper bound of the gate's own share (an implementation's own buffers come on top).
 
 Pure Python: no torch until a device is asked how much it has.
 """
@@ -22,10 +25,10 @@ from collections.abc import Iterable
 
 from csagate.gates.cases import Case
 
-BYTES_PER_SLOT = 56         # per (token, column) slot of kv: measured 47-48
-BYTES_PER_OUT = 64          # per output element (N x d), the references' and three runs'
-WORKING_BYTES = 768 << 20   # the interpreter with torch (0.25-0.35 GB), the references' row
-#                             chunks (up to 0.4 GB): measured 0.4-0.46 GB above the slots' share
+BYTES_PER_SLOT = 12         # per (token, column) slot of kv: inputs, run 1, the run compared
+BYTES_PER_OUT = 64          # per output element (N x d), the references' and the runs'
+WORKING_BYTES = 640 << 20   # the interpreter with torch (0.23 GiB) and the references' row
+#                             chunks: measured 0.03-0.46 GB above the slots' and outputs' share
 GB = 1 << 30
 
 

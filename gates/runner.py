@@ -17,10 +17,11 @@ Per case:
   the kernel leaves unwritten shows up as NaN in runs 2-3); padding cases also report the
   token-padding rows [cu[B], T) on their own;
 * G2 (the contract's rule per tensor) and G3 judge run 1 against the fp32 eager reference and
-  the fp64 oracle, with the scaled case's bounds; the overflow case replaces them by full
-  NaN-mask equality and a recorded G3 skip; cases with some non-finite inputs (partial
-  overflow, padding-only inf/NaN) add NaN-mask equality (``X[NaN mask]``) and judge G2 where
-  eager is not NaN and G3 where it is finite;
+  the fp64 oracle, with the scaled case's bounds (dKV and dScore a token range at a time, as
+  the references' pieces come: ``gates.piecewise``; neither reference is ever held whole);
+  the overflow case replaces them by full NaN-mask equality and a recorded G3 skip; cases
+  with some non-finite inputs (partial overflow, padding-only inf/NaN) add NaN-mask equality
+  (``X[NaN mask]``) and judge G2 where eager is not NaN and G3 where it is finite;
 * ``isolation`` (padding-only inf/NaN): the gradients equal a backward of the same pack
   without the non-finite values, and the reference itself keeps them out (docs/CONTRACT.md
   section 2.3).
@@ -44,7 +45,9 @@ from csagate.gates.cases import Case
 from csagate.gates.contracts import Contract
 from csagate.gates.driver import Driver, ProgressFn, Target
 from csagate.gates.errors import one_line
+from csagate.gates.join import join
 from csagate.gates.locate import locate_failures
+from csagate.gates.piecewise import Check, Pending, Slice, done, judge, reference_pieces
 from csagate.gates.plugin import Applies, applies_to
 from csagate.gates.verdict import (
     ERROR,
@@ -304,10 +307,6 @@ def _fused_backward(driver: Driver, case: Case, ins, go, fill: float):
     return sel, {"dkv": dkv, "dscore": dscore, "dape": dape}
 
 
-def _as_dict(g) -> dict[str, torch.Tensor]:
-    return {"out": g.out, "dkv": g.dkv, "dscore": g.dscore, "dape": g.dape}
-
-
 def _through_op(driver: Driver, case: Case, ins, go, n_rows: int,
                 first: dict[str, torch.Tensor]) -> list[GateResult]:
     """Gate ``op``: the torch op (forward, then the autograd backward) gives what the direct
@@ -369,10 +368,10 @@ class _Runs:
 
 
 def _fused_runs(driver: Driver, case: Case, ins, go, n_rows: int, applies: Applies,
-                selections: list[Selection], masks: dict[str, torch.Tensor]) -> _Runs:
+                selections: list[Selection], masks: _ZeroMasks) -> _Runs:
     """The forward, then (if provided) the backward, ``RUNS`` times each into fresh buffers
-    (run 1 zero-filled, the others NaN-filled); ``masks`` (label -> the slots to hold exact
-    zeros) judged in every run of dKV and dScore."""
+    (run 1 zero-filled, the others NaN-filled); ``masks`` (the slots to hold exact zeros)
+    judged in every run of dKV and dScore."""
     dev = driver.device
     nan_ok = NAN_EXPECTED[case.inputs]
     runs = _Runs()
@@ -386,10 +385,10 @@ def _fused_runs(driver: Driver, case: Case, ins, go, n_rows: int, applies: Appli
     for run in range(RUNS):
         sel, grads = _fused_backward(driver, case, ins, go, _fill(run))
         _record(selections, sel)
+        found = masks.exact_zeros(grads)
         for name in GRADS:
-            for label, mask in masks.items():
-                runs.zeros.setdefault(f"{name}{label}", []).append(
-                    comparators.exact_zeros(grads[name], mask))
+            for label in masks.labels:
+                runs.zeros.setdefault(f"{name}{label}", []).append(found[name, label])
             runs.take(name, grads[name], name in nan_ok)
         if case.deterministic:
             runs.take("dape", grads["dape"], "dape" in nan_ok)
@@ -397,6 +396,41 @@ def _fused_runs(driver: Driver, case: Case, ins, go, n_rows: int, applies: Appli
         runs.dape.append(grads["dape"])
         del grads
     return runs
+
+
+@dataclass(frozen=True)
+class _ZeroMasks:
+    """The slots whose gradients must be exact zeros, by label: the never-consumed slots ("")
+    and, with token padding, the padding rows [cu[B], T) ("[token pad]"); judged a token range
+    at a time (the masks of the largest packs are a byte a slot)."""
+
+    pack: Any
+    labels: tuple[str, ...]
+
+    def mask(self, label: str, start: int, end: int) -> torch.Tensor:
+        pack = self.pack
+        if label == "":
+            return never_consumed_mask(pack.cu, ratio=pack.ratio, coff=pack.coff, d=pack.d,
+                                       n_tokens=pack.n_tokens, tokens=(start, end))
+        pad = torch.zeros((end - start, pack.kv.shape[1]), dtype=torch.bool,
+                          device=pack.kv.device)
+        pad[max(0, int(pack.cu[-1]) - start):] = True
+        return pad
+
+    def exact_zeros(self, grads) -> dict[tuple[str, str], comparators.Zeros]:
+        """(tensor, label) -> the ``exact_zeros`` record of the whole tensor."""
+        n_tokens, width = self.pack.kv.shape
+        step = max(1, comparators.CHUNK // max(1, width))
+        starts = list(range(0, n_tokens, step)) or [0]
+        found: dict[tuple[str, str], list] = {}
+        for start in starts:
+            end = min(start + step, n_tokens)
+            for label in self.labels:
+                mask = self.mask(label, start, end)
+                for name in GRADS:
+                    found.setdefault((name, label), []).append(
+                        comparators.exact_zeros(grads[name][start:end], mask))
+        return {key: join(records, starts) for key, records in found.items()}
 
 
 def _na(gate: str, tensor: str) -> GateResult:
@@ -408,79 +442,90 @@ def _evaluate(driver: Driver, case: Case, contract: Contract, selections: list[S
     applies = applies_to(driver)
     pack, go, clean, slots = _inputs(case, dev)
     ins = pack.inputs()
-    n_rows, n_tokens = pack.n_rows, pack.n_tokens
-    mask = never_consumed_mask(pack.cu, ratio=case.ratio, coff=case.coff, d=case.d,
-                               n_tokens=n_tokens)
-    masks = {"": mask}
-    if case.pad_tokens:
-        pad_mask = torch.zeros_like(mask)
-        pad_mask[int(pack.cu[-1]):] = True
-        masks["[token pad]"] = pad_mask
-    runs = _fused_runs(driver, case, ins, go, n_rows, applies, selections, masks)
+    masks = _ZeroMasks(pack, ("", "[token pad]") if case.pad_tokens else ("",))
+    runs = _fused_runs(driver, case, ins, go, pack.n_rows, applies, selections, masks)
     first = runs.first
-
-    eager_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff, precision="fp32"))
-    oracle_t = _as_dict(backward(*ins, go, ratio=case.ratio, coff=case.coff,
-                                 precision="fp64"))
-
-    gates: list[GateResult] = []
-    for name in OUTPUTS + (("dape",) if case.deterministic else ()):
-        gates.append(_gate("G1", name, runs.replay[name].result())
-                     if name in runs.replay else _na("G1", name))
-    for name in GRADS:
-        for label in masks:
-            tensor = f"{name}{label}"
-            gates.append(_zeros(tensor, runs.zeros[tensor]) if tensor in runs.zeros
-                         else _na("zeros", tensor))
-
-    if case.inputs == "overflow":
-        gates.extend(_overflow_g2_g3(first, eager_t, oracle_t))
-    elif case.inputs in FINITE_INPUTS:
-        gates.extend(_g2(contract, case, first, eager_t, claims=applies.bitwise))
-        gates.extend(_g3(case, first, eager_t, oracle_t))
-    else:
-        gates.extend(_finite_g2_g3(contract, case, first, eager_t, oracle_t,
-                                   claims=applies.bitwise))
-    if case.inputs == "pad_nonfinite" and applies.backward:
+    names = tuple(first)
+    # The implementation's last calls (the clean pack's backward, the op) before the
+    # references, whose working set would otherwise come on top of the op's buffers.
+    isolation = case.inputs == "pad_nonfinite" and applies.backward
+    fused_isolation: list[GateResult] = []
+    if isolation:   # the implementation's gradients of the same pack without the values
         sel, clean_grads = _fused_backward(driver, case, clean.inputs(), go, 0.0)
         _record(selections, sel)
-        clean_eager = backward(*clean.inputs(), go, ratio=case.ratio, coff=case.coff,
-                               precision="fp32")
-        gates.extend(_isolation(first, clean_grads, eager_t, _as_dict(clean_eager)))
+        fused_isolation = _isolation(first, clean_grads)
+        del clean_grads
+    op = _through_op(driver, case, ins, go, pack.n_rows, first) \
+        if contract.via_op and applies.op else []
+
+    pending = [done(_gate("G1", name, runs.replay[name].result())
+                    if name in runs.replay else _na("G1", name))
+               for name in OUTPUTS + (("dape",) if case.deterministic else ())]
+    for name in GRADS:
+        for label in masks.labels:
+            tensor = f"{name}{label}"
+            pending.append(done(_zeros(tensor, runs.zeros[tensor]) if tensor in runs.zeros
+                                else _na("zeros", tensor)))
+    if case.inputs == "overflow":
+        pending.extend(_overflow_g2_g3(names))
+    elif case.inputs in FINITE_INPUTS:
+        pending.extend(_g2(contract, case, names, claims=applies.bitwise))
+        pending.extend(_g3(case, names))
+    else:
+        pending.extend(_finite_g2_g3(contract, case, names, claims=applies.bitwise))
+    if isolation:
+        pending.extend([*map(done, fused_isolation), _isolation_eager()])
     elif case.inputs == "pad_nonfinite":
-        gates.extend(_na("isolation", name) for name in GRADS + ("dape",))
+        pending.extend(done(_na("isolation", name)) for name in GRADS + ("dape",))
+    pending.extend(map(done, op))
+    pending.append(_recorded(case, pack, go, runs, slots))
 
-    if contract.via_op and applies.op:
-        gates.extend(_through_op(driver, case, ins, go, n_rows, first))
-
-    recorded = _recorded(case, pack, go, runs, eager_t, oracle_t, slots)
-    where = locate_failures(gates, first, eager_t, oracle_t, pack)
+    pieces = reference_pieces(ins, go, ratio=case.ratio, coff=case.coff,
+                              clean_ins=clean.inputs() if isolation else None)
+    results, (eager, oracle, _) = judge(pending, first, pieces)
+    gates, recorded = results[:-1], results[-1]
+    whole = {"out": (eager.out, oracle.out), "dape": (eager.dape, oracle.dape)}
+    where = locate_failures(gates, first, whole, pack, lambda: reference_pieces(
+        ins, go, ratio=case.ratio, coff=case.coff))
     if where:
         recorded["where"] = where
     return gates, recorded
 
 
-def _recorded(case: Case, pack, go, runs: _Runs, eager_t, oracle_t, slots) -> dict[str, Any]:
+def _recorded(case: Case, pack, go, runs: _Runs, slots) -> Pending:
     """The numbers kept beside the gates (not gated)."""
     first = runs.first
-    recorded: dict[str, Any] = {
-        "n_rows": pack.n_rows,
-        "n_tokens": pack.n_tokens,
-        "bitwise_equal_to_eager": {n: comparators.bitwise_equal(first[n], eager_t[n])
-                                   for n in OUTPUTS if n in first},
-        "err_fused": {n: comparators.max_abs_error(first[n], oracle_t[n]) for n in first},
-        "err_eager": {n: comparators.max_abs_error(eager_t[n], oracle_t[n]) for n in TENSORS},
-    }
-    if runs.dape:
-        recorded["dape_replay_delta"] = comparators.replay_delta(runs.dape)
-    if slots:
-        recorded["nonfinite_slots"] = [{"tensor": t, "token": tok, "column": col,
-                                        "value": str(v)} for t, tok, col, v in slots]
-        recorded["eager_nan"] = {n: int(torch.isnan(eager_t[n]).sum()) for n in TENSORS}
-    if case.pad_rows:
-        valid = int(pack.cuc[-1])
-        recorded["pad_rows_grad_out_nonzero"] = bool((go[valid:] != 0).any())
-    return recorded
+    outputs = [n for n in OUTPUTS if n in first]
+    checks = ([Check(n, lambda x: comparators.bitwise_equal(x.fused, x.eager), all)
+               for n in outputs]
+              + [Check(n, lambda x: comparators.max_abs_error(x.fused, x.oracle), max)
+                 for n in first]
+              + [Check(n, lambda x: comparators.max_abs_error(x.eager, x.oracle), max)
+                 for n in TENSORS]
+              + ([Check(n, lambda x: int(torch.isnan(x.eager).sum()), sum) for n in TENSORS]
+                 if slots else []))
+
+    def finish(*found) -> dict[str, Any]:
+        found = iter(found)
+        recorded: dict[str, Any] = {
+            "n_rows": pack.n_rows,
+            "n_tokens": pack.n_tokens,
+            "bitwise_equal_to_eager": {n: next(found) for n in outputs},
+            "err_fused": {n: next(found) for n in first},
+            "err_eager": {n: next(found) for n in TENSORS},
+        }
+        if runs.dape:
+            recorded["dape_replay_delta"] = comparators.replay_delta(runs.dape)
+        if slots:
+            recorded["nonfinite_slots"] = [{"tensor": t, "token": tok, "column": col,
+                                            "value": str(v)} for t, tok, col, v in slots]
+            recorded["eager_nan"] = {n: next(found) for n in TENSORS}
+        if case.pad_rows:
+            valid = int(pack.cuc[-1])
+            recorded["pad_rows_grad_out_nonzero"] = bool((go[valid:] != 0).any())
+        return recorded
+
+    return Pending(tuple(checks), finish)
 
 
 def _gate(gate: str, tensor: str, check, status: str | None = None,
@@ -493,6 +538,11 @@ def _gate(gate: str, tensor: str, check, status: str | None = None,
             status, reason = INCONCLUSIVE, "inconclusive: no element to judge"
     return GateResult(gate, tensor, status, asdict(check),
                       check.summary() if reason is None else reason)
+
+
+def _judged(gate: str, tensor: str, check: Check) -> Pending:
+    """The gate of one check's record."""
+    return Pending((check,), lambda found: _gate(gate, tensor, found))
 
 
 def _zeros(name: str, found: Sequence) -> GateResult:
@@ -508,106 +558,130 @@ def _zeros(name: str, found: Sequence) -> GateResult:
     return GateResult("zeros", name, PASS if z.ok else FAIL, numbers, reason)
 
 
-def _g2(contract: Contract, case: Case, fused, eager, masks=None,
-        claims: tuple[str, ...] = ()) -> list[GateResult]:
+def _not_nan(t: torch.Tensor) -> torch.Tensor:
+    return ~torch.isnan(t)
+
+
+def _g2(contract: Contract, case: Case, names: Sequence[str], masked: bool = False,
+        claims: tuple[str, ...] = ()) -> list[Pending]:
     """The contract's rule per tensor vs fp32 eager; the scaled case scales the bounds. Then,
     per output in ``claims`` whose rule is not bitwise already, the implementation's own
     promise: bit for bit the fp32 reference (``out[claimed bitwise]``).
 
-    ``masks`` (tensor -> bool mask): judge those positions only (eager's finite positions)."""
+    ``masked``: judge the positions where eager is not NaN only."""
     out = []
     for name, rule in contract.g2:
-        if name not in fused:
-            out.append(_na("G2", name))
+        if name not in names:
+            out.append(done(_na("G2", name)))
             continue
-        mask = None if masks is None else masks[name]
-        out.append(_gate("G2", name, rule.apply(fused[name], eager[name], scale=case.scale,
-                                                mask=mask, window=case.coff * case.ratio)))
+
+        def apply(x: Slice, rule=rule) -> Any:
+            return rule.apply(x.fused, x.eager, scale=case.scale, window=case.coff * case.ratio,
+                              mask=_not_nan(x.eager) if masked else None)
+
+        out.append(_judged("G2", name, Check(name, apply, allowance=rule.allowance)))
         if name in claims and rule.check != "bitwise":
-            out.append(_gate("G2", f"{name}[claimed bitwise]",
-                             comparators.bitwise(fused[name], eager[name], mask=mask)))
+            out.append(_judged("G2", f"{name}[claimed bitwise]", Check(
+                name, lambda x: comparators.bitwise(
+                    x.fused, x.eager, mask=_not_nan(x.eager) if masked else None))))
     return out
 
 
-def _g3(case: Case, fused, eager, oracle, masks=None) -> list[GateResult]:
+def _g3(case: Case, names: Sequence[str], masked: bool = False) -> list[Pending]:
     """fp64-oracle parity against the contract's eager path; dAPE is gated on unit-scale cases
-    only and recorded on scaled ones."""
+    only and recorded on scaled ones. ``masked``: where eager is finite only."""
     out = []
     for name in TENSORS:
-        if name not in fused:
-            out.append(_na("G3", name))
+        if name not in names:
+            out.append(done(_na("G3", name)))
             continue
-        mask = None if masks is None else masks[name]
-        parity = comparators.oracle_parity(fused[name], eager[name], oracle[name], mask=mask)
+        check = Check(name, lambda x: comparators.oracle_parity(
+            x.fused, x.eager, x.oracle, mask=torch.isfinite(x.eager) if masked else None))
         if name == "dape" and case.scale != 1.0:
-            out.append(_gate("G3", name, parity, status=RECORDED,
-                             reason="recorded, not gated on a scaled case (atomic-order "
-                                    f"noise): {parity.summary()}"))
+            out.append(Pending((check,), lambda parity: _gate(
+                "G3", "dape", parity, status=RECORDED,
+                reason="recorded, not gated on a scaled case (atomic-order "
+                       f"noise): {parity.summary()}")))
         else:
-            out.append(_gate("G3", name, parity))
+            out.append(_judged("G3", name, check))
     return out
 
 
-def _finite_g2_g3(contract: Contract, case: Case, fused, eager, oracle,
-                  claims: tuple[str, ...] = ()) -> list[GateResult]:
+def _finite_g2_g3(contract: Contract, case: Case, names: Sequence[str],
+                  claims: tuple[str, ...] = ()) -> list[Pending]:
     """Some inputs non-finite: NaN masks equal eager's on all four outputs, G2 where eager is
     not NaN (an infinity, e.g. from a -inf kv a padding row reads, must be matched exactly)
     and G3 where eager is finite (docs/CONTRACT.md section 5.3)."""
-    out = [_gate("G2", f"{name}[NaN mask]",
-                 comparators.nan_mask(fused[name], eager[name], require_full=False))
-           if name in fused else _na("G2", f"{name}[NaN mask]") for name in TENSORS]
-    not_nan = {name: ~torch.isnan(eager[name]) for name in TENSORS}
-    finite = {name: torch.isfinite(eager[name]) for name in TENSORS}
-    return (out + _g2(contract, case, fused, eager, not_nan, claims)
-            + _g3(case, fused, eager, oracle, finite))
+    out = [_judged("G2", f"{name}[NaN mask]", Check(name, lambda x: comparators.nan_mask(
+        x.fused, x.eager, require_full=False)))
+           if name in names else done(_na("G2", f"{name}[NaN mask]")) for name in TENSORS]
+    return (out + _g2(contract, case, names, masked=True, claims=claims)
+            + _g3(case, names, masked=True))
 
 
-def _isolation(fused, clean, eager, clean_eager) -> list[GateResult]:
+def _isolation(fused, clean) -> list[GateResult]:
     """Non-finite values only the padding rows read reach no gradient: the fused gradients are
     finite and equal to the same pack's without them (dKV/dScore bitwise, as G1 makes them
-    deterministic; dAPE, accumulated with atomics in another order, within G2's dAPE bound),
-    and the reference keeps them out too (else the case is not what it claims)."""
+    deterministic; dAPE, accumulated with atomics in another order, within G2's dAPE bound)."""
     out = [_gate("isolation", name, comparators.bitwise(fused[name], clean[name]))
            for name in GRADS]
     out.append(_gate("isolation", "dape", comparators.tolerance(
         fused["dape"], clean["dape"], bound=limits.DAPE_MAX_ABS, allowed=None)))
-    same = {name: bool(torch.isfinite(eager[name]).all()) and comparators.bitwise_equal(
-        eager[name], clean_eager[name]) for name in ("dkv", "dscore", "dape")}
-    ok = all(same.values())
-    out.append(GateResult(
-        "isolation", "eager", PASS if ok else FAIL, {"finite_and_equal": same},
-        "the reference's gradients are finite and bitwise those of the clean pack" if ok else
-        "the reference lets a padding-only value reach a gradient: the case is not what it "
-        "claims"))
     return out
 
 
-def _overflow_g2_g3(fused, eager, oracle) -> list[GateResult]:
+def _isolation_eager() -> Pending:
+    """The reference keeps the padding-only values out too (else the case is not what it
+    claims): its gradients are finite and bitwise those of the clean pack."""
+    names = ("dkv", "dscore", "dape")
+    checks = tuple(Check(name, lambda x: bool(torch.isfinite(x.eager).all())
+                         and comparators.bitwise_equal(x.eager, x.clean), all)
+                   for name in names)
+
+    def finish(*found) -> GateResult:
+        same = dict(zip(names, found))
+        ok = all(same.values())
+        return GateResult(
+            "isolation", "eager", PASS if ok else FAIL, {"finite_and_equal": same},
+            "the reference's gradients are finite and bitwise those of the clean pack" if ok
+            else "the reference lets a padding-only value reach a gradient: the case is not "
+                 "what it claims")
+
+    return Pending(checks, finish)
+
+
+def _overflow_g2_g3(names: Sequence[str]) -> list[Pending]:
     """G2 = NaN-mask equality with full eager masks; G3 skipped once the oracle is finite."""
-    out = [_gate("G2", name, comparators.nan_mask(fused[name], eager[name], require_full=True))
-           if name in fused else _na("G2", name) for name in TENSORS]
+    out = [_judged("G2", name, Check(name, lambda x: comparators.nan_mask(
+        x.fused, x.eager, require_full=True))) if name in names else done(_na("G2", name))
+           for name in TENSORS]
     for name in TENSORS:
-        if name not in fused:
-            out.append(_na("G3", name))
+        if name not in names:
+            out.append(done(_na("G3", name)))
             continue
-        finite = bool(torch.isfinite(oracle[name]).all())
-        numbers: dict[str, Any] = {"oracle_finite": finite}
-        ok = finite
+        checks = (Check(name, lambda x: bool(torch.isfinite(x.oracle).all()), all),)
         if name == "out":
-            numbers["oracle_out_is_one"] = bool((oracle[name] == 1.0).all())
-            ok = ok and numbers["oracle_out_is_one"]
-        if ok:
-            out.append(GateResult(
-                "G3", name, SKIP, numbers,
-                "skipped: fp32 score + ape overflows to +Inf, so eager and fused are NaN and "
-                "parity is undefined; the fp64 oracle is finite" +
-                (" (out == 1.0)" if name == "out" else "")))
-        else:
-            out.append(GateResult("G3", name, FAIL, numbers,
-                                  "the fp64 oracle is not finite"
-                                  + (" or out != 1.0" if name == "out" else "")
-                                  + ": the overflow case is not what it claims"))
+            checks += (Check(name, lambda x: bool((x.oracle == 1.0).all()), all),)
+        out.append(Pending(checks, lambda *found, name=name: _overflow_g3(name, *found)))
     return out
+
+
+def _overflow_g3(name: str, finite: bool, is_one: bool | None = None) -> GateResult:
+    numbers: dict[str, Any] = {"oracle_finite": finite}
+    ok = finite
+    if name == "out":
+        numbers["oracle_out_is_one"] = is_one
+        ok = ok and is_one
+    if ok:
+        return GateResult(
+            "G3", name, SKIP, numbers,
+            "skipped: fp32 score + ape overflows to +Inf, so eager and fused are NaN and "
+            "parity is undefined; the fp64 oracle is finite" +
+            (" (out == 1.0)" if name == "out" else ""))
+    return GateResult("G3", name, FAIL, numbers,
+                      "the fp64 oracle is not finite"
+                      + (" or out != 1.0" if name == "out" else "")
+                      + ": the overflow case is not what it claims")
 
 
 # --- coverage ----------------------------------------------------------------------------

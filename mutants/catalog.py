@@ -234,8 +234,8 @@ MUTANTS: tuple[Mutant, ...] = (
            cpu_test=f"{FAULTS}::test_nondeterministic_output_fails_g1",
            selftest="seam: a run-to-run difference fails G1"),
     Mutant("zeros-mask-all-false", RUNNER,
-           "                               n_tokens=n_tokens)\n",
-           "                               n_tokens=n_tokens) & False\n", 128, "zeros",
+           "n_tokens=pack.n_tokens, tokens=(start, end))\n",
+           "n_tokens=pack.n_tokens, tokens=(start, end)) & False\n", 128, "zeros",
            "the zeros gate is given an all-False never-consumed mask (checks no slot)",
            cpu_test=f"{FAULTS}::test_a_never_consumed_slot_left_tiny_fails_zeros_alone",
            selftest="seam: a never-consumed slot left at 2^-100 fails zeros"),
@@ -310,7 +310,7 @@ MUTANTS: tuple[Mutant, ...] = (
            selftest="NaN mask: equal masks pass, a moved NaN fails, a partial mask fails when "
                     "full is due"),
     Mutant("zero-class-b-dropped", "reference/compressor.py",
-           "            mask[start + (nb - 1) * ratio:start + nb * ratio, :d] = True",
+           "            mark(start + (nb - 1) * ratio, start + nb * ratio, d)",
            "            pass", 4, "zeros",
            "the never-consumed mask forgets class (b): the last block's own tokens in columns "
            "[0, d) are never checked for zeros",

@@ -141,9 +141,9 @@ def _windows(kv, score, ape, slots: _Slots, coff: int, dtype):
 # --- the arithmetic, in the documented order ---------------------------------------------------
 
 
-def _serial_sum(x: torch.Tensor) -> torch.Tensor:
-    """(((0 + x_0) + x_1) + ...) over dim 0, one rounded add at a time."""
-    acc = torch.zeros_like(x[0]) if x.shape[0] else x.new_zeros(x.shape[1:])
+def _serial_sum(x: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+    """(((start + x_0) + x_1) + ...) over dim 0 (start: 0), one rounded add at a time."""
+    acc = start if start is not None else x.new_zeros(x.shape[1:])
     for k in range(x.shape[0]):
         acc = acc + x[k]
     return acc
@@ -213,16 +213,17 @@ def _check(kv, score, ape, cu, cuc, ratio, coff, precision):
 # small-ratio backward CTA sums in registers before its one atomic per slot and column).
 DAPE_BLOCK_ROWS = 32
 # The rows are evaluated in chunks whose window tensors (W, rows, d) hold about this many
-# elements (32 MiB per fp64 temporary), a whole number of dAPE blocks each: the references'
-# working memory is bounded whatever N is. Every value is computed per row (and dAPE's sums
-# run on across chunks in the same order), so the bits do not depend on the chunking.
-CHUNK_ELEMENTS = 1 << 22
+# elements (8 MiB per fp64 temporary): the references' working memory is bounded whatever N
+# is. Every value is computed per row, and dAPE's block sums run on across chunks in the same
+# order (a block a chunk leaves unfinished is carried into the next), so the bits do not
+# depend on the chunking.
+CHUNK_ELEMENTS = 1 << 20
 
 
 def row_chunks(n_rows: int, window: int, d: int) -> list[tuple[int, int]]:
-    """[start, end) row ranges of at most ``CHUNK_ELEMENTS / (window * d)`` rows, rounded to
-    whole dAPE blocks (at least one block)."""
-    per = max(1, CHUNK_ELEMENTS // max(1, window * d) // DAPE_BLOCK_ROWS) * DAPE_BLOCK_ROWS
+    """[start, end) row ranges of at most ``CHUNK_ELEMENTS / (window * d)`` rows (at least
+    one)."""
+    per = max(1, CHUNK_ELEMENTS // max(1, window * d))
     return [(start, min(start + per, n_rows)) for start in range(0, n_rows, per)]
 
 
@@ -246,17 +247,58 @@ def forward(kv, score, ape, cu, cuc, *, ratio: int, coff: int, n_rows: int | Non
         return out
 
 
+@dataclass(frozen=True)
+class Piece:
+    """The gradients of the kv slots of tokens [start, end), all columns, as ``backward``
+    computes them; the last piece of an evaluation also carries ``out`` and ``dape``, complete
+    once every row has been evaluated (None on the others)."""
+
+    start: int
+    end: int
+    dkv: torch.Tensor     # (end - start, coff*d): bf16 or fp64
+    dscore: torch.Tensor  # (end - start, coff*d)
+    out: torch.Tensor | None = None
+    dape: torch.Tensor | None = None
+
+
 def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
              precision: str = "fp32") -> Grads:
     """``out`` for all N rows and the gradients of the valid rows, in the documented order.
 
     Capacity padding rows take no part: only rows ``b < cuc[B]`` are read for the gradients,
     so no value of theirs, finite or not, reaches dKV, dScore or dAPE. Every (token, column)
-    slot some valid window position reads is written once; every other slot is +0.
+    slot some valid window position reads is written once; every other slot is +0. The
+    gradients are those of ``backward_pieces``, put together.
     """
     _check(kv, score, ape, cu, cuc, ratio, coff, precision)
     if precision == "upstream":
         return _torch_eager_backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
+    dkv = dscore = None
+    for piece in backward_pieces(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff,
+                                 precision=precision):
+        if dkv is None:
+            dkv = torch.empty(kv.shape, dtype=piece.dkv.dtype, device=kv.device)
+            dscore = torch.empty_like(dkv)
+        dkv[piece.start:piece.end] = piece.dkv
+        dscore[piece.start:piece.end] = piece.dscore
+    return Grads(piece.out, dkv, dscore, piece.dape)
+
+
+def backward_pieces(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
+                    precision: str = "fp32"):
+    """The backward a row chunk (``row_chunks``) at a time, as :class:`Piece` s in token order
+    that tile [0, T): the working memory is a chunk's, whatever the pack.
+
+    The piece of rows [a, b) holds tokens [tok0(a), tok0(b)) (the first from token 0, the last
+    to T): the own blocks of rows [a, b) and, with coff=2, the previous blocks rows a+1..b read
+    in columns [0, d), so row b is evaluated for that piece too (and again for its own). Every
+    slot is computed by its one (row, position) whatever the chunk, so the pieces hold the
+    bits of the whole.
+    """
+    _check(kv, score, ape, cu, cuc, ratio, coff, precision)
+    if precision not in ("fp32", "fp64"):
+        raise ValueError(f"backward_pieces computes the fp32 and fp64 references, not "
+                         f"{precision!r}")
     dtype = _dtype(precision)
     grad_dtype = dtype if precision == "fp64" else torch.bfloat16
     n_rows, d = grad_out.shape
@@ -264,65 +306,101 @@ def backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff: int,
     n_valid = min(int(cuc[-1]), n_rows)              # the backward reads real rows only
     with torch.no_grad():
         slots = _slots(cu, cuc, n_rows, ratio, coff)
-        out = torch.empty((n_rows, d), dtype=_out_dtype(precision), device=kv.device)
-        dkv = torch.zeros((n_tokens, coff, d), dtype=grad_dtype, device=kv.device)
+        tok0 = _row_geometry(cu, cuc, n_rows, ratio)[0].tolist()
+    out = torch.empty((n_rows, d), dtype=_out_dtype(precision), device=kv.device)
+    zeros = torch.zeros((coff * ratio, d), dtype=dtype, device=kv.device)
+    dape_sum = (zeros, zeros)                        # (finished blocks, the block going on)
+    chunks = row_chunks(n_rows, coff * ratio, d) or [(0, 0)]
+
+    def edge(row: int) -> int:                       # the first token row ``row`` owns
+        return tok0[row] if row < n_valid else n_tokens
+
+    for i, (a, b) in enumerate(chunks):
+        last = i == len(chunks) - 1
+        start, end = (0 if i == 0 else edge(a)), (n_tokens if last else edge(b))
+        dkv = torch.zeros((end - start, coff, d), dtype=grad_dtype, device=kv.device)
         dscore = torch.zeros_like(dkv)
-        dape_sum = torch.zeros((coff * ratio, d), dtype=dtype, device=kv.device)
-        for a, b in row_chunks(n_rows, coff * ratio, d):
-            rows = slots.rows(a, b)
-            s, u = _windows(kv, score, ape, rows, coff, dtype)
-            p, _ = _softmax(s)
-            out[a:b] = _out(p, u, precision)
-            v = max(0, min(n_valid, b) - a)            # the chunk's real rows
-            if not v:
-                continue
-            rows = slots.rows(a, a + v)
-            p, u = p[:, :v], u[:, :v]
-            go = grad_out[a:a + v].to(dtype)
-            t = (go * u) * p                          # t_k = dp_k * p_k, dp_k = go * u_k
-            S = _serial_sum(t)
-            ds = _fma(p, -S, t)
-            _scatter(dkv, (go * p).to(grad_dtype), rows)
-            _scatter(dscore, ds.to(grad_dtype), rows)
-            dape_sum = _dape_blocks(dape_sum, ds, rows)
-        dape = torch.zeros((ratio, coff, d), dtype=dtype, device=kv.device)
-        dape[slots.ape_row, slots.half] = dape_sum     # each (row k mod ratio, half) once
-    return Grads(out, dkv.view(n_tokens, width), dscore.view(n_tokens, width),
-                 dape.view(ratio, width))
+        dape_sum = _rows_backward(kv, score, ape, grad_out, slots, (a, b), n_valid, coff,
+                                  precision, out, (start, dkv, dscore), dape_sum)
+        dape = None
+        if last:
+            total, block = dape_sum
+            if n_valid % DAPE_BLOCK_ROWS:             # the last block, short
+                total = total + block
+            dape = torch.zeros((ratio, coff, d), dtype=dtype, device=kv.device)
+            dape[slots.ape_row, slots.half] = total    # each (row k mod ratio, half) once
+            dape = dape.view(ratio, width)
+        yield Piece(start, end, dkv.view(end - start, width), dscore.view(end - start, width),
+                    out if last else None, dape)
+
+
+@torch.no_grad()
+def _rows_backward(kv, score, ape, grad_out, slots: _Slots, rows: tuple[int, int],
+                   n_valid: int, coff: int, precision: str, out: torch.Tensor, piece,
+                   dape_sum: tuple[torch.Tensor, torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [a, b): ``out[a:b]``, the slots of ``piece`` = (its first token, dkv, dscore) that
+    the valid rows among [a, b] read, and ``dape_sum`` with the valid rows of [a, b)."""
+    a, b = rows
+    dtype = _dtype(precision)
+    grad_dtype = dtype if precision == "fp64" else torch.bfloat16
+    v = max(0, min(n_valid, b) - a)                   # the chunk's real rows
+    g = max(v, min(n_valid, b + coff - 1) - a)        # and row b, for coff=2's first half
+    end = max(b, a + g)
+    s, u = _windows(kv, score, ape, slots.rows(a, end), coff, dtype)
+    p, _ = _softmax(s)
+    out[a:b] = _out(p[:, :b - a], u[:, :b - a], precision)
+    if not g:
+        return dape_sum
+    p, u = p[:, :g], u[:, :g]
+    go = grad_out[a:a + g].to(dtype)
+    t = (go * u) * p                                  # t_k = dp_k * p_k, dp_k = go * u_k
+    S = _serial_sum(t)
+    ds = _fma(p, -S, t)
+    start, dkv, dscore = piece
+    _scatter(dkv, (go * p).to(grad_dtype), slots.rows(a, a + g), start)
+    _scatter(dscore, ds.to(grad_dtype), slots.rows(a, a + g), start)
+    return _dape_blocks(dape_sum, ds[:, :v], slots.rows(a, a + v), a) if v else dape_sum
 
 
 def _out_dtype(precision: str) -> torch.dtype:
     return torch.float64 if precision == "fp64" else torch.bfloat16
 
 
-def _scatter(grad: torch.Tensor, vals: torch.Tensor, rows: _Slots) -> None:
-    """Write ``vals`` (W, rows, d) into ``grad`` (T, coff, d) at the slots the valid
-    positions of ``rows`` read (each slot is read by at most one (row, position), so nothing
-    adds; the others keep their +0)."""
-    token = rows.token[rows.valid]
-    half = rows.half[:, None].expand(rows.valid.shape)[rows.valid]
-    grad[token, half] = vals[rows.valid]
+def _scatter(grad: torch.Tensor, vals: torch.Tensor, rows: _Slots, start: int = 0) -> None:
+    """Write ``vals`` (W, rows, d) into ``grad`` (tokens [start, start + len), coff, d) at the
+    slots the valid positions of ``rows`` read in that range (each slot is read by at most
+    one (row, position), so nothing adds; the others keep their +0)."""
+    keep = rows.valid & (rows.token >= start) & (rows.token < start + grad.shape[0])
+    token = rows.token[keep] - start
+    half = rows.half[:, None].expand(keep.shape)[keep]
+    grad[token, half] = vals[keep]
 
 
-def _dape_blocks(total: torch.Tensor, ds: torch.Tensor, rows: _Slots) -> torch.Tensor:
-    """``total`` (W, d) plus the dAPE blocks of these rows, in order: ds summed over the valid
-    rows in its own precision (an invalid position's ds is never added), each block of
-    ``DAPE_BLOCK_ROWS`` consecutive rows serially, then each block sum added to ``total``:
-    the structure and precision of the kernels' own reduction, so that G3 compares a
-    kernel's dAPE with a same-precision sum. The chunks start on block boundaries, so the
-    blocks and their order are those of the whole pack."""
-    d = ds.shape[-1]
+def _dape_blocks(dape_sum: tuple[torch.Tensor, torch.Tensor], ds: torch.Tensor, rows: _Slots,
+                 first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dape_sum`` = (total, block) (W, d) each, with the rows [first, first + n) of ``ds``:
+    ds summed over the valid rows in its own precision (an invalid position's ds is never
+    added), each block of ``DAPE_BLOCK_ROWS`` consecutive rows (from row 0) serially, then each
+    block sum added to ``total`` (``block``: the sum so far of a block these rows leave
+    unfinished, which the next chunk goes on with): the structure and precision of the
+    kernels' own reduction, so that G3 compares a kernel's dAPE with a same-precision sum. The
+    blocks and their order are those of the whole pack, whatever the chunks."""
+    total, block = dape_sum
+    w, n, d = ds.shape
     ds = torch.where(rows.valid[:, :, None], ds, torch.zeros((), dtype=ds.dtype,
                                                                 device=ds.device))
-    n = ds.shape[1]
-    n_blocks = -(-n // DAPE_BLOCK_ROWS)
-    pad = n_blocks * DAPE_BLOCK_ROWS - n
-    padded = torch.cat([ds, ds.new_zeros((ds.shape[0], pad, d))], dim=1)
-    blocks = padded.view(ds.shape[0], n_blocks, DAPE_BLOCK_ROWS, d).transpose(0, 2)
-    partial = _serial_sum(blocks)                  # (n_blocks, W, d): rows within a block
-    for i in range(n_blocks):                      # the blocks in order
+    lead = first % DAPE_BLOCK_ROWS                 # the first block's rows before ``first``
+    n_blocks = -(-(lead + n) // DAPE_BLOCK_ROWS)
+    pad = n_blocks * DAPE_BLOCK_ROWS - lead - n
+    padded = torch.cat([ds.new_zeros((w, lead, d)), ds, ds.new_zeros((w, pad, d))], dim=1)
+    blocks = padded.view(w, n_blocks, DAPE_BLOCK_ROWS, d).transpose(0, 2)
+    start = torch.zeros_like(blocks[0])
+    start[0] = block                               # the first block goes on from ``block``
+    partial = _serial_sum(blocks, start)           # (n_blocks, W, d): rows within a block
+    for i in range(n_blocks - (1 if pad else 0)):  # the finished blocks in order
         total = total + partial[i]
-    return total
+    return total, (partial[-1] if pad else torch.zeros_like(block))
 
 
 # --- upstream: torch's own eager ops (Megatron-LM's numerics) ------------------------------
@@ -377,8 +455,10 @@ def _torch_eager_backward(kv, score, ape, cu, cuc, grad_out, *, ratio: int, coff
     return Grads(out.detach(), dkv, dscore, dape)
 
 
-def never_consumed_mask(cu, *, ratio: int, coff: int, d: int, n_tokens: int) -> torch.Tensor:
-    """(T, coff*d) bool: the slots no window reads, whose gradients are exact zeros.
+def never_consumed_mask(cu, *, ratio: int, coff: int, d: int, n_tokens: int,
+                        tokens: tuple[int, int] | None = None) -> torch.Tensor:
+    """(T, coff*d) bool: the slots no window reads, whose gradients are exact zeros; with
+    ``tokens`` = (start, end), the rows [start, end) of it only.
 
     Per segment with nb = len // ratio full blocks:
     (a) tail tokens [nb*ratio, len), all columns;
@@ -386,12 +466,19 @@ def never_consumed_mask(cu, *, ratio: int, coff: int, d: int, n_tokens: int) -> 
     (c) nb == 0 (shorter than ratio, or empty): the whole segment;
     (d) token-capacity padding [cu[B], T): all columns.
     """
+    first, last = tokens if tokens is not None else (0, n_tokens)
     bounds = [int(x) for x in cu.tolist()]
-    mask = torch.zeros(n_tokens, coff * d, dtype=torch.bool)
+    mask = torch.zeros(last - first, coff * d, dtype=torch.bool)
+
+    def mark(lo: int, hi: int, columns: int = coff * d) -> None:
+        lo, hi = max(lo, first), min(hi, last)
+        if lo < hi:
+            mask[lo - first:hi - first, :columns] = True
+
     for start, end in zip(bounds[:-1], bounds[1:]):
         nb = (end - start) // ratio
-        mask[start + nb * ratio:end] = True
+        mark(start + nb * ratio, end)
         if coff == 2 and nb > 0:
-            mask[start + (nb - 1) * ratio:start + nb * ratio, :d] = True
-    mask[bounds[-1]:] = True
+            mark(start + (nb - 1) * ratio, start + nb * ratio, d)
+    mark(bounds[-1], n_tokens)
     return mask.to(cu.device)

@@ -2,12 +2,15 @@
 judged on the CPU with a reference-backed implementation in a fresh process, the measured peak
 resident size stays under the estimate ``csagate`` refuses cases by (``gates.memory``), and
 README states each family's peak within that estimate. The references are evaluated in row
-chunks, so the peak is the gate's own tensors, not the references' temporaries.
+chunks and judged in pieces (``gates.piecewise``), so the peak is the gate's own tensors (the
+inputs and two runs of the implementation's outputs), not the references'.
 
 The implementation computes each direction once and copies its first call's buffers, which the
 gate holds anyway, into the later ones: the gate holds what it holds for any implementation,
 and the three runs and the op check cost one evaluation (the ratio=128 case, the slowest, about
-70 s on one thread). One torch thread: the other test worker has the other core."""
+40 s on one thread). One torch thread: the other test worker has the other core. The peak is
+the process's own high-water mark (``VmHWM``): ``getrusage``'s ``ru_maxrss`` would also count the
+size of the test process it was forked from."""
 
 from __future__ import annotations
 
@@ -23,12 +26,12 @@ from csagate.gates.memory import GB, case_bytes
 ROOT = Path(__file__).resolve().parents[1]
 
 MEASURE = """
-import resource, sys, torch
+import sys, torch
 from csagate.gates.contracts import CONTRACTS
 from csagate.gates.driver import Driver
 from csagate.gates.runner import run_case
 from csagate.gates.selftest import RefImplementation
-from csagate.reference import backward
+from csagate.reference.compressor import backward_pieces
 
 torch.set_num_threads(1)
 
@@ -42,10 +45,11 @@ class Once(RefImplementation):
 
     def backward_into(self, kv, score, ape, cu, cuc, grad_out, dkv, dscore, dape, *, ratio,
                       coff, deterministic=False):
-        if len(self.direct) < 4:
-            got = backward(kv, score, ape, cu, cuc, grad_out, ratio=ratio, coff=coff)
-            dkv.copy_(got.dkv)
-            dscore.copy_(got.dscore)
+        if len(self.direct) < 4:   # written piece by piece: no whole reference of its own
+            for got in backward_pieces(kv, score, ape, cu, cuc, grad_out, ratio=ratio,
+                                       coff=coff):
+                dkv[got.start:got.end] = got.dkv
+                dscore[got.start:got.end] = got.dscore
             self.dape = got.dape
             self.direct += [dkv, dscore, dape]
         else:
@@ -59,7 +63,9 @@ contract = CONTRACTS[int(sys.argv[1])]
 case = next(c for c in contract.all_cases if c.name == sys.argv[2])
 impl = Once()
 result = run_case(Driver(impl, torch.device("cpu")), case, contract)
-print(result.status, impl.forwards, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+            if line.startswith("VmHWM:"))
+print(result.status, impl.forwards, peak)
 """
 
 
