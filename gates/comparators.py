@@ -91,13 +91,19 @@ def _abs_diff(a: torch.Tensor, b: torch.Tensor, dtype=torch.float32) -> torch.Te
 CHUNK = 1 << 22
 
 
+def _flat_chunks(*tensors: torch.Tensor):
+    """(start, the tensors' flat slices) for each ``CHUNK`` elements, in order."""
+    flat = [t.reshape(-1) for t in tensors]
+    for i in range(0, flat[0].numel(), CHUNK):
+        yield i, [f[i:i + CHUNK] for f in flat]
+
+
 def max_abs_error(x: torch.Tensor, oracle: torch.Tensor) -> float:
     """``max|x - oracle|`` in fp64 (NaN anywhere gives +inf), ``CHUNK`` elements at a time."""
     if x.shape != oracle.shape:
         raise ValueError(f"shape mismatch: {tuple(x.shape)} vs {tuple(oracle.shape)}")
-    a, b = x.reshape(-1), oracle.reshape(-1)
-    return max((_max(_abs_diff(a[i:i + CHUNK], b[i:i + CHUNK], torch.float64))
-                for i in range(0, a.numel(), CHUNK)), default=0.0)
+    return max((_max(_abs_diff(a, b, torch.float64)) for _, (a, b) in _flat_chunks(x, oracle)),
+               default=0.0)
 
 
 # --- G2: tolerance vs the fp32 eager reference ------------------------------------------
@@ -460,10 +466,9 @@ class ReplayTracker:
 
     def add(self, run: torch.Tensor) -> None:
         self.runs += 1
-        bits, base = bit_view(run).reshape(-1), self.base.reshape(-1)
         n_diff, flat = 0, None
-        for i in range(0, bits.numel(), CHUNK):        # CHUNK elements' masks at a time
-            differs = bits[i:i + CHUNK] != base[i:i + CHUNK]
+        for i, (bits, base) in _flat_chunks(bit_view(run), self.base):
+            differs = bits != base
             n = int(differs.sum())
             if n and flat is None:
                 flat = i + _flat_index(differs)
@@ -489,8 +494,7 @@ class ReplayTracker:
 def _nan_count(t: torch.Tensor) -> int:
     if not t.is_floating_point():
         return 0
-    flat = t.reshape(-1)
-    return sum(int(torch.isnan(flat[i:i + CHUNK]).sum()) for i in range(0, flat.numel(), CHUNK))
+    return sum(int(torch.isnan(part).sum()) for _, (part,) in _flat_chunks(t))
 
 
 def bitwise_replay(runs: Sequence[torch.Tensor], *, allow_nan: bool = False) -> Replay:

@@ -7,7 +7,7 @@ blocks' records, in order: counts add up, the largest error is the largest of th
 first offending element is that of the first block holding one (its row shifted by the block's
 first row), and what depends on the whole (a count allowance, ``ok``, G3's bound) is decided
 over the totals. The result is the record the comparator gives on the whole tensor, number for
-number (``tests/test_join.py`` checks it on blocks of every size).
+number (``tests/test_piecewise.py`` checks it on blocks of every size).
 """
 
 from __future__ import annotations
