@@ -447,7 +447,7 @@ def det_parts_shape(ratio: int, coff: int, d: int, tokens: int, *, flush: bench.
     into the timed region shows as a difference). Returns [(sleep us, (order 1, order 2) per
     part of DET_PARTS)]."""
     from csagate.kernels import api
-    from csagate.kernels.fastpath import FAST
+    from csagate.kernels.launch import FAST
 
     pack, go, _, dkv, dscore, dape = bench.shape_buffers(ratio, coff, d, tokens, seed)
     args, kw = pack.inputs(), {"ratio": ratio, "coff": coff}

@@ -199,3 +199,79 @@ def test_the_cli_package_holds_the_cli_and_its_presentation():
     assert not {"csagate.ops", "csagate.env"} & names
     assert "csagate.gates.judging" in modules()
     assert not [n for n in names if n.endswith("_choice")]
+
+
+def defined_names(path: Path) -> set[str] | None:
+    """The names a module defines at its top level (functions, classes, assignments, imports,
+    ``global`` declarations anywhere); None where a module ``__getattr__`` serves any name."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+
+    def top(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(n.id for t in targets for n in ast.walk(t)
+                             if isinstance(n, ast.Name))
+            elif isinstance(node, ast.If):
+                top(node.body)
+                top(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, node.orelse, node.finalbody,
+                              *(h.body for h in node.handlers)):
+                    top(block)
+            elif isinstance(node, ast.With):
+                top(node.body)
+
+    top(tree.body)
+    names.update(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
+    return None if "__getattr__" in names else names
+
+
+def unresolved(path: Path, found: dict[str, Path]) -> list[str]:
+    """The ``csagate`` imports of a file, at any level, that name no module of the layout or a
+    name their module does not define."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            bad += [f"import {a.name}" for a in node.names
+                    if a.name.split(".")[0] == "csagate" and a.name not in found]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and \
+                node.module.split(".")[0] == "csagate":
+            if node.module not in found:
+                bad.append(f"from {node.module} import ...: no such module")
+                continue
+            defined = defined_names(found[node.module])
+            for a in node.names:
+                if (defined is not None and a.name not in defined
+                        and f"{node.module}.{a.name}" not in found):
+                    bad.append(f"from {node.module} import {a.name}")
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    return [f"{where}: {b}" for b in bad]
+
+
+def test_every_csagate_import_resolves():
+    """Every import of csagate, in functions too (the ones no CPU test runs: a GPU bench's),
+    in the package, the tests and the mutation scripts, names a module of the installed layout
+    and a name that module defines."""
+    found = modules()
+    files = [*found.values(), *sorted((ROOT / "tests").rglob("*.py")),
+             *sorted((ROOT / "mutants").rglob("*.py"))]
+    bad = [b for path in files for b in unresolved(path, found)]
+    assert not bad, bad
+
+
+def test_a_stale_import_inside_a_function_is_found(tmp_path):
+    path = tmp_path / "bench.py"
+    path.write_text("import csagate.kernels.api\n"
+                    "def f():\n    from csagate.kernels.gone import FAST\n"
+                    "    from csagate.kernels.launch import FAST, NOPE\n"
+                    "    from csagate.kernels import launch, gone\n")
+    assert unresolved(path, modules()) == [
+        "bench.py: from csagate.kernels.gone import ...: no such module",
+        "bench.py: from csagate.kernels.launch import NOPE",
+        "bench.py: from csagate.kernels import gone"]
