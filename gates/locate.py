@@ -147,14 +147,6 @@ class _Found:
         }
 
 
-def locate(g: GateResult, fused: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor,
-           pack) -> dict[str, Any] | None:
-    """Where ``g``'s failing elements sit (None if its positions cannot be named)."""
-    found = _Found(g, fused.shape, pack)
-    found.add(0, fused, eager, oracle)
-    return found.result()
-
-
 def _locatable(g: GateResult, fused: Mapping[str, torch.Tensor]) -> bool:
     return g.status == FAIL and g.gate in ("G2", "G3", "zeros") and base_tensor(g.tensor) in fused
 
