@@ -40,7 +40,7 @@ from csagate.gates.limits import (
 )
 
 __all__ = ["Bitwise", "NanMask", "Parity", "Replay", "ReplayTracker", "Steps", "Tolerance", "Zeros",
-           "bf16_ordinal", "bf16_steps", "bit_view", "bitwise", "bitwise_equal",
+           "bf16_ordinal", "bf16_steps", "bit_view", "bitwise", "bitwise_equal", "count",
            "bitwise_replay", "exact_zeros",
            "max_abs_error", "nan_mask", "nan_mask_of", "oracle_parity", "parity_of",
            "replay_delta", "tolerance", "tolerance_ok"]
@@ -53,6 +53,12 @@ _INT_VIEW = {
 }
 
 Index = tuple[int, ...]
+
+
+def count(mask: torch.Tensor) -> int:
+    """The True elements of a bool tensor (``count_nonzero``: a bool ``sum`` first widens every
+    element to int64, several times slower on the CPU)."""
+    return int(torch.count_nonzero(mask))
 
 
 def _flat_index(mask: torch.Tensor) -> int | None:
@@ -172,7 +178,7 @@ def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
     judged = _judged(fused, ref, mask)
     f, r = fused.float(), ref.float()
     differs = (f != r) & judged
-    n_diff = int(differs.sum())
+    n_diff = count(differs)
     diff = torch.where(differs, (f - r).abs(), torch.zeros((), device=f.device))  # inf == inf
     max_abs = _max(diff)
     beyond = ~(diff <= bound)  # NaN counts as beyond
@@ -181,7 +187,7 @@ def tolerance(fused: torch.Tensor, ref: torch.Tensor, *, bound: float,
         flat = _flat_index(differs)
     ok = tolerance_ok(max_abs, bound, n_diff, allowed)
     return Tolerance(
-        numel=int(judged.sum()), n_diff=n_diff, allowed=allowed, max_abs=max_abs, bound=bound,
+        numel=count(judged), n_diff=n_diff, allowed=allowed, max_abs=max_abs, bound=bound,
         first_index=_unravel(flat, fused.shape), fused_value=_value(fused, flat),
         ref_value=_value(ref, flat), ok=ok)
 
@@ -233,10 +239,10 @@ def bitwise(fused: torch.Tensor, ref: torch.Tensor, *,
         return None if flat is None else \
             f"0x{int(bit_view(t).reshape(-1)[flat]) & unsigned:0{width}x}"
 
-    n_diff = int(differs.sum())
+    n_diff = count(differs)
     # the largest gap over the differing elements only: nothing to compute on an equal tensor
     gap = _max(_abs_diff(fused[differs], ref[differs])) if n_diff else 0.0
-    return Bitwise(numel=int(judged.sum()), n_diff=n_diff, n_zero_sign=int(zero_sign.sum()),
+    return Bitwise(numel=count(judged), n_diff=n_diff, n_zero_sign=count(zero_sign),
                    first_index=_unravel(flat, fused.shape), fused_bits=bits(fused),
                    ref_bits=bits(ref), fused_value=_value(fused, flat),
                    ref_value=_value(ref, flat), ok=n_diff == 0, max_abs=gap)
@@ -303,9 +309,9 @@ def bf16_steps(fused: torch.Tensor, ref: torch.Tensor, *, fraction: float = R4_F
     far = differs & ((steps > 1) | nan)
     noise = far & ~nan & (diff <= noise_atol)
     beyond = far & ~noise
-    numel = int(judged.sum())
+    numel = count(judged)
     allowed = count_allowance(numel, fraction)
-    n_diff, n_beyond = int(differs.sum()), int(beyond.sum())
+    n_diff, n_beyond = count(differs), count(beyond)
     flat = _flat_index(beyond)
     if flat is None:
         flat = _flat_index(differs)
@@ -313,7 +319,7 @@ def bf16_steps(fused: torch.Tensor, ref: torch.Tensor, *, fraction: float = R4_F
     return Steps(
         numel=numel, n_diff=n_diff, allowed=allowed,
         max_steps=int(judged_steps.max()) if numel else 0, max_abs=_max(diff),
-        noise_atol=noise_atol, n_within_noise=int(noise.sum()), n_beyond=n_beyond,
+        noise_atol=noise_atol, n_within_noise=count(noise), n_beyond=n_beyond,
         first_index=_unravel(flat, fused.shape), fused_value=_value(fused, flat),
         ref_value=_value(ref, flat), ok=n_diff <= allowed and n_beyond == 0)
 
@@ -394,7 +400,7 @@ def nan_mask(fused: torch.Tensor, eager: torch.Tensor, *, require_full: bool = T
     fn, en = torch.isnan(fused), torch.isnan(eager)
     mismatch = fn != en
     flat = _flat_index(mismatch)
-    return nan_mask_of(fused.numel(), int(fn.sum()), int(en.sum()), int(mismatch.sum()),
+    return nan_mask_of(fused.numel(), count(fn), count(en), count(mismatch),
                        require_full=require_full, first_index=_unravel(flat, fused.shape),
                        fused_value=_value(fused, flat), eager_value=_value(eager, flat))
 
@@ -469,7 +475,7 @@ class ReplayTracker:
         n_diff, flat = 0, None
         for i, (bits, base) in _flat_chunks(bit_view(run), self.base):
             differs = bits != base
-            n = int(differs.sum())
+            n = count(differs)
             if n and flat is None:
                 flat = i + _flat_index(differs)
             n_diff += n
@@ -494,7 +500,7 @@ class ReplayTracker:
 def _nan_count(t: torch.Tensor) -> int:
     if not t.is_floating_point():
         return 0
-    return sum(int(torch.isnan(part).sum()) for _, (part,) in _flat_chunks(t))
+    return sum(count(torch.isnan(part)) for _, (part,) in _flat_chunks(t))
 
 
 def bitwise_replay(runs: Sequence[torch.Tensor], *, allow_nan: bool = False) -> Replay:
@@ -548,8 +554,8 @@ def exact_zeros(t: torch.Tensor, mask: torch.Tensor) -> Zeros:
         raise ValueError(f"shape mismatch: tensor {tuple(t.shape)} vs mask {tuple(mask.shape)}")
     bad = mask & ~(t == 0)  # NaN != 0, so a NaN-prefilled slot left unwritten is caught
     flat = _flat_index(bad)
-    n_nonzero = int(bad.sum())
-    return Zeros(n_masked=int(mask.sum()), n_nonzero=n_nonzero,
+    n_nonzero = count(bad)
+    return Zeros(n_masked=count(mask), n_nonzero=n_nonzero,
                  first_index=_unravel(flat, t.shape), value=_value(t, flat), ok=n_nonzero == 0)
 
 

@@ -105,7 +105,7 @@ class Rule:
                                           noise_atol=fwd_noise_atol(window) * scale,
                                           mask=mask)
         if self.check == "tolerance":
-            numel = fused.numel() if mask is None else int(mask.sum())
+            numel = fused.numel() if mask is None else comparators.count(mask)
             return comparators.tolerance(fused, ref, bound=self.bound * scale ** self.scale_power,
                                          allowed=self.allowance(numel), mask=mask)
         raise ValueError(f"unknown G2 rule {self.check!r}")

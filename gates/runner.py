@@ -502,7 +502,7 @@ def _recorded(case: Case, pack, go, runs: _Runs, slots) -> Pending:
                  for n in first]
               + [Check(n, lambda x: comparators.max_abs_error(x.eager, x.oracle), max)
                  for n in TENSORS]
-              + ([Check(n, lambda x: int(torch.isnan(x.eager).sum()), sum) for n in TENSORS]
+              + ([Check(n, lambda x: comparators.count(torch.isnan(x.eager)), sum) for n in TENSORS]
                  if slots else []))
 
     def finish(*found) -> dict[str, Any]:
