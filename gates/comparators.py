@@ -27,6 +27,7 @@ tables is checked in :mod:`csagate.gates.coverage`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,9 +57,10 @@ Index = tuple[int, ...]
 
 
 def count(mask: torch.Tensor) -> int:
-    """The True elements of a bool tensor (``count_nonzero``: a bool ``sum`` first widens every
-    element to int64, several times slower on the CPU)."""
-    return int(torch.count_nonzero(mask))
+    """The True elements of a bool tensor: on the CPU ``count_nonzero`` (a bool ``sum`` widens
+    every element to int64 first, several times slower), elsewhere ``sum`` (one kernel, where
+    ``count_nonzero`` compares with zero first)."""
+    return int(torch.count_nonzero(mask) if mask.device.type == "cpu" else mask.sum())
 
 
 def _flat_index(mask: torch.Tensor) -> int | None:
@@ -83,9 +85,8 @@ def _max(t: torch.Tensor) -> float:
     """Max of a non-negative error tensor; NaN counts as +inf (a NaN error never passes)."""
     if t.numel() == 0:
         return 0.0
-    if bool(torch.isnan(t).any()):
-        return float("inf")
-    return float(t.max())
+    worst = float(t.max())   # torch's max propagates NaN
+    return float("inf") if math.isnan(worst) else worst
 
 
 def _abs_diff(a: torch.Tensor, b: torch.Tensor, dtype=torch.float32) -> torch.Tensor:

@@ -47,6 +47,7 @@ from csagate.gates.driver import Driver, ProgressFn, Target
 from csagate.gates.errors import one_line
 from csagate.gates.join import join
 from csagate.gates.locate import locate_failures
+from csagate.gates.memory import WORKING_BYTES, case_bytes
 from csagate.gates.piecewise import Check, Pending, Slice, done, judge, reference_pieces
 from csagate.gates.plugin import Applies, applies_to
 from csagate.gates.verdict import (
@@ -218,7 +219,7 @@ def run_drift(driver: Driver, drift: Case) -> CaseResult:
     except Exception as exc:  # a raising drift check is a failed one: nothing is trusted
         return CaseResult(drift, ERROR, seconds=perf_counter() - start, error=one_line(exc))
     finally:
-        _release(driver.device)
+        _release(driver.device, drift)
     status = PASS if all(g.ok for g in gates) else FAIL
     return CaseResult(drift, status, tuple(gates), tuple(s for s in (sel,) if s is not None),
                       seconds=perf_counter() - start)
@@ -254,7 +255,7 @@ def run_case(driver: Driver, case: Case, contract: Contract) -> CaseResult:
         return CaseResult(case, ERROR, selections=tuple(selections),
                           seconds=perf_counter() - start, error=one_line(exc))
     finally:
-        _release(driver.device)
+        _release(driver.device, case)
     return CaseResult(case, case_status(gates), tuple(gates), tuple(selections), recorded,
                       seconds=perf_counter() - start)
 
@@ -740,11 +741,19 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _release(device) -> None:
-    """Free what a case allocated before the next one (the largest is a few GB in fp64).
+# A case whose own tensors (``gates.memory``'s estimate less its working share) stay under this
+# leaves its blocks to torch's caching allocator, where the next case reuses them: a full
+# ``gc.collect`` costs 0.1 s with torch loaded, more than judging such a case on a GPU.
+RELEASE_BYTES = 256 << 20
+
+
+def _release(device, case: Case) -> None:
+    """Free what a large case allocated before the next one (the largest is a few GB), and give
+    it back to the device, whose free memory sizes the next cases (``gates.memory``).
 
     Tensors go with their last reference; ``gc.collect`` catches those a traceback kept.
     """
-    if torch.device(device).type == "cuda":
+    if (torch.device(device).type == "cuda"
+            and case_bytes(case) - WORKING_BYTES >= RELEASE_BYTES):
         gc.collect()
         torch.cuda.empty_cache()
