@@ -97,3 +97,23 @@ def test_readme_states_each_familys_peak_within_the_estimate():
         assert name == case.name
         assert float(estimated) == round(case_bytes(case) / GB, 1)
         assert float(measured) <= float(estimated)
+
+
+def test_after_a_gpu_case_the_runner_releases_only_a_large_ones_memory(monkeypatch):
+    """On a GPU the runner collects garbage and empties torch's cache after a case only when the
+    case's own tensors reach ``RELEASE_BYTES`` (a full collection costs about 0.1 s, and the
+    self-tests judge ten small cases before every verdict); on the CPU never."""
+    from csagate.gates import runner
+    from csagate.gates.memory import WORKING_BYTES
+
+    calls = []
+    monkeypatch.setattr(runner.gc, "collect", lambda: calls.append("collect"))
+    monkeypatch.setattr(runner.torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    small, large = largest(2), largest(128)
+    assert case_bytes(small) - WORKING_BYTES < runner.RELEASE_BYTES <= \
+        case_bytes(large) - WORKING_BYTES
+    runner._release("cpu", large)
+    runner._release("cuda:0", small)
+    assert calls == []
+    runner._release("cuda:0", large)
+    assert calls == ["collect", "empty_cache"]
