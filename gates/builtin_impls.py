@@ -182,7 +182,7 @@ class Compiled(_Gather):
 
 # --- the gate's own kernels -------------------------------------------------------------------
 
-SUPPORTED_GPUS = "an H200, B200 or B300 GPU"
+SUPPORTED_GPUS = "an H100, H200, B200 or B300 GPU"
 DSL_PIN = "nvidia-cutlass-dsl==4.8.1"
 
 

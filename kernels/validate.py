@@ -259,5 +259,5 @@ def device_arch(index: int) -> str:
     if arch not in ARCHES:
         cc = torch.cuda.get_device_capability(index)
         raise RuntimeError(f"cuda:{index} has compute capability {cc[0]}.{cc[1]} ({arch}); the "
-                           f"kernels build for {', '.join(ARCHES)} (H200, B200, B300)")
+                           f"kernels build for {', '.join(ARCHES)} (H100 and H200, B200, B300)")
     return arch

@@ -15,8 +15,8 @@ from csagate.kernels.schedule import ARCH_TABLES, ARCHES
 @click.command("schedules", help="Print the ratio=128 dispatch tables and the kernels they select.",
                epilog=ExitCode.listing(pass_="printed", usage="usage error"))
 @click.option("--arch", type=click.Choice(["all", *ARCHES]), default="all",
-              show_default=True, help="Whose tables: the H200's (sm_90a), the B200's (sm_100a; "
-                                      "sm_103a, the B300, selects from them), or both.")
+              show_default=True, help="Whose tables: the H100's and H200's (sm_90a), the B200's "
+                                      "(sm_100a; sm_103a, the B300, selects from them), or both.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the tables (every entry's schedule fields) as JSON on stdout.")
 def command(arch: str, as_json: bool) -> None:
