@@ -32,10 +32,14 @@ WORKING_BYTES = 640 << 20   # the interpreter with torch (0.23 GiB) and the refe
 GB = 1 << 30
 
 
+def tensor_bytes(case: Case) -> int:
+    """The estimated bytes of ``case``'s own tensors: the slots' and the outputs' share."""
+    return BYTES_PER_SLOT * case.tokens * case.coff * case.d + BYTES_PER_OUT * case.rows * case.d
+
+
 def case_bytes(case: Case) -> int:
     """The estimated peak bytes of judging ``case`` on one device (the gate's share)."""
-    return (WORKING_BYTES + BYTES_PER_SLOT * case.tokens * case.coff * case.d
-            + BYTES_PER_OUT * case.rows * case.d)
+    return WORKING_BYTES + tensor_bytes(case)
 
 
 def available_bytes(device) -> int | None:

@@ -47,7 +47,7 @@ from csagate.gates.driver import Driver, ProgressFn, Target
 from csagate.gates.errors import one_line
 from csagate.gates.join import join
 from csagate.gates.locate import locate_failures
-from csagate.gates.memory import WORKING_BYTES, case_bytes
+from csagate.gates.memory import tensor_bytes
 from csagate.gates.piecewise import Check, Pending, Slice, done, judge, reference_pieces
 from csagate.gates.plugin import Applies, applies_to
 from csagate.gates.verdict import (
@@ -741,9 +741,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-# A case whose own tensors (``gates.memory``'s estimate less its working share) stay under this
-# leaves its blocks to torch's caching allocator, where the next case reuses them: a full
-# ``gc.collect`` costs 0.1 s with torch loaded, more than judging such a case on a GPU.
+# A case whose own tensors (``gates.memory.tensor_bytes``) stay under this leaves its blocks to
+# torch's caching allocator, where the next case reuses them: a full ``gc.collect`` costs 0.1 s
+# with torch loaded, more than judging such a case on a GPU.
 RELEASE_BYTES = 256 << 20
 
 
@@ -753,7 +753,6 @@ def _release(device, case: Case) -> None:
 
     Tensors go with their last reference; ``gc.collect`` catches those a traceback kept.
     """
-    if (torch.device(device).type == "cuda"
-            and case_bytes(case) - WORKING_BYTES >= RELEASE_BYTES):
+    if torch.device(device).type == "cuda" and tensor_bytes(case) >= RELEASE_BYTES:
         gc.collect()
         torch.cuda.empty_cache()
