@@ -73,7 +73,6 @@ def largest(ratio: int):
     return max(CONTRACTS[ratio].all_cases, key=case_bytes)
 
 
-@pytest.mark.xdist_group(name="memory")
 @pytest.mark.parametrize("ratio", list(CONTRACTS))
 def test_the_largest_case_of_each_family_stays_under_its_estimate(ratio):
     case = largest(ratio)
