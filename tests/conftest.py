@@ -105,26 +105,13 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.name == BESIDE_TEST)   # stable: the rest keep their order
 
 
-# Under pytest-xdist (`--dist loadgroup`) a group's tests run in one worker, one at a time. The
-# GPU tests share the device (timings, the DDP processes); the tests whose parameters name an
-# arch share the kernels the worker's process-wide compile cache holds (each kernel of the suite
-# is compiled once, not once a worker). The groups are read from the node ids: pytest 9 ignores
-# the node id suffix that pytest-xdist's `xdist_group` marker relies on.
-def xdist_unit(nodeid: str) -> str:
-    """The work unit of a test under ``--dist loadgroup``: its group, or its own node id."""
-    from csagate.kernels.schedule import ARCHES
-
-    if nodeid.startswith("tests/gpu/"):
-        return "gpu"
-    params = nodeid.partition("[")[2]
-    return next((f"arch-{arch}" for arch in ARCHES if arch in params), nodeid)
-
-
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the work units of tests/xdist_units.py."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
+    from xdist_units import xdist_unit
 
     class Grouped(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -1,6 +1,6 @@
-"""How the suite runs under pytest-xdist (tests/conftest.py): the GPU tests in one worker, the
-tests whose parameters name an arch in that arch's worker (one compile of each kernel), and each
-worker's torch threads its share of the cores."""
+"""How the suite runs under pytest-xdist (tests/conftest.py, tests/xdist_units.py): the GPU
+tests in one worker, the tests whose parameters name an arch in that arch's worker (one compile
+of each kernel), and each worker's torch threads its share of the cores."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from conftest import xdist_unit
+from xdist_units import xdist_unit
 
 
 def test_units_follow_the_gpu_folder_and_the_arch_a_test_names():
@@ -31,7 +31,8 @@ def test_a_groups_tests_run_in_one_worker_with_their_share_of_the_threads(tmp_pa
     one worker, every test of one arch in one worker, and each saw OMP_NUM_THREADS = its share."""
     tests = tmp_path / "tests"
     (tests / "gpu").mkdir(parents=True)
-    shutil.copy(Path(__file__).with_name("conftest.py"), tests / "conftest.py")
+    for helper in ("conftest.py", "xdist_units.py"):
+        shutil.copy(Path(__file__).with_name(helper), tests / helper)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     share = max(1, (os.cpu_count() or 1) // 2)
     body = ("import os, pytest\n"
