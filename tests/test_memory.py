@@ -103,14 +103,13 @@ def test_after_a_gpu_case_the_runner_releases_only_a_large_ones_memory(monkeypat
     case's own tensors reach ``RELEASE_BYTES`` (a full collection costs about 0.1 s, and the
     self-tests judge ten small cases before every verdict); on the CPU never."""
     from csagate.gates import runner
-    from csagate.gates.memory import WORKING_BYTES
+    from csagate.gates.memory import tensor_bytes
 
     calls = []
     monkeypatch.setattr(runner.gc, "collect", lambda: calls.append("collect"))
     monkeypatch.setattr(runner.torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     small, large = largest(2), largest(128)
-    assert case_bytes(small) - WORKING_BYTES < runner.RELEASE_BYTES <= \
-        case_bytes(large) - WORKING_BYTES
+    assert tensor_bytes(small) < runner.RELEASE_BYTES <= tensor_bytes(large)
     runner._release("cpu", large)
     runner._release("cuda:0", small)
     assert calls == []

@@ -5,7 +5,7 @@ import torch
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker): run on the H200")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker): run on an H100 or H200")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

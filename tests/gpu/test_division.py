@@ -12,7 +12,8 @@ from csagate.kernels._dsl import dsl_available
 _DSL_OK, _DSL_WHY = dsl_available()
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)"),
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU (run on an H100 or H200)"),
     pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable"),
 ]
 

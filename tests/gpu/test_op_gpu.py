@@ -1,4 +1,4 @@
-"""The torch op on the GPU (the ``gpu`` marker; run on the H200): opcheck, gradients equal to
+"""The torch op on the GPU (the ``gpu`` marker; run on an H100 or H200): opcheck, gradients equal to
 the api's on the eager path (the autograd.Function) and on the custom ops' path (a dispatch
 mode, the ops' own register_autograd), deterministic mode, ape.grad across calls,
 torch.compile(fullgraph=True) training steps (backed and unbacked row counts), CUDA-graph

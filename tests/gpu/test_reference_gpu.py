@@ -19,7 +19,8 @@ import torch
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)"),
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU (run on an H100 or H200)"),
 ]
 
 CHUNK = 1 << 26

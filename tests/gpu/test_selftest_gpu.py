@@ -12,7 +12,8 @@ from csagate.reference.scalar import check_oracle
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)"),
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU (run on an H100 or H200)"),
 ]
 
 
