@@ -43,7 +43,8 @@ def case_bytes(case: Case) -> int:
 
 
 def available_bytes(device) -> int | None:
-    """What ``device`` has free now: the GPU's free memory, or the CPU's available memory
+    """What ``device`` has free now: the GPU's free memory with the blocks torch's caching
+    allocator holds unused (this process reuses them), or the CPU's available memory
     (``MemAvailable``, else the physical pages); None when it cannot be told."""
     import torch
 
@@ -51,7 +52,8 @@ def available_bytes(device) -> int | None:
     if dev.type == "cuda":
         try:
             free, _ = torch.cuda.mem_get_info(dev)
-            return int(free)
+            cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+            return int(free) + int(cached)
         except Exception:
             return None
     try:

@@ -299,3 +299,13 @@ def test_the_cpu_has_a_number():
     have = memory.available_bytes("cpu")
     assert have is None or have > 0
     assert torch.device("cpu").type == "cpu"
+
+
+def test_a_gpu_counts_the_blocks_torchs_allocator_holds_unused(monkeypatch):
+    """Free GPU memory plus what torch's caching allocator reserved but does not use: the runner
+    leaves a small case's blocks cached, and the next case reuses them."""
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (2 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 1 * gib)
+    assert memory.available_bytes("cuda:0") == 4 * gib
