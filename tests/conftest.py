@@ -101,8 +101,11 @@ def pytest_xdist_node_collection_finished(node, ids):
         _start_beside_probe(Path(os.environ[BESIDE_ENV]))
 
 
+@pytest.hookimpl(trylast=True)   # after -k / -m deselect: the items that will run
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.name == BESIDE_TEST)   # stable: the rest keep their order
+    if BESIDE_ENV not in os.environ and any(item.name == BESIDE_TEST for item in items):
+        _start_beside_probe()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -120,17 +123,12 @@ def pytest_xdist_make_scheduler(config, log):
     return Grouped(config, log)
 
 
-def pytest_collection_finish(session):
-    if BESIDE_ENV not in os.environ and any(item.name == BESIDE_TEST for item in session.items):
-        _start_beside_probe()
-
-
-def pytest_sessionfinish(session, exitstatus):
+def pytest_unconfigure(config):
     proc = _beside.get("proc")
     if proc is not None and proc.poll() is None:   # the test run ended before its test
         proc.kill()
         proc.wait()
-    shared = os.environ.get(BESIDE_ENV) if _xdist_controller(session.config) else None
+    shared = os.environ.get(BESIDE_ENV) if _xdist_controller(config) else None
     folder = _beside.get("folder") or shared
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
