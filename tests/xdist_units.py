@@ -9,11 +9,11 @@ pytest-xdist's ``xdist_group`` marker relies on.
 
 from __future__ import annotations
 
+from csagate.kernels.schedule import ARCHES
+
 
 def xdist_unit(nodeid: str) -> str:
     """The work unit of a test: its group, or its own node id."""
-    from csagate.kernels.schedule import ARCHES
-
     if nodeid.startswith("tests/gpu/"):
         return "gpu"
     params = nodeid.partition("[")[2]
