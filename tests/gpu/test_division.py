@@ -6,16 +6,8 @@ significand of three dividend binades against sampled divisors of every den bina
 from __future__ import annotations
 
 import pytest
-import torch
-from csagate.kernels._dsl import dsl_available
 
-_DSL_OK, _DSL_WHY = dsl_available()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU (run on an H100 or H200)"),
-    pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 
 
 @pytest.mark.parametrize("x_binade", (-1, -33, -64))

@@ -10,15 +10,8 @@ import subprocess
 
 import pytest
 import torch
-from csagate.kernels._dsl import dsl_available
 
-_DSL_OK, _DSL_WHY = dsl_available()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU (run on an H100 or H200)"),
-    pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 
 CONFIGS = ((1, 128), (2, 128), (1, 512), (2, 512))
 SM90_SMEM_PER_SM = 228 * 1024  # shared memory of an SM (sm_90) ...

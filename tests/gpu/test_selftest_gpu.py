@@ -6,15 +6,10 @@ ratio family."""
 from __future__ import annotations
 
 import pytest
-import torch
 from csagate.gates import selftest
 from csagate.reference.scalar import check_oracle
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU (run on an H100 or H200)"),
-]
+pytestmark = pytest.mark.gpu
 
 
 def test_every_self_test_passes_on_cuda_and_fast():

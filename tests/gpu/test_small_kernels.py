@@ -18,15 +18,8 @@ import functools
 import pytest
 import torch
 from csagate.kernels import registry
-from csagate.kernels._dsl import dsl_available
 
-_DSL_OK, _DSL_WHY = dsl_available()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU (run on an H100 or H200)"),
-    pytest.mark.skipif(not _DSL_OK, reason=_DSL_WHY or "cutlass DSL unavailable"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
 
 SMALL_RATIOS = registry.SMALL_RATIOS
 # Reordering a w-term fp32 sum with sum|u*p| <= max|kv| ~ 6 moves it by <= (w-1) * 2^-24 * 6
