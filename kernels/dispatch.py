@@ -27,7 +27,7 @@ def select(direction: str, ratio: int, coff: int, d: int, n_rows: int, arch: str
            deterministic: bool = False) -> KernelKey:
     """:func:`kernel_for` of a validated launch (N > 0): the launch path's one dispatch."""
     return make_key(direction, ratio, coff, d,
-                    registry.family(ratio, direction).select(coff, d, n_rows, arch), arch,
+                    registry.FAMILIES[ratio, direction].select(coff, d, n_rows, arch), arch,
                     deterministic)
 
 

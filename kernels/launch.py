@@ -133,13 +133,14 @@ def bwd_ctas(key: KernelKey, n_rows: int, rows_per_cta: int | None, device_index
              ) -> tuple[int, int | None]:
     """(gx, rows_per_cta) of a backward launch: the CTAs along the rows and, for a family that
     takes it, the rows per CTA (``schedule.rows_per_cta`` unless given); else None."""
-    if not key.family.takes_rows_per_cta:
+    family = key.family
+    if not family.takes_rows_per_cta:
         return -(-n_rows // key.schedule.rows_per_cta), None
     if rows_per_cta is None:  # the kernel's resident CTAs: known once it is loaded (executor)
-        rows_per_cta = key.family.rows_per_cta(n_rows, key.d, key.coff, key.schedule,
-                                               sm_count(device_index),
-                                               CACHE.resident_ctas(key, device_index))
-    most = key.family.max_rows_per_cta
+        rows_per_cta = family.rows_per_cta(n_rows, key.d, key.coff, key.schedule,
+                                           sm_count(device_index),
+                                           CACHE.resident_ctas(key, device_index))
+    most = family.max_rows_per_cta
     cap = most(key.schedule) if most is not None else None
     if cap is not None and int(rows_per_cta) > cap:
         raise ValueError(f"rows_per_cta={int(rows_per_cta)} exceeds the {cap} rows per CTA "

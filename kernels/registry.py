@@ -36,6 +36,8 @@ class KernelKey:
     deterministic: bool = False
 
     def __post_init__(self):
+        if (self.ratio, self.direction) not in FAMILIES:
+            family(self.ratio, self.direction)  # raises, naming what is wrong
         if self.deterministic and self.direction != "bwd":
             raise ValueError("deterministic is a backward mode (dAPE partials), got "
                              f"direction={self.direction!r}")
@@ -51,7 +53,7 @@ class KernelKey:
 
     @property
     def family(self) -> Family:
-        return family(self.ratio, self.direction)
+        return FAMILIES[self.ratio, self.direction]  # checked when the key was made
 
     @property
     def tag(self) -> str:

@@ -91,7 +91,7 @@ def _check_sizes(n_tokens, d: int, n_rows, *, ratio: int, coff: int, out_name: s
         # under torch.compile N may be unbacked: an undecidable rule is left to the run time
         if guard_or_false(size >= INT32_LIMIT):
             raise ValueError(f"{what} = {size} does not fit int32 flat offsets (< 2^31)")
-    registry.family(ratio, "fwd").check_shape(coff, d)
+    registry.FAMILIES[ratio, "fwd"].check_shape(coff, d)  # the ratio: check_ratio_coff
     if n_rows is not None and guard_or_false(n_rows != 0) and guard_or_false(n_tokens < ratio):
         raise ValueError(f"N={n_rows} > 0 requires at least ratio={ratio} tokens in kv, "
                          f"got T={n_tokens}")
@@ -188,7 +188,7 @@ def check_grad_buffers(kv, ape, dkv, dscore, dape) -> None:
 def check_rows_per_cta(ratio: int, rows_per_cta) -> None:
     if rows_per_cta is None:
         return
-    if not registry.family(ratio, "bwd").takes_rows_per_cta:
+    if not registry.FAMILIES[ratio, "bwd"].takes_rows_per_cta:  # after check_support
         raise ValueError(f"rows_per_cta is not a launch parameter at ratio={ratio} (its rows "
                          "per CTA are compile-time)")
     if int(rows_per_cta) < 1:

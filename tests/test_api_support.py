@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from csagate.kernels import api, launch, registry, validate
+from csagate.kernels import api, dispatch, launch, registry, validate
 from csagate.kernels import schedule as S
 
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
@@ -266,6 +266,32 @@ def test_kernel_for_nothing_when_empty():
     assert api.kernel_for("bwd", 4, 2, 128, 0, "sm_90a") is None
     with pytest.raises(ValueError, match="direction"):
         api.kernel_for("up", 4, 2, 128, 1, "sm_90a")
+
+
+@pytest.mark.parametrize("ratio,coff,d", [(128, 1, 128), (4, 2, 128), (16, 1, 64)])
+def test_a_launch_checks_its_ratio_once(monkeypatch, ratio, coff, d):
+    """The envelope check validates the ratio; what a launch does with it afterwards (the
+    head dims, rows_per_cta, the dispatch, the key and its family) trusts that check."""
+    checked = []
+    real = registry.check_ratio
+    monkeypatch.setattr(registry, "check_ratio", lambda r: checked.append(r) or real(r))
+    t = tensors(ratio=ratio, coff=coff, d=d, T=1024, N=8)
+    for direction in registry.DIRECTIONS:
+        checked.clear()
+        check(t, ratio=ratio, coff=coff, out_name="out" if direction == "fwd" else "grad_out")
+        if direction == "bwd":
+            validate.check_rows_per_cta(ratio, 1 if ratio != 128 else None)
+        key = dispatch.select(direction, ratio, coff, d, 8, "sm_90a")
+        assert key.family.direction == direction and key.family.ratio == ratio
+        assert checked == [ratio], direction
+
+
+def test_a_key_refuses_a_ratio_or_direction_no_family_serves():
+    sched = api.kernel_for("fwd", 4, 2, 128, 8, "sm_90a").schedule
+    with pytest.raises(ValueError, match="ratio must be one of"):
+        registry.make_key("fwd", 5, 2, 128, sched, "sm_90a")
+    with pytest.raises(ValueError, match="direction must be"):
+        registry.make_key("up", 4, 2, 128, sched, "sm_90a")
 
 
 # --- guards before any launch ----------------------------------------------------------

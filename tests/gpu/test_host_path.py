@@ -1,7 +1,8 @@
 """GPU: one host path per call. Through the op, a cold call (its signature not yet remembered,
 the kernel loaded) walks the launch path's modules (perf/host_walk.HOST_PATH: op, api, launch,
-validate, dispatch) once each, in that order, and never enters one again after leaving it; a
-warm call stops at the launch module's fast path. The backward is the op's autograd Function
+validate, dispatch) once each, in that order, and never enters one again after leaving it, and
+checks the ratio once (the envelope check; the rest trusts it); a warm call stops at the launch
+module's fast path and checks nothing. The backward is the op's autograd Function
 ``backward`` called on this thread with the graph's own context (autograd would run it on its
 device thread, which the tracer does not see)."""
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import csagate.reference as R
 import pytest
 import torch
-from csagate.kernels import launch
+from csagate.kernels import launch, registry
 from csagate.perf.host_walk import HOST_PATH, walk
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("needs_dsl")]
@@ -31,7 +32,8 @@ def deterministic(request):
                          indirect=True)
 @pytest.mark.parametrize("ratio,coff,d,lens", [(128, 1, 128, (3000, 129)),
                                                (4, 2, 128, (512, 3, 257))])
-def test_a_cold_op_call_walks_the_host_path_once(ratio, coff, d, lens, deterministic):
+def test_a_cold_op_call_walks_the_host_path_once(ratio, coff, d, lens, deterministic,
+                                                  monkeypatch):
     from csagate.kernels.ops import _CsaCompress, csa_compress
 
     pack = R.make_pack(lens, ratio=ratio, coff=coff, d=d, device="cuda")
@@ -50,11 +52,16 @@ def test_a_cold_op_call_walks_the_host_path_once(ratio, coff, d, lens, determini
     backward()  # loads the kernels
     torch.cuda.synchronize()
     launch.FAST.clear()
-    seen = {}
+    seen, checked = {}, []
+    real = registry.check_ratio
+    monkeypatch.setattr(registry, "check_ratio", lambda r: checked.append(r) or real(r))
     for name, call in (("forward", forward), ("backward", backward),
                        ("warm forward", forward), ("warm backward", backward)):
-        seen[name] = walk(call).on(HOST_PATH)
+        checked.clear()
+        seen[name] = (walk(call).on(HOST_PATH), len(checked))
     torch.cuda.synchronize()
-    for name, w in seen.items():
-        want = list(FAST_PATH if name.startswith("warm") else HOST_PATH)
+    for name, (w, ratio_checks) in seen.items():
+        warm = name.startswith("warm")
+        want = list(FAST_PATH if warm else HOST_PATH)
         assert (w.entered, w.reentered) == (want, []), f"{name}: {w}"
+        assert ratio_checks == (0 if warm else 1), f"{name}: the ratio checked {ratio_checks}x"
